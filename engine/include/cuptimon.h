@@ -1,0 +1,294 @@
+/*
+ * cuptimon.h: the public C API of the cuptimon engine.
+ *
+ * The engine owns the process's single CUPTI subscription. It keeps a bounded pool of activity
+ * buffers, decodes completed buffers into per-field columns on its own worker thread, and hands
+ * those columns to observers in batches. A flush fence makes a window of records complete.
+ *
+ * Conventions:
+ *  - Every call that can fail returns 0 or a negative CM_E* code. cm_strerror() and cm_err_name()
+ *    describe a code; cm_errmsg() returns the calling thread's detail for its last failed call
+ *    (for example the list of valid field names after CM_ENOFIELD).
+ *  - Handles are opaque. No struct is passed by value, and no CUDA or CUPTI header is included,
+ *    so the header can be fed to LuaJIT's FFI as it is.
+ *  - The engine is not thread-safe except where a function says otherwise. One engine may exist
+ *    per process, because CUPTI allows one subscriber per process.
+ *  - The library never prints and never exits. It reports through the log callback.
+ */
+#ifndef CUPTIMON_H
+#define CUPTIMON_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CM_VERSION_MAJOR 0
+#define CM_VERSION_MINOR 1
+#define CM_VERSION_PATCH 0
+
+/* The error space. One X-macro produces the enum, cm_strerror() and cm_err_name(). */
+#define CM_ERRNO_MAP(XX)                                                                     \
+  XX(EINVAL, -1, "invalid argument")                                                         \
+  XX(ENOMEM, -2, "out of memory")                                                            \
+  XX(ENOKIND, -3, "unknown activity kind")                                                   \
+  XX(ENOFIELD, -4, "unknown field")                                                          \
+  XX(ENOCUPTI, -5, "CUPTI library or symbol not found")                                      \
+  XX(ECUPTI, -6, "CUPTI call failed")                                                        \
+  XX(EBUSY, -7, "resource busy (another engine or CUPTI subscriber exists)")                 \
+  XX(ETIMEDOUT, -8, "timed out")                                                             \
+  XX(ENOENT, -9, "no such entry")                                                            \
+  XX(ESTATE, -10, "operation not valid in the current state")                                \
+  XX(ENOSYS, -11, "operation not supported by this CUPTI")                                   \
+  XX(ECLOCK, -12, "CUPTI timestamps are not CLOCK_REALTIME")                                 \
+  XX(EAGAIN, -13, "resource temporarily unavailable")                                        \
+  XX(EIO, -14, "input/output error")                                                         \
+  XX(ERANGE, -15, "value out of range")
+
+typedef enum cm_errno {
+  CM_OK = 0,
+#define CM__ERR_ENUM(name, value, text) CM_##name = value,
+  CM_ERRNO_MAP(CM__ERR_ENUM)
+#undef CM__ERR_ENUM
+  CM_ERRNO_LAST = -16
+} cm_errno;
+
+/* A short human description of an error code; never NULL. Thread-safe. */
+const char *cm_strerror(int err);
+/* The symbolic name of an error code ("EINVAL"); never NULL. Thread-safe. */
+const char *cm_err_name(int err);
+/* The detail message of the calling thread's last failed cm_ call, or "" if none. Thread-safe;
+ * the string is valid until the thread's next failing call. */
+const char *cm_errmsg(void);
+
+/* Activity kinds. The values are CUPTI's CUpti_ActivityKind values, which are ABI-stable. */
+typedef enum cm_kind {
+  CM_KIND_INVALID = 0,
+  CM_KIND_MEMCPY = 1,
+  CM_KIND_MEMSET = 2,
+  CM_KIND_KERNEL = 3, /* serialized kernels; prefer CM_KIND_CONCURRENT_KERNEL */
+  CM_KIND_DRIVER = 4,
+  CM_KIND_RUNTIME = 5,
+  CM_KIND_DEVICE = 8,
+  CM_KIND_CONTEXT = 9,
+  CM_KIND_CONCURRENT_KERNEL = 10,
+  CM_KIND_NAME = 11,
+  CM_KIND_MARKER = 12,
+  CM_KIND_MARKER_DATA = 13,
+  CM_KIND_OVERHEAD = 17,
+  CM_KIND_ENVIRONMENT = 20,
+  CM_KIND_MEMCPY2 = 22,
+  CM_KIND_CUDA_EVENT = 36,
+  CM_KIND_STREAM = 37,
+  CM_KIND_SYNCHRONIZATION = 38,
+  CM_KIND_EXTERNAL_CORRELATION = 39,
+  CM_KIND_MEMORY2 = 49,
+  CM_KIND_MEMORY_POOL = 50,
+  CM_KIND_GRAPH_TRACE = 51,
+  CM_KIND_MAX = 64 /* an upper bound on kind values, for tables */
+} cm_kind;
+
+/* The type of a column's elements. Strings are carried as uint32_t ids (CM_TYPE_STR) that
+ * cm_string() resolves; id 0 is the empty string. */
+typedef enum cm_type {
+  CM_TYPE_U8 = 1,
+  CM_TYPE_U16 = 2,
+  CM_TYPE_U32 = 3,
+  CM_TYPE_U64 = 4,
+  CM_TYPE_I32 = 5,
+  CM_TYPE_I64 = 6,
+  CM_TYPE_STR = 7,
+  CM_TYPE_I8 = 8,
+  CM_TYPE_I16 = 9
+} cm_type;
+
+/* A field of a kind, as described by the registry. Ids are stable across versions. */
+typedef struct cm_field_info {
+  int32_t kind;      /* cm_kind */
+  int32_t id;        /* stable field id within the kind, 0..n-1 */
+  const char *name;  /* Lua-safe name, for example "start", "stop", "name" */
+  int32_t type;      /* cm_type */
+  uint32_t width;    /* bytes per element in a column: 1, 2, 4 or 8 */
+  uint32_t offset;   /* byte offset in the CUPTI 13.0 record */
+  uint32_t src_width;/* bytes read from the record (a string field reads an 8-byte pointer) */
+  const char *doc;   /* one line of description */
+} cm_field_info;
+
+/* The name of a kind ("concurrent_kernel"), or NULL for an unknown kind. Thread-safe. */
+const char *cm_kind_name(int kind);
+/* Looks a kind up by name or alias ("kernel" is CONCURRENT_KERNEL). Returns the kind or
+ * CM_ENOKIND, with a detail listing the valid names. Thread-safe. */
+int cm_kind_by_name(const char *name);
+/* The number of kinds the registry knows, and the i-th of them. Thread-safe. */
+int cm_kind_count(void);
+int cm_kind_at(int index);
+/* The number of fields of a kind, or CM_ENOKIND. Thread-safe. */
+int cm_field_count(int kind);
+/* Copies the description of field `id` of `kind` into *out. Thread-safe. */
+int cm_field_info_get(int kind, int id, cm_field_info *out);
+/* Looks a field up by name; returns its id or CM_ENOFIELD with a detail listing the valid
+ * names of that kind. Thread-safe. */
+int cm_field_by_name(int kind, const char *name);
+
+/* A selection: for each kind, which fields an observer wants. Not thread-safe. */
+typedef struct cm_selection cm_selection;
+
+int cm_selection_new(cm_selection **out);
+void cm_selection_free(cm_selection *sel);
+/* Adds field `field` (a name, or "all" or NULL for every field) of kind `kind` (a name). */
+int cm_selection_add(cm_selection *sel, const char *kind, const char *field);
+/* Adds field `field_id` (or -1 for every field) of kind `kind`. */
+int cm_selection_add_id(cm_selection *sel, int kind, int field_id);
+/* Parses a text selection such as "kernel:name,start,stop;memcpy:all;runtime". A kind with no
+ * field list means all of its fields. On error nothing is added. */
+int cm_selection_parse(cm_selection *sel, const char *spec);
+/* Whether the selection holds field `field_id` of `kind` (1 or 0). */
+int cm_selection_has(const cm_selection *sel, int kind, int field_id);
+/* The number of fields selected for `kind`. */
+int cm_selection_count(const cm_selection *sel, int kind);
+
+/* One column of a batch. `data` points to `n` elements of `width` bytes each, 8-byte aligned. */
+typedef struct cm_column {
+  int32_t field;     /* field id within the batch's kind */
+  int32_t type;      /* cm_type */
+  uint32_t width;    /* bytes per element */
+  uint32_t reserved;
+  const char *name;  /* the field's name */
+  const void *data;
+} cm_column;
+
+/* A batch: the records of one kind decoded in one drain. The batch and its columns are valid
+ * only for the duration of the observer callback. Columns are in ascending field-id order and
+ * hold exactly the fields the observer selected for this kind. */
+typedef struct cm_batch {
+  int32_t kind;      /* cm_kind */
+  uint32_t n;        /* number of records */
+  uint32_t ncols;
+  uint32_t reserved;
+  const cm_column *cols;
+  uint64_t seq;      /* drain sequence number, increasing */
+} cm_batch;
+
+/* Returns the column of `field` in `b`, or NULL when the batch does not carry it. */
+const cm_column *cm_batch_column(const cm_batch *b, int field);
+
+typedef struct cm_engine cm_engine;
+
+/* An observer callback. It runs on the engine's decode worker (cadenced delivery) or on the
+ * thread calling cm_flush(), never on two threads at once for one engine. It must not call
+ * cm_observe, cm_unobserve, cm_flush or cm_engine_free. */
+typedef void (*cm_observer_fn)(void *ud, const cm_batch *batch);
+
+typedef enum cm_log_level {
+  CM_LOG_ERROR = 0,
+  CM_LOG_WARN = 1,
+  CM_LOG_INFO = 2,
+  CM_LOG_DEBUG = 3
+} cm_log_level;
+
+/* A log callback. It may run on any engine or CUPTI thread, so it must be thread-safe. */
+typedef void (*cm_log_fn)(void *ud, int level, const char *msg);
+
+/* Engine configuration. cm_config_init() fills the defaults. */
+typedef struct cm_config {
+  uint32_t buffer_size;       /* bytes per activity buffer; default 4 MiB */
+  uint32_t pool_max_buffers;  /* bound on buffers alive at once; default 256 (1 GiB at 4 MiB) */
+  uint32_t warn_outstanding;  /* warn once when this many buffers are outstanding; default 64 */
+  uint32_t self_flush_ms;     /* a plain cuptiActivityFlushAll on this cadence; 0 = off (default) */
+  uint32_t deliver_ms;        /* deliver decoded batches on this cadence; 0 = only on flush */
+  uint32_t fence_timeout_ms;  /* default deadline of a sync flush; default 5000 */
+  uint32_t batch_records;     /* deliver early when a kind holds this many records; default 1<<20 */
+  uint32_t flags;             /* CM_CONFIG_* */
+} cm_config;
+
+enum {
+  /* Register a CLOCK_REALTIME timestamp callback with CUPTI (once per process, before any kind
+   * is enabled). Use it when CUPTI's own clock is not CLOCK_REALTIME. */
+  CM_CONFIG_TIMESTAMP_CALLBACK = 1u << 0
+};
+
+void cm_config_init(cm_config *cfg);
+
+/* Creates the engine: loads CUPTI, subscribes, registers the buffer callbacks and starts the
+ * decode worker. No kind is enabled until the first observer. `cfg` may be NULL. Fails with
+ * CM_EBUSY when an engine already exists in the process or another CUPTI subscriber holds the
+ * process (the detail names it), and with CM_ENOCUPTI when libcupti cannot be loaded. */
+int cm_engine_new(cm_engine **out, const cm_config *cfg);
+/* Stops the session (a final fence delivers the last records), unsubscribes and frees the
+ * engine. Buffers CUPTI still owns are not freed. NULL is accepted. */
+void cm_engine_free(cm_engine *e);
+/* Changes the configuration. The buffer size applies to buffers allocated from then on. */
+int cm_configure(cm_engine *e, const cm_config *cfg);
+void cm_set_log(cm_engine *e, cm_log_fn fn, void *ud);
+
+/* Registers an observer for `sel` (copied). The engine flushes pending records to the existing
+ * observers first, then applies the new union of selections with a minimal diff. The first
+ * observer starts the activity session. On success *id receives the observer's id (> 0). */
+int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *ud, uint32_t *id);
+/* Unregisters an observer. Its pending records are delivered to it first. The last observer
+ * stops the session (device sync, forced flush, delivery, kinds disabled). */
+int cm_unobserve(cm_engine *e, uint32_t id);
+
+typedef enum cm_flush_mode {
+  CM_FLUSH_PLAIN = 0, /* deliver every buffer CUPTI has completed */
+  CM_FLUSH_SYNC = 1   /* deliver every record produced before the call (a device-sync fence) */
+} cm_flush_mode;
+
+/* Flushes and delivers. timeout_ms == 0 uses the configured fence timeout. A sync flush that
+ * misses its deadline delivers what it has, logs a warning and returns CM_ETIMEDOUT. */
+int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms);
+
+/* Resolves a string id to its bytes (not NUL-terminated in general; *len receives the length).
+ * Returns NULL for an unknown id. Thread-safe; the bytes live as long as the engine. */
+const char *cm_string(cm_engine *e, uint32_t id, size_t *len);
+/* The number of interned strings (ids are 0..count-1). Thread-safe. */
+uint32_t cm_string_count(cm_engine *e);
+
+typedef struct cm_stats {
+  uint64_t buffers_allocated;   /* buffers ever allocated by the pool */
+  uint64_t buffers_outstanding; /* buffers currently owned by CUPTI or queued for decode */
+  uint64_t buffers_free;        /* buffers in the pool's free list */
+  uint64_t buffers_decoded;     /* buffers decoded */
+  uint64_t buffers_refused;     /* requests answered with no buffer (the pool was at its bound) */
+  uint64_t bytes_decoded;       /* valid bytes of decoded buffers */
+  uint64_t records_decoded;     /* all records seen by the decoder */
+  uint64_t records_delivered;   /* records delivered in batches (counted once per batch) */
+  uint64_t records_dropped;     /* records CUPTI reports dropped */
+  uint64_t decode_queue_depth;  /* completed buffers waiting for the decoder */
+  uint64_t decode_queue_peak;
+  uint64_t drains;
+  uint64_t fences;
+  uint64_t fence_timeouts;
+  uint64_t sessions;            /* activity sessions started */
+  uint64_t strings;
+  uint64_t records_by_kind[CM_KIND_MAX];
+} cm_stats;
+
+/* Copies the engine's counters. Thread-safe. */
+int cm_stats_get(cm_engine *e, cm_stats *out);
+
+typedef struct cm_session_info {
+  uint32_t cupti_version;     /* cuptiGetVersion */
+  int32_t clock_realtime;     /* 1 when cuptiGetTimestamp fell within a CLOCK_REALTIME bracket */
+  int32_t active;             /* 1 while an activity session runs */
+  int32_t timestamp_callback; /* 1 when the CLOCK_REALTIME timestamp callback is registered */
+  int64_t clock_offset_ns;    /* cuptiGetTimestamp minus the bracket's midpoint */
+  uint64_t session_start_ns;  /* CLOCK_REALTIME at the session's start, 0 if none */
+  char cupti_path[512];       /* the libcupti that was loaded */
+} cm_session_info;
+
+int cm_session_info_get(cm_engine *e, cm_session_info *out);
+
+/* The kinds currently enabled in CUPTI, as a bitmask by kind value (bit k for kind k < 64). */
+uint64_t cm_enabled_kinds(cm_engine *e);
+
+/* The library version as "major.minor.patch". Thread-safe. */
+const char *cm_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUPTIMON_H */

@@ -1,0 +1,223 @@
+/*
+ * cm_internal.h: the interfaces between the engine's modules. Nothing here is public.
+ *
+ * Module map (one noun per file):
+ *   errors.c  error strings and the per-thread detail message (cm__seterr)
+ *   fields.c  the field registry: per kind, the 13.0 record layout of every exported field
+ *   select.c  cm_selection, the per-kind field bitsets
+ *   cupti.c   the dlopen binding of libcupti (and of the few libcuda calls the fence needs)
+ *   pool.c    the bounded, recycled pool of activity buffers
+ *   intern.c  string interning by content, with a pointer-keyed cache in front
+ *   decode.c  the decode worker: completed buffers to per-kind columns
+ *   engine.c  the engine: subscription, observers, selection reconcile, delivery, fences, clock
+ */
+#ifndef CM_INTERNAL_H
+#define CM_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuptimon.h"
+
+/* ---- errors.c ---------------------------------------------------------------------------- */
+
+/* Records a printf-style detail for the calling thread and returns `err`, so that a failing
+ * function can `return cm__seterr(CM_EINVAL, "bad size %u", n);`. */
+int cm__seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void cm__clearerr(void);
+
+/* ---- fields.c ---------------------------------------------------------------------------- */
+
+#define CM__MAX_FIELDS 128 /* per kind; selections are 128-bit sets */
+
+typedef struct cm__field {
+  const char *name;
+  const char *doc;
+  uint16_t offset;    /* byte offset in the 13.0 record */
+  uint8_t src_width;  /* bytes read from the record (8 for a string pointer) */
+  uint8_t width;      /* bytes per column element */
+  uint8_t type;       /* cm_type */
+} cm__field;
+
+typedef struct cm__kind_desc {
+  int kind;               /* cm_kind */
+  const char *name;       /* canonical Lua-safe name, "concurrent_kernel" */
+  const char *alias;      /* a second accepted name ("kernel"), or NULL */
+  const char *record;     /* the CUPTI struct it decodes, "CUpti_ActivityKernel10" */
+  uint32_t record_size;   /* sizeof that struct */
+  int nfields;
+  const cm__field *fields;
+  int16_t start_field;    /* id of the field holding the start timestamp, or -1 */
+  int16_t end_field;      /* id of the field holding the end timestamp, or -1 */
+} cm__kind_desc;
+
+/* The descriptor of `kind`, or NULL if the registry does not know it. Thread-safe. */
+const cm__kind_desc *cm__kind_desc_get(int kind);
+/* All descriptors, in registry order; *n receives the count. */
+const cm__kind_desc *cm__kind_descs(int *n);
+
+/* ---- select.c ---------------------------------------------------------------------------- */
+
+typedef struct cm__bits {
+  uint64_t w[2];
+} cm__bits;
+
+static inline bool cm__bits_has(const cm__bits *b, int i) { return (b->w[i >> 6] >> (i & 63)) & 1; }
+static inline void cm__bits_set(cm__bits *b, int i) { b->w[i >> 6] |= (uint64_t)1 << (i & 63); }
+static inline bool cm__bits_empty(const cm__bits *b) { return (b->w[0] | b->w[1]) == 0; }
+static inline bool cm__bits_eq(const cm__bits *a, const cm__bits *b) {
+  return a->w[0] == b->w[0] && a->w[1] == b->w[1];
+}
+static inline bool cm__bits_subset(const cm__bits *a, const cm__bits *b) {
+  return (a->w[0] & ~b->w[0]) == 0 && (a->w[1] & ~b->w[1]) == 0;
+}
+static inline int cm__bits_count(const cm__bits *b) {
+  return __builtin_popcountll(b->w[0]) + __builtin_popcountll(b->w[1]);
+}
+
+struct cm_selection {
+  cm__bits kinds[CM_KIND_MAX];
+};
+
+/* ---- cupti.c ----------------------------------------------------------------------------- */
+
+#include <cupti.h>
+
+/* The function table of the loaded libcupti. Every pointer is resolved at load time; a missing
+ * symbol fails the load with CM_ENOCUPTI and a detail naming it. */
+typedef struct cm__cupti {
+  void *lib;
+  void *cuda;
+  char path[512];
+  char cuda_path[512];
+  __typeof__(&cuptiGetVersion) GetVersion;
+  __typeof__(&cuptiGetResultString) GetResultString;
+  __typeof__(&cuptiSubscribe) Subscribe;
+  __typeof__(&cuptiSubscribe_v2) Subscribe_v2; /* may be NULL on older CUPTI */
+  __typeof__(&cuptiUnsubscribe) Unsubscribe;
+  __typeof__(&cuptiEnableCallback) EnableCallback;
+  __typeof__(&cuptiEnableDomain) EnableDomain;
+  __typeof__(&cuptiActivityRegisterCallbacks) ActivityRegisterCallbacks;
+  __typeof__(&cuptiActivityEnable) ActivityEnable;
+  __typeof__(&cuptiActivityDisable) ActivityDisable;
+  __typeof__(&cuptiActivityGetNextRecord) ActivityGetNextRecord;
+  __typeof__(&cuptiActivityFlushAll) ActivityFlushAll;
+  __typeof__(&cuptiActivityGetNumDroppedRecords) ActivityGetNumDroppedRecords;
+  __typeof__(&cuptiActivityEnableLatencyTimestamps) ActivityEnableLatencyTimestamps;
+  __typeof__(&cuptiActivityEnableCudaEventDeviceTimestamps) ActivityEnableCudaEventDeviceTimestamps;
+  __typeof__(&cuptiActivityRegisterTimestampCallback) ActivityRegisterTimestampCallback;
+  __typeof__(&cuptiActivityPushExternalCorrelationId) ActivityPushExternalCorrelationId;
+  __typeof__(&cuptiActivityPopExternalCorrelationId) ActivityPopExternalCorrelationId;
+  __typeof__(&cuptiGetTimestamp) GetTimestamp;
+  /* libcuda, for the fence's device synchronization. Optional: NULL when libcuda is absent. */
+  int (*cuCtxGetCurrent)(void **ctx);
+  int (*cuCtxSynchronize)(void);
+  int (*cuDeviceGetCount)(int *count);
+  int (*cuDevicePrimaryCtxGetState)(int dev, unsigned *flags, int *active);
+  int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
+  int (*cuDevicePrimaryCtxRelease)(int dev);
+  int (*cuCtxPushCurrent)(void *ctx);
+  int (*cuCtxPopCurrent)(void **ctx);
+} cm__cupti;
+
+/* Loads libcupti in the documented search order: "libcupti.so.13" (shares a copy the process
+ * already loaded), $CUPTIMON_LIBCUPTI, $CUDA_HOME/lib64 and /lib, /usr/local/cuda/lib64 and /lib.
+ * libcuda comes from $CUPTIMON_LIBCUDA, else "libcuda.so.1". Never unloads and never calls
+ * cuptiFinalize. Returns 0, or CM_ENOCUPTI with a detail that names what was looked for and how
+ * to fix it. */
+int cm__cupti_load(cm__cupti *c);
+/* Translates a CUptiResult: 0 for success, else CM_ECUPTI with a detail "what: CUPTI_ERROR_X". */
+int cm__cupti_err(const cm__cupti *c, int res, const char *what);
+
+/* ---- pool.c ------------------------------------------------------------------------------ */
+
+/*
+ * The buffer pool. CUPTI's request callback takes a buffer from here and the decode worker
+ * returns it after decoding. The pool is bounded: past `max_buffers` alive at once a request
+ * gets NULL and CUPTI counts the records it cannot store as dropped. Buffers live in a free list
+ * and are reused; a warm pool never allocates. The mutex guards the free list and the counters;
+ * it is held only for list operations, never while allocating or freeing memory.
+ */
+typedef struct cm__pool {
+  pthread_mutex_t mu; /* guards everything below */
+  void *free_list;
+  size_t buffer_size;    /* size of newly allocated buffers */
+  uint32_t max_buffers;
+  uint32_t warn_outstanding;
+  uint64_t alive;        /* buffers allocated and not freed */
+  uint64_t outstanding;  /* buffers handed out and not yet returned */
+  uint64_t free_count;
+  uint64_t allocated;    /* ever allocated */
+  uint64_t refused;
+  bool warned;
+} cm__pool;
+
+int cm__pool_init(cm__pool *p, size_t buffer_size, uint32_t max_buffers, uint32_t warn_outstanding);
+/* Frees the free list. Buffers still outstanding are not freed (CUPTI may own them). */
+void cm__pool_destroy(cm__pool *p);
+/* Any thread. Returns an 8-byte aligned buffer and its size, or NULL at the bound. Sets
+ * *warn to true exactly once, when outstanding buffers first pass warn_outstanding. */
+uint8_t *cm__pool_get(cm__pool *p, size_t *size, bool *warn);
+/* Any thread. Returns a buffer obtained from cm__pool_get. */
+void cm__pool_put(cm__pool *p, uint8_t *buf);
+/* Any thread. Changes the size of buffers allocated from now on and the bound. */
+void cm__pool_configure(cm__pool *p, size_t buffer_size, uint32_t max_buffers, uint32_t warn);
+
+/* ---- intern.c ---------------------------------------------------------------------------- */
+
+/*
+ * String interning. Ids are dense from 0 (id 0 is the empty string). The content table maps
+ * bytes to ids; a pointer-keyed cache in front of it avoids hashing a long mangled name for every
+ * record. The cache is used by the decoder thread only; other threads invalidate it by bumping
+ * `generation` (a module unload may let a new string reuse an address), and the decoder clears it
+ * before its next lookup. Lookup by id is safe from any thread: strings are never moved or freed
+ * while the table lives, and the count is published with release ordering.
+ */
+typedef struct cm__intern cm__intern;
+
+int cm__intern_new(cm__intern **out);
+void cm__intern_free(cm__intern *t);
+/* Decoder thread only. NULL maps to id 0. */
+uint32_t cm__intern_ptr(cm__intern *t, const char *s);
+/* Decoder thread only (or any thread while the decoder is stopped). */
+uint32_t cm__intern_bytes(cm__intern *t, const char *s, size_t len);
+/* Any thread. */
+void cm__intern_invalidate(cm__intern *t);
+/* Any thread. NULL for an unknown id. */
+const char *cm__intern_get(cm__intern *t, uint32_t id, size_t *len);
+/* Any thread. */
+uint32_t cm__intern_count(cm__intern *t);
+
+
+/* ---- decode.c ---------------------------------------------------------------------------- */
+
+/*
+ * The decoder turns one completed CUPTI buffer into appended column values. It is table-driven:
+ * for each kind, the selected fields' (offset, width) pairs. Records of a kind are gathered in
+ * runs and copied field by field, so the inner loops are strided copies of one width. The decoder
+ * is used by one thread at a time (the decode worker, or a benchmark); nothing in it locks.
+ */
+typedef struct cm__decoder cm__decoder;
+
+int cm__decoder_new(cm__decoder **out, const cm__cupti *c, cm__intern *strings);
+void cm__decoder_free(cm__decoder *d);
+/* Replaces the per-kind field selection (sel[k] for kind k). Only valid while no records are
+ * held (after cm__decoder_reset). */
+void cm__decoder_select(cm__decoder *d, const cm__bits *sel /* [CM_KIND_MAX] */);
+/* Decodes every record of `buf[0..valid)` and returns the number of records seen. Records of
+ * kinds with no selected field are counted but not stored. */
+uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid);
+/* The number of records held for `kind`, and the column of `field` (NULL when not selected). */
+uint32_t cm__decoder_count(const cm__decoder *d, int kind);
+const void *cm__decoder_column(const cm__decoder *d, int kind, int field);
+/* Forgets the held records, keeping the column memory for reuse. */
+void cm__decoder_reset(cm__decoder *d);
+/* The largest end timestamp of a SYNCHRONIZATION record seen so far (the fence watches it). */
+uint64_t cm__decoder_sync_end(const cm__decoder *d);
+/* Records seen per kind since creation. */
+uint64_t cm__decoder_seen(const cm__decoder *d, int kind);
+
+#endif /* CM_INTERNAL_H */
