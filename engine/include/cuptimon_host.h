@@ -1,0 +1,154 @@
+/*
+ * cuptimon_host.h: embedding the cuptimon Lua API (LuaJIT + luv) in a program that owns a libuv
+ * loop, and the source interface through which batches reach the scripts.
+ *
+ * A host owns one lua_State whose luv module runs on the embedder's loop: luv_set_loop() is called
+ * before luaopen_luv(), and the module is put in package.loaded["luv"], so `require "luv"` in a
+ * script returns handles on the same loop. The Lua modules of lua/cuptimon/ are embedded in the
+ * binary and registered in package.preload; a directory given in CUPTIMON_LUA_PATH (or
+ * cm_host_options.lua_path) is searched first, so a developer can edit them without rebuilding.
+ *
+ * Threads. Every function here must be called on the loop's thread, and every call into Lua
+ * (observer callbacks, timers, hooks) happens on that thread under lua_pcall with a traceback
+ * handler; an error is reported (through the script's "error" hook or on stderr) and never
+ * crashes the host. A source whose data arrives on another thread must hand it to the loop
+ * (uv_async_send) before calling cm_host_deliver().
+ *
+ * Re-entrancy. Calls that can run observer callbacks (observe, unobserve, flush and freeing an
+ * engine) are made only from C: from a lua_CFunction or a uv callback, never from an FFI call,
+ * because LuaJIT cannot re-enter Lua from inside an FFI call. While a batch is being dispatched,
+ * such requests from the script are deferred to the next loop iteration.
+ */
+#ifndef CUPTIMON_HOST_H
+#define CUPTIMON_HOST_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cuptimon.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Forward declarations, so this header does not need uv.h or lua.h. */
+struct uv_loop_s;
+struct lua_State;
+
+typedef struct cm_host cm_host;
+typedef struct cm_source cm_source;
+
+/* ---- the embedding API ------------------------------------------------------------------------- */
+
+typedef struct cm_host_options {
+  const char *lua_path;   /* a directory searched before the embedded modules, or NULL */
+  uint32_t flags;         /* CM_HOST_* */
+} cm_host_options;
+
+enum {
+  /* Validate only: observers check their selections against the field registry, but no engine
+   * is created, no timer starts and no batch is delivered (cuptimon-lua --check). */
+  CM_HOST_CHECK = 1u << 0,
+  /* Do not create the in-process engine source on the first observer (a host that attaches its
+   * own sources, such as the live-agent hub or a replay). */
+  CM_HOST_NO_INPROC = 1u << 1
+};
+
+/* Creates a host on `loop` (which must outlive it). `opts` may be NULL. Returns 0 or a CM_E*
+ * code; on failure *out is NULL and cm_errmsg() has the detail. */
+int cm_host_new(cm_host **out, struct uv_loop_s *loop, const cm_host_options *opts);
+
+/* Loads and runs the script at `path` with `argv` (argc strings, may be 0) as the global `arg`
+ * table and as the chunk's varargs. Returns 0, or CM_EINVAL when the script failed to load or
+ * raised an error (reported on stderr with a traceback). The script's timers and observers stay
+ * registered; the embedder runs the loop afterwards. */
+int cm_host_run_script(cm_host *h, const char *path, int argc, char **argv);
+/* Runs a chunk of Lua source, like cuptimon-lua -e. `name` names it in messages (may be NULL). */
+int cm_host_eval(cm_host *h, const char *chunk, const char *name);
+
+/* Ends the script: a final sync flush of every source, then the "exit" hooks, then observers are
+ * closed and sources freed. Idempotent. The loop is stopped with uv_stop() so an embedder's
+ * uv_run() returns. Returns the exit status the script asked for (cm.exit), or 0. */
+int cm_host_shutdown(cm_host *h);
+/* Requests a shutdown from a uv callback (SIGINT, for example): it runs on the next iteration of
+ * the loop, with `status` as the default exit status. */
+void cm_host_request_exit(cm_host *h, int status);
+/* Whether the script asked to exit (cm.exit or a requested exit), and the status it asked for. */
+int cm_host_exit_requested(cm_host *h, int *status);
+/* The number of errors raised by the script and its callbacks that no "error" hook handled
+ * (each was printed on stderr). cuptimon-lua exits with status 1 when it is not 0. */
+uint64_t cm_host_error_count(cm_host *h);
+
+/* Closes the Lua state and frees the host (shutting down first if needed). NULL is accepted. */
+void cm_host_free(cm_host *h);
+
+struct lua_State *cm_host_lua(cm_host *h);
+struct uv_loop_s *cm_host_loop(cm_host *h);
+
+/* ---- sources --------------------------------------------------------------------------------------
+ *
+ * A source produces batches: the in-process engine (here), live agents and capture replays (the
+ * hub, later). The host keeps the script's observers, each with its selection, and applies every
+ * observer to every source, including sources attached later. A source calls cm_host_deliver()
+ * on the loop thread for each batch of an observer; the batch and its columns need only be valid
+ * during that call, so a received frame or the engine's own columns are used in place. */
+
+/* Called by a source when an asynchronous flush completes; `status` is 0 or a CM_E* code. */
+typedef void (*cm_source_done_fn)(void *ud, int status);
+
+typedef struct cm_source_vtable {
+  const char *name; /* "inproc", "agent", "replay" */
+  /* Starts delivering the fields of `sel` (spec is the same selection as text) to observer
+   * `obs` (a host-wide id > 0). May deliver pending batches to other observers before it
+   * returns. */
+  int (*observe)(cm_source *s, uint32_t obs, const cm_selection *sel, const char *spec);
+  /* Stops observer `obs`; pending batches may be delivered to it first. */
+  int (*unobserve)(cm_source *s, uint32_t obs);
+  /* Flushes (CM_FLUSH_PLAIN or CM_FLUSH_SYNC). A source calls done exactly once, synchronously
+   * or later on the loop thread; batches of the window are delivered before done runs. */
+  int (*flush)(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud);
+  /* Cadences: how often buffers are flushed and batches delivered; 0 leaves one unchanged. */
+  int (*configure)(cm_source *s, uint32_t flush_ms, uint32_t deliver_ms);
+  int (*stats)(cm_source *s, cm_stats *out);
+  /* Resolves a string id of this source's columns; NULL when unknown. */
+  const char *(*string)(cm_source *s, uint32_t id, size_t *len);
+  /* Frees the source; the host has unobserved everything and detached it. */
+  void (*free)(cm_source *s);
+} cm_source_vtable;
+
+struct cm_source {
+  const cm_source_vtable *vt;
+  cm_host *host; /* set by cm_host_add_source */
+  int id;        /* set by cm_host_add_source: 1, 2, ...; batches carry it as b.source */
+  int pid;       /* the process the batches come from (getpid() for the in-process source) */
+};
+
+/* Attaches a source: every current observer is applied to it, and the script's
+ * "process_start" hooks run with {source=, pid=, host=, argv=}. Returns its id or a CM_E* code. */
+int cm_host_add_source(cm_host *h, cm_source *s);
+/* Detaches a source (the script's "process_exit" hooks run) and frees it. */
+void cm_host_remove_source(cm_host *h, cm_source *s);
+/* Delivers one batch of observer `obs` from source `s` into Lua. Loop thread only. */
+void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b);
+
+/* The in-process engine as a source. The engine is created with deliver_ms = 0 and
+ * batch_records = 0, so batches are delivered only inside cm_flush, cm_observe and
+ * cm_unobserve, which this source calls on the loop thread; a uv timer on the loop drives the
+ * delivery cadence. Returns 0 or a CM_E* code (CM_ENOCUPTI, CM_EBUSY). */
+int cm_host_inproc_source_new(cm_host *h, cm_source **out);
+
+/* ---- for the Lua modules (called through the FFI; they never run Lua) --------------------------- */
+
+/* Resolves string `id` of source `source`. NULL for an unknown source or id. */
+const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
+/* Copies the counters of source `source`, or of every source summed when `source` is 0. */
+int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
+/* sizeof and offsetof of the public structs as the C compiler laid them out, for the spec that
+ * checks the Lua cdefs: `what` is "cm_batch", "cm_batch.cols", ... Returns -1 for an unknown name. */
+long cm_host_layout(const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* CUPTIMON_HOST_H */

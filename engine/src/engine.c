@@ -1,0 +1,948 @@
+/*
+ * engine.c: the engine. It owns the process's CUPTI subscription, the buffer callbacks, the decode
+ * worker, the observers and their union selection, delivery, and the flush fences.
+ *
+ * Threads and locks. Three kinds of thread meet here:
+ *  - CUPTI's threads (and the application's, for per-thread buffers) call the buffer request and
+ *    completion callbacks. They take only the pool mutex or `q_mu`, each for a list operation, so
+ *    the application is never made to wait on decoding or on an observer.
+ *  - The decode worker pops completed buffers, decodes them under `dec_mu`, returns them to the
+ *    pool, and runs the delivery and self-flush cadences.
+ *  - Control calls (cm_observe, cm_unobserve, cm_flush, cm_configure, cm_engine_free) are
+ *    serialized by `api_mu`.
+ * Lock order: api_mu, then dec_mu, then q_mu; the pool mutex is a leaf. Observer callbacks run
+ * with dec_mu held, on the worker or on the thread calling cm_flush, so one engine never runs two
+ * callbacks at once and the columns cannot change under a callback.
+ *
+ * Selection changes follow two rules from the reference monitor. A kind whose selection does not
+ * change is never toggled, because disabling and re-enabling RUNTIME or DRIVER stops kernel records
+ * of CUDA graphs captured earlier. And pending records are delivered before the decode table
+ * changes, so no observer ever sees a batch decoded with a table that lacks one of its fields.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_internal.h"
+
+typedef struct qitem {
+  struct qitem *next;
+  uint8_t *buf;
+  size_t valid;
+} qitem;
+
+typedef struct observer {
+  uint32_t id;
+  cm_observer_fn fn;
+  void *ud;
+  cm__bits sel[CM_KIND_MAX];
+} observer;
+
+struct cm_engine {
+  cm__cupti cupti;
+  CUpti_SubscriberHandle sub;
+  cm__pool pool;
+  cm__intern *strings;
+  cm__decoder *dec;
+  pthread_t worker;
+  bool worker_started;
+
+  /* Guarded by log_mu: the log callback. */
+  pthread_mutex_t log_mu;
+  cm_log_fn log_fn;
+  void *log_ud;
+
+  /* Guarded by api_mu: the control path's state. */
+  pthread_mutex_t api_mu;
+  cm_config cfg;
+  uint64_t enabled;      /* kinds enabled in CUPTI, bit per kind */
+  bool active;
+  bool latency_on;
+  bool event_ts_on;
+  uint64_t session_start_ns;
+
+  /* Guarded by dec_mu: the decoder, the observers and the selection the decoder runs with. */
+  pthread_mutex_t dec_mu;
+  observer *obs;
+  int nobs;
+  int cap_obs;
+  uint32_t next_id;
+  cm__bits sel[CM_KIND_MAX];
+  uint64_t drain_seq;
+
+  /* Guarded by q_mu: the queue of completed buffers and the worker's control. */
+  pthread_mutex_t q_mu;
+  pthread_cond_t q_cv;      /* signals the worker: work queued, stop, or a cadence change */
+  pthread_cond_t done_cv;   /* signals waiters: a buffer was decoded */
+  qitem *q_head, *q_tail;
+  qitem *q_spare;           /* recycled queue items */
+  uint64_t enqueued;        /* buffers queued, ever */
+  uint64_t decoded;         /* buffers decoded (or discarded), ever */
+  uint64_t q_depth, q_peak;
+  bool stop;
+  uint32_t self_flush_ms;
+  uint32_t deliver_ms;
+  uint32_t batch_records;
+
+  /* Session facts, written once at creation. */
+  uint32_t cupti_version;
+  int clock_realtime;
+  int64_t clock_offset_ns;
+  int timestamp_callback;
+
+  /* Counters, updated with relaxed atomics from any thread. */
+  _Atomic uint64_t st_buffers_decoded, st_bytes_decoded, st_records_decoded, st_records_delivered,
+      st_records_dropped, st_drains, st_fences, st_fence_timeouts, st_sessions;
+};
+
+/* CUPTI's buffer callbacks carry no user data, and they are registered once per process, so they
+ * reach the engine through this pointer. It is NULL between engines; a buffer completed then is
+ * leaked rather than touched, since its pool is gone. */
+static _Atomic(cm_engine *) g_engine;
+static pthread_mutex_t g_once_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool g_callbacks_registered; /* guarded by g_once_mu */
+static bool g_timestamp_registered; /* guarded by g_once_mu */
+static bool g_engine_exists;        /* guarded by g_once_mu */
+
+static void release_slot(void) {
+  pthread_mutex_lock(&g_once_mu);
+  g_engine_exists = false;
+  pthread_mutex_unlock(&g_once_mu);
+}
+
+#define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
+#define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static void abstime_in(struct timespec *ts, uint64_t ms) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += (time_t)(ms / 1000);
+  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+static void elog(cm_engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void elog(cm_engine *e, int level, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&e->log_mu);
+  if (e->log_fn) e->log_fn(e->log_ud, level, msg);
+  pthread_mutex_unlock(&e->log_mu);
+}
+
+static uint64_t CUPTIAPI realtime_timestamp_cb(void) { return realtime_ns(); }
+
+/* ---- CUPTI callbacks ------------------------------------------------------------------------ */
+
+static void CUPTIAPI on_buffer_request(uint8_t **buffer, size_t *size, size_t *max_records) {
+  cm_engine *e = atomic_load(&g_engine);
+  *buffer = NULL;
+  *size = 0;
+  *max_records = 0;
+  if (!e) return;
+  bool warn = false;
+  uint8_t *b = cm__pool_get(&e->pool, size, &warn);
+  if (warn)
+    elog(e, CM_LOG_WARN,
+         "more than %u activity buffers are outstanding: the decoder is not keeping up with "
+         "CUPTI (consider a larger pool, fewer kinds, or a faster delivery cadence)",
+         e->pool.warn_outstanding);
+  *buffer = b;
+  if (!b) *size = 0;
+}
+
+static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                        size_t valid) {
+  cm_engine *e = atomic_load(&g_engine);
+  if (!e) return;
+  size_t dropped = 0;
+  if (e->cupti.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
+    ADD(e, st_records_dropped, dropped);
+  if (!buffer) return;
+  if (!valid) {
+    cm__pool_put(&e->pool, buffer);
+    return;
+  }
+  pthread_mutex_lock(&e->q_mu);
+  qitem *it = e->q_spare;
+  if (it) e->q_spare = it->next;
+  pthread_mutex_unlock(&e->q_mu);
+  if (!it) it = malloc(sizeof *it);
+  if (!it) {
+    /* Out of memory: the records are lost, and counted as dropped rather than silently gone. */
+    ADD(e, st_records_dropped, 1);
+    cm__pool_put(&e->pool, buffer);
+    return;
+  }
+  it->next = NULL;
+  it->buf = buffer;
+  it->valid = valid;
+  pthread_mutex_lock(&e->q_mu);
+  if (e->q_tail)
+    e->q_tail->next = it;
+  else
+    e->q_head = it;
+  e->q_tail = it;
+  e->enqueued++;
+  if (++e->q_depth > e->q_peak) e->q_peak = e->q_depth;
+  pthread_cond_signal(&e->q_cv);
+  pthread_mutex_unlock(&e->q_mu);
+}
+
+static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domain,
+                                            CUpti_CallbackId cbid, const void *data) {
+  cm_engine *e = ud;
+  /* A module unload may let a new module's kernel names reuse the old addresses: the decoder's
+   * pointer cache must not map them to stale names. */
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING)
+    cm__intern_invalidate(e->strings);
+}
+
+/* ---- delivery ------------------------------------------------------------------------------- */
+
+/* Hands every held record to the observers, then empties the decoder. Called with dec_mu held. */
+static void deliver(cm_engine *e) {
+  cm_column cols[CM__MAX_FIELDS];
+  bool any = false;
+  uint64_t seq = ++e->drain_seq;
+  for (int k = 0; k < CM_KIND_MAX; k++) {
+    uint32_t n = cm__decoder_count(e->dec, k);
+    if (!n) continue;
+    any = true;
+    const cm__kind_desc *desc = cm__kind_desc_get(k);
+    for (int o = 0; o < e->nobs; o++) {
+      observer *ob = &e->obs[o];
+      if (cm__bits_empty(&ob->sel[k])) continue;
+      uint32_t nc = 0;
+      for (int f = 0; f < desc->nfields; f++) {
+        if (!cm__bits_has(&ob->sel[k], f)) continue;
+        const cm__field *fd = &desc->fields[f];
+        cols[nc].field = f;
+        cols[nc].type = fd->type;
+        cols[nc].width = fd->width;
+        cols[nc].reserved = 0;
+        cols[nc].name = fd->name;
+        cols[nc].data = cm__decoder_column(e->dec, k, f);
+        nc++;
+      }
+      cm_batch b = {.kind = k, .n = n, .ncols = nc, .cols = cols, .seq = seq};
+      ob->fn(ob->ud, &b);
+      ADD(e, st_records_delivered, n);
+    }
+  }
+  if (any) ADD(e, st_drains, 1);
+  cm__decoder_reset(e->dec);
+}
+
+static bool held_over(cm_engine *e, uint32_t limit) {
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (cm__decoder_count(e->dec, k) >= limit) return true;
+  return false;
+}
+
+/* ---- the decode worker ---------------------------------------------------------------------- */
+
+static void *worker_main(void *arg) {
+  cm_engine *e = arg;
+  uint64_t next_flush = 0, next_deliver = 0;
+  pthread_mutex_lock(&e->q_mu);
+  for (;;) {
+    /* Cadences first, so a queue that never runs empty cannot starve delivery. */
+    uint64_t now = mono_ms();
+    uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
+    if (fl && now >= next_flush) {
+      next_flush = now + fl;
+      pthread_mutex_unlock(&e->q_mu);
+      e->cupti.ActivityFlushAll(0);
+      pthread_mutex_lock(&e->q_mu);
+      continue;
+    }
+    if (dl && now >= next_deliver) {
+      next_deliver = now + dl;
+      pthread_mutex_unlock(&e->q_mu);
+      pthread_mutex_lock(&e->dec_mu);
+      deliver(e);
+      pthread_mutex_unlock(&e->dec_mu);
+      pthread_mutex_lock(&e->q_mu);
+      continue;
+    }
+    qitem *it = e->q_head;
+    if (it) {
+      e->q_head = it->next;
+      if (!e->q_head) e->q_tail = NULL;
+      e->q_depth--;
+      uint32_t limit = e->batch_records;
+      pthread_mutex_unlock(&e->q_mu);
+
+      pthread_mutex_lock(&e->dec_mu);
+      uint64_t n = cm__decoder_decode(e->dec, it->buf, it->valid);
+      if (limit && held_over(e, limit)) deliver(e);
+      pthread_mutex_unlock(&e->dec_mu);
+      ADD(e, st_records_decoded, n);
+      ADD(e, st_buffers_decoded, 1);
+      ADD(e, st_bytes_decoded, it->valid);
+      cm__pool_put(&e->pool, it->buf);
+
+      pthread_mutex_lock(&e->q_mu);
+      it->next = e->q_spare;
+      e->q_spare = it;
+      e->decoded++;
+      pthread_cond_broadcast(&e->done_cv);
+      continue;
+    }
+    if (e->stop) break;
+    /* Idle: sleep until the next cadence or new work. */
+    uint64_t wake = UINT64_MAX;
+    if (fl) wake = next_flush;
+    if (dl && next_deliver < wake) wake = next_deliver;
+    if (wake == UINT64_MAX) {
+      pthread_cond_wait(&e->q_cv, &e->q_mu);
+    } else {
+      struct timespec ts;
+      abstime_in(&ts, wake > now ? wake - now : 0);
+      pthread_cond_timedwait(&e->q_cv, &e->q_mu, &ts);
+    }
+  }
+  pthread_mutex_unlock(&e->q_mu);
+  return NULL;
+}
+
+/* Waits until every buffer queued so far has been decoded, or until `deadline` (mono ms). */
+static bool wait_decoded(cm_engine *e, uint64_t deadline) {
+  bool ok = true;
+  pthread_mutex_lock(&e->q_mu);
+  uint64_t target = e->enqueued;
+  while (e->decoded < target) {
+    uint64_t now = mono_ms();
+    if (now >= deadline) {
+      ok = false;
+      break;
+    }
+    struct timespec ts;
+    abstime_in(&ts, deadline - now);
+    pthread_cond_timedwait(&e->done_cv, &e->q_mu, &ts);
+  }
+  pthread_mutex_unlock(&e->q_mu);
+  return ok;
+}
+
+/* ---- device synchronization ----------------------------------------------------------------- */
+
+/* Synchronizes every active primary context, and the calling thread's current context. Returns
+ * the number of contexts synchronized; 0 means there was no GPU work to wait for (or no libcuda). */
+static int device_sync(cm_engine *e) {
+  cm__cupti *c = &e->cupti;
+  int synced = 0;
+  void *cur = NULL;
+  if (c->cuCtxGetCurrent && c->cuCtxSynchronize && c->cuCtxGetCurrent(&cur) == 0 && cur) {
+    if (c->cuCtxSynchronize() == 0) synced++;
+  }
+  int ndev = 0;
+  if (c->cuDeviceGetCount && c->cuDevicePrimaryCtxGetState && c->cuDevicePrimaryCtxRetain &&
+      c->cuDevicePrimaryCtxRelease && c->cuCtxPushCurrent && c->cuCtxPopCurrent &&
+      c->cuCtxSynchronize && c->cuDeviceGetCount(&ndev) == 0) {
+    for (int d = 0; d < ndev; d++) {
+      unsigned flags = 0;
+      int active = 0;
+      if (c->cuDevicePrimaryCtxGetState(d, &flags, &active) != 0 || !active) continue;
+      void *ctx = NULL;
+      if (cur) {
+        /* The current context was synchronized above; a primary context that is the current
+         * one need not be synchronized twice. */
+      }
+      if (c->cuDevicePrimaryCtxRetain(&ctx, d) != 0) continue;
+      if (ctx != cur && c->cuCtxPushCurrent(ctx) == 0) {
+        if (c->cuCtxSynchronize() == 0) synced++;
+        void *popped = NULL;
+        c->cuCtxPopCurrent(&popped);
+      }
+      c->cuDevicePrimaryCtxRelease(d);
+    }
+  }
+  return synced;
+}
+
+/* ---- selection ------------------------------------------------------------------------------ */
+
+static const cm__field *find_field(const cm__kind_desc *d, const char *name, int *id) {
+  for (int f = 0; d && f < d->nfields; f++)
+    if (strcmp(d->fields[f].name, name) == 0) {
+      if (id) *id = f;
+      return &d->fields[f];
+    }
+  return NULL;
+}
+
+static bool selects_named(const cm__bits *sel, int kind, const char *name) {
+  int id;
+  if (!find_field(cm__kind_desc_get(kind), name, &id)) return false;
+  return cm__bits_has(&sel[kind], id);
+}
+
+/* The kinds CUPTI must have enabled for a union selection, couplings included. */
+static uint64_t kinds_needed(const cm__bits *sel) {
+  uint64_t m = 0;
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (!cm__bits_empty(&sel[k])) m |= (uint64_t)1 << k;
+  if (m & (1ull << CM_KIND_CUDA_EVENT)) m |= 1ull << CM_KIND_SYNCHRONIZATION;
+  if (m & (1ull << CM_KIND_MEMCPY2)) m |= 1ull << CM_KIND_MEMCPY;
+  if ((m & (1ull << CM_KIND_EXTERNAL_CORRELATION)) &&
+      !(m & ((1ull << CM_KIND_RUNTIME) | (1ull << CM_KIND_DRIVER))))
+    m |= 1ull << CM_KIND_RUNTIME;
+  return m;
+}
+
+static bool needs_latency(const cm__bits *sel) {
+  static const int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_KERNEL};
+  for (size_t i = 0; i < 2; i++)
+    if (selects_named(sel, kinds[i], "queued") || selects_named(sel, kinds[i], "submitted"))
+      return true;
+  return false;
+}
+
+static bool needs_event_ts(const cm__bits *sel) {
+  return selects_named(sel, CM_KIND_CUDA_EVENT, "device_timestamp");
+}
+
+static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bits *out) {
+  memset(out, 0, sizeof(cm__bits) * CM_KIND_MAX);
+  for (int o = 0; o < e->nobs; o++) {
+    if (o == skip) continue;
+    for (int k = 0; k < CM_KIND_MAX; k++) {
+      out[k].w[0] |= e->obs[o].sel[k].w[0];
+      out[k].w[1] |= e->obs[o].sel[k].w[1];
+    }
+  }
+  if (extra)
+    for (int k = 0; k < CM_KIND_MAX; k++) {
+      out[k].w[0] |= extra[k].w[0];
+      out[k].w[1] |= extra[k].w[1];
+    }
+}
+
+/* Enables and disables kinds to move CUPTI from `e->enabled` to `want`, touching only the kinds
+ * that differ. On a failed enable, the kinds this call enabled are disabled again and the error is
+ * returned, so a failure leaves CUPTI as it was. Called with api_mu held. */
+static int apply_kinds(cm_engine *e, uint64_t want) {
+  cm__cupti *c = &e->cupti;
+  uint64_t add = want & ~e->enabled, drop = e->enabled & ~want, done = 0;
+  for (int k = 0; k < CM_KIND_MAX; k++) {
+    if (!(add >> k & 1)) continue;
+    CUptiResult r = c->ActivityEnable((CUpti_ActivityKind)k);
+    if (r != CUPTI_SUCCESS) {
+      char what[96];
+      snprintf(what, sizeof what, "cuptiActivityEnable(%s)", cm_kind_name(k));
+      int err = cm__cupti_err(c, r, what);
+      for (int j = 0; j < CM_KIND_MAX; j++)
+        if (done >> j & 1) c->ActivityDisable((CUpti_ActivityKind)j);
+      return err;
+    }
+    done |= 1ull << k;
+  }
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (drop >> k & 1) c->ActivityDisable((CUpti_ActivityKind)k);
+  e->enabled = want;
+  return 0;
+}
+
+static void apply_toggles(cm_engine *e, const cm__bits *sel) {
+  bool lat = needs_latency(sel), ets = needs_event_ts(sel);
+  if (lat != e->latency_on) {
+    e->cupti.ActivityEnableLatencyTimestamps(lat);
+    e->latency_on = lat;
+  }
+  if (ets != e->event_ts_on) {
+    e->cupti.ActivityEnableCudaEventDeviceTimestamps(ets);
+    e->event_ts_on = ets;
+  }
+}
+
+/* ---- flushing ------------------------------------------------------------------------------- */
+
+/* Asks CUPTI for its completed buffers and waits until they are decoded. Called with api_mu. */
+static bool plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
+  e->cupti.ActivityFlushAll(flag);
+  return wait_decoded(e, deadline);
+}
+
+/* The sync fence: every record produced before the call is decoded when it returns true. Called
+ * with api_mu held; delivers nothing itself. */
+static bool fence(cm_engine *e, uint64_t deadline) {
+  cm__cupti *c = &e->cupti;
+  ADD(e, st_fences, 1);
+  bool temp_sync = !(e->enabled >> CM_KIND_SYNCHRONIZATION & 1);
+  if (temp_sync && c->ActivityEnable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION) != CUPTI_SUCCESS)
+    temp_sync = false;
+  uint64_t mark = 0;
+  c->GetTimestamp(&mark);
+  int synced = device_sync(e);
+  bool ok = true;
+  if (synced == 0) {
+    ok = plain_flush(e, deadline, 0);
+  } else {
+    for (;;) {
+      ok = plain_flush(e, deadline, 0);
+      pthread_mutex_lock(&e->dec_mu);
+      uint64_t seen = cm__decoder_sync_end(e->dec);
+      pthread_mutex_unlock(&e->dec_mu);
+      if (seen >= mark) break;
+      if (mono_ms() >= deadline) {
+        ok = false;
+        break;
+      }
+      usleep(1000);
+    }
+  }
+  if (temp_sync) c->ActivityDisable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
+  if (!ok) ADD(e, st_fence_timeouts, 1);
+  return ok;
+}
+
+static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
+  return mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
+}
+
+/* Ends the activity session: device sync, forced flush, delivery, every kind disabled. Called with
+ * api_mu held, while the observers are still registered so they receive the last records. */
+static void end_session(cm_engine *e) {
+  uint64_t deadline = deadline_for(e, 0);
+  device_sync(e);
+  if (!plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED))
+    elog(e, CM_LOG_WARN, "session end: the decoder did not catch up before the deadline");
+  pthread_mutex_lock(&e->dec_mu);
+  deliver(e);
+  pthread_mutex_unlock(&e->dec_mu);
+}
+
+/* ---- public API ----------------------------------------------------------------------------- */
+
+void cm_config_init(cm_config *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  cfg->buffer_size = 4u << 20;
+  cfg->pool_max_buffers = 256;
+  cfg->warn_outstanding = 64;
+  cfg->fence_timeout_ms = 5000;
+  cfg->batch_records = 1u << 20;
+}
+
+static int check_config(const cm_config *cfg) {
+  if (cfg->buffer_size < 4096 || cfg->buffer_size > (1u << 30) || cfg->buffer_size % 8)
+    return cm__seterr(CM_EINVAL, "buffer_size %u: must be a multiple of 8 in [4096, 1 GiB]",
+                      cfg->buffer_size);
+  if (cfg->pool_max_buffers < 1)
+    return cm__seterr(CM_EINVAL, "pool_max_buffers must be at least 1");
+  return 0;
+}
+
+static void check_clock(cm_engine *e) {
+  uint64_t t0 = realtime_ns(), ts = 0;
+  e->cupti.GetTimestamp(&ts);
+  uint64_t t1 = realtime_ns();
+  /* A small slack absorbs the two reads' granularity. */
+  e->clock_realtime = ts + 1000 >= t0 && ts <= t1 + 1000;
+  e->clock_offset_ns = (int64_t)(ts - (t0 + (t1 - t0) / 2));
+}
+
+int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
+  cm__clearerr();
+  if (!out) return cm__seterr(CM_EINVAL, "out is NULL");
+  *out = NULL;
+  cm_config cfg;
+  if (cfg_in)
+    cfg = *cfg_in;
+  else
+    cm_config_init(&cfg);
+  int rc = check_config(&cfg);
+  if (rc) return rc;
+
+  pthread_mutex_lock(&g_once_mu);
+  bool exists = g_engine_exists;
+  g_engine_exists = true;
+  pthread_mutex_unlock(&g_once_mu);
+  if (exists)
+    return cm__seterr(CM_EBUSY, "a cuptimon engine already exists in this process (CUPTI allows "
+                                "one subscriber per process; reuse it or free it first)");
+  cm_engine *e = calloc(1, sizeof *e);
+  if (!e) {
+    release_slot();
+    return cm__seterr(CM_ENOMEM, "cannot allocate the engine");
+  }
+  e->cfg = cfg;
+  pthread_mutex_init(&e->log_mu, NULL);
+  pthread_mutex_init(&e->api_mu, NULL);
+  pthread_mutex_init(&e->dec_mu, NULL);
+  pthread_mutex_init(&e->q_mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&e->q_cv, &ca);
+  pthread_cond_init(&e->done_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  e->self_flush_ms = cfg.self_flush_ms;
+  e->deliver_ms = cfg.deliver_ms;
+  e->batch_records = cfg.batch_records;
+  e->next_id = 1;
+
+  rc = cm__cupti_load(&e->cupti);
+  if (rc) goto fail_locks;
+  rc = cm__pool_init(&e->pool, cfg.buffer_size, cfg.pool_max_buffers, cfg.warn_outstanding);
+  if (rc) goto fail_locks;
+  rc = cm__intern_new(&e->strings);
+  if (rc) goto fail_pool;
+  rc = cm__decoder_new(&e->dec, &e->cupti, e->strings);
+  if (rc) goto fail_intern;
+
+  e->cupti.GetVersion(&e->cupti_version);
+  char old[128] = "";
+  CUptiResult r;
+  if (e->cupti.Subscribe_v2) {
+    CUpti_SubscriberParams p;
+    memset(&p, 0, sizeof p);
+    p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+    p.subscriberName = "cuptimon";
+    p.oldSubscriberName = old;
+    p.oldSubscriberSize = sizeof old;
+    r = e->cupti.Subscribe_v2(&e->sub, on_subscriber_callback, e, &p);
+  } else {
+    r = e->cupti.Subscribe(&e->sub, on_subscriber_callback, e);
+  }
+  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    rc = cm__seterr(CM_EBUSY,
+                    "another CUPTI subscriber already holds this process: '%s'. CUPTI allows one "
+                    "subscriber per process; stop that tool (Nsight Systems, Nsight Compute, "
+                    "torch.profiler, another profiler) or run without it",
+                    old[0] ? old : "unknown");
+    goto fail_decoder;
+  }
+  if (r != CUPTI_SUCCESS) {
+    rc = cm__cupti_err(&e->cupti, r, "cuptiSubscribe");
+    goto fail_decoder;
+  }
+  e->cupti.EnableCallback(1, e->sub, CUPTI_CB_DOMAIN_RESOURCE,
+                          CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING);
+
+  pthread_mutex_lock(&g_once_mu);
+  if (cfg.flags & CM_CONFIG_TIMESTAMP_CALLBACK) {
+    if (!g_timestamp_registered &&
+        e->cupti.ActivityRegisterTimestampCallback(realtime_timestamp_cb) == CUPTI_SUCCESS)
+      g_timestamp_registered = true;
+    e->timestamp_callback = g_timestamp_registered;
+  }
+  if (!g_callbacks_registered) {
+    r = e->cupti.ActivityRegisterCallbacks(on_buffer_request, on_buffer_complete);
+    if (r == CUPTI_SUCCESS) g_callbacks_registered = true;
+  } else {
+    r = CUPTI_SUCCESS;
+  }
+  pthread_mutex_unlock(&g_once_mu);
+  if (r != CUPTI_SUCCESS) {
+    rc = cm__cupti_err(&e->cupti, r, "cuptiActivityRegisterCallbacks");
+    goto fail_sub;
+  }
+  check_clock(e);
+
+  if (pthread_create(&e->worker, NULL, worker_main, e) != 0) {
+    rc = cm__seterr(CM_ENOMEM, "cannot start the decode worker thread");
+    goto fail_sub;
+  }
+  e->worker_started = true;
+  atomic_store(&g_engine, e);
+  *out = e;
+  return 0;
+
+fail_sub:
+  e->cupti.Unsubscribe(e->sub);
+fail_decoder:
+  cm__decoder_free(e->dec);
+fail_intern:
+  cm__intern_free(e->strings);
+fail_pool:
+  cm__pool_destroy(&e->pool);
+fail_locks:
+  pthread_mutex_destroy(&e->log_mu);
+  pthread_mutex_destroy(&e->api_mu);
+  pthread_mutex_destroy(&e->dec_mu);
+  pthread_mutex_destroy(&e->q_mu);
+  pthread_cond_destroy(&e->q_cv);
+  pthread_cond_destroy(&e->done_cv);
+  free(e);
+  release_slot();
+  return rc;
+}
+
+void cm_engine_free(cm_engine *e) {
+  if (!e) return;
+  pthread_mutex_lock(&e->api_mu);
+  if (e->active) {
+    end_session(e);
+    apply_kinds(e, 0);
+    apply_toggles(e, (cm__bits[CM_KIND_MAX]){{{0}}});
+    e->active = false;
+  }
+  pthread_mutex_unlock(&e->api_mu);
+
+  pthread_mutex_lock(&e->q_mu);
+  e->stop = true;
+  pthread_cond_signal(&e->q_cv);
+  pthread_mutex_unlock(&e->q_mu);
+  if (e->worker_started) pthread_join(e->worker, NULL);
+
+  atomic_store(&g_engine, NULL);
+  e->cupti.Unsubscribe(e->sub);
+  /* The worker has drained the queue; items left would be buffers completed after it stopped. */
+  for (qitem *it = e->q_head; it;) {
+    qitem *next = it->next;
+    cm__pool_put(&e->pool, it->buf);
+    free(it);
+    it = next;
+  }
+  for (qitem *it = e->q_spare; it;) {
+    qitem *next = it->next;
+    free(it);
+    it = next;
+  }
+  if (e->pool.outstanding)
+    elog(e, CM_LOG_WARN, "%llu activity buffers are still owned by CUPTI and are not freed",
+         (unsigned long long)e->pool.outstanding);
+  cm__decoder_free(e->dec);
+  cm__intern_free(e->strings);
+  cm__pool_destroy(&e->pool);
+  free(e->obs);
+  pthread_mutex_destroy(&e->log_mu);
+  pthread_mutex_destroy(&e->api_mu);
+  pthread_mutex_destroy(&e->dec_mu);
+  pthread_mutex_destroy(&e->q_mu);
+  pthread_cond_destroy(&e->q_cv);
+  pthread_cond_destroy(&e->done_cv);
+  free(e);
+  release_slot();
+}
+
+int cm_configure(cm_engine *e, const cm_config *cfg) {
+  cm__clearerr();
+  if (!e || !cfg) return cm__seterr(CM_EINVAL, "engine or config is NULL");
+  int rc = check_config(cfg);
+  if (rc) return rc;
+  pthread_mutex_lock(&e->api_mu);
+  e->cfg = *cfg;
+  cm__pool_configure(&e->pool, cfg->buffer_size, cfg->pool_max_buffers, cfg->warn_outstanding);
+  pthread_mutex_lock(&e->q_mu);
+  e->self_flush_ms = cfg->self_flush_ms;
+  e->deliver_ms = cfg->deliver_ms;
+  e->batch_records = cfg->batch_records;
+  pthread_cond_signal(&e->q_cv);
+  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->api_mu);
+  return 0;
+}
+
+void cm_set_log(cm_engine *e, cm_log_fn fn, void *ud) {
+  if (!e) return;
+  pthread_mutex_lock(&e->log_mu);
+  e->log_fn = fn;
+  e->log_ud = ud;
+  pthread_mutex_unlock(&e->log_mu);
+}
+
+int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *ud, uint32_t *id) {
+  cm__clearerr();
+  if (!e || !sel || !fn) return cm__seterr(CM_EINVAL, "engine, selection or callback is NULL");
+  bool empty = true;
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (!cm__bits_empty(&sel->kinds[k])) empty = false;
+  if (empty) return cm__seterr(CM_EINVAL, "the selection is empty: name at least one kind");
+
+  pthread_mutex_lock(&e->api_mu);
+  int rc = 0;
+  if (e->nobs == e->cap_obs) {
+    int cap = e->cap_obs ? e->cap_obs * 2 : 8;
+    observer *p = realloc(e->obs, (size_t)cap * sizeof *p);
+    if (!p) {
+      pthread_mutex_unlock(&e->api_mu);
+      return cm__seterr(CM_ENOMEM, "cannot grow the observer table");
+    }
+    pthread_mutex_lock(&e->dec_mu);
+    e->obs = p;
+    e->cap_obs = cap;
+    pthread_mutex_unlock(&e->dec_mu);
+  }
+  cm__bits next[CM_KIND_MAX];
+  union_of(e, -1, sel->kinds, next);
+  uint64_t want = kinds_needed(next);
+
+  /* Pending records go to the current observers, decoded with the current table. */
+  if (e->active) plain_flush(e, deadline_for(e, 0), 0);
+  pthread_mutex_lock(&e->dec_mu);
+  deliver(e);
+  cm__bits prev[CM_KIND_MAX];
+  memcpy(prev, e->sel, sizeof prev);
+  memcpy(e->sel, next, sizeof next);
+  cm__decoder_select(e->dec, e->sel);
+  observer *ob = &e->obs[e->nobs++];
+  ob->id = e->next_id++;
+  ob->fn = fn;
+  ob->ud = ud;
+  memcpy(ob->sel, sel->kinds, sizeof ob->sel);
+  pthread_mutex_unlock(&e->dec_mu);
+
+  rc = apply_kinds(e, want);
+  if (rc) {
+    /* Roll back: the observer was never visible to a delivery with records of its new kinds. */
+    pthread_mutex_lock(&e->dec_mu);
+    deliver(e);
+    e->nobs--;
+    memcpy(e->sel, prev, sizeof prev);
+    cm__decoder_select(e->dec, e->sel);
+    pthread_mutex_unlock(&e->dec_mu);
+    pthread_mutex_unlock(&e->api_mu);
+    return rc;
+  }
+  apply_toggles(e, next);
+  if (!e->active) {
+    e->active = true;
+    e->session_start_ns = realtime_ns();
+    ADD(e, st_sessions, 1);
+  }
+  if (id) *id = ob->id;
+  pthread_mutex_unlock(&e->api_mu);
+  return 0;
+}
+
+int cm_unobserve(cm_engine *e, uint32_t id) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "engine is NULL");
+  pthread_mutex_lock(&e->api_mu);
+  int idx = -1;
+  for (int o = 0; o < e->nobs; o++)
+    if (e->obs[o].id == id) idx = o;
+  if (idx < 0) {
+    pthread_mutex_unlock(&e->api_mu);
+    return cm__seterr(CM_ENOENT, "no observer with id %u", id);
+  }
+  bool last = e->nobs == 1;
+  if (last) {
+    end_session(e);
+  } else {
+    plain_flush(e, deadline_for(e, 0), 0);
+  }
+  cm__bits next[CM_KIND_MAX];
+  union_of(e, idx, NULL, next);
+  pthread_mutex_lock(&e->dec_mu);
+  deliver(e);
+  memmove(&e->obs[idx], &e->obs[idx + 1], (size_t)(e->nobs - idx - 1) * sizeof e->obs[0]);
+  e->nobs--;
+  memcpy(e->sel, next, sizeof next);
+  cm__decoder_select(e->dec, e->sel);
+  pthread_mutex_unlock(&e->dec_mu);
+  apply_kinds(e, kinds_needed(next));
+  apply_toggles(e, next);
+  if (last) {
+    e->active = false;
+    e->session_start_ns = 0;
+  }
+  pthread_mutex_unlock(&e->api_mu);
+  return 0;
+}
+
+int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "engine is NULL");
+  if (mode != CM_FLUSH_PLAIN && mode != CM_FLUSH_SYNC)
+    return cm__seterr(CM_EINVAL, "flush mode %d: use CM_FLUSH_PLAIN (0) or CM_FLUSH_SYNC (1)", mode);
+  pthread_mutex_lock(&e->api_mu);
+  uint64_t deadline = deadline_for(e, timeout_ms);
+  bool ok = mode == CM_FLUSH_SYNC ? fence(e, deadline) : plain_flush(e, deadline, 0);
+  pthread_mutex_lock(&e->dec_mu);
+  deliver(e);
+  pthread_mutex_unlock(&e->dec_mu);
+  uint32_t ms = timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms;
+  pthread_mutex_unlock(&e->api_mu);
+  if (!ok) {
+    elog(e, CM_LOG_WARN,
+         "%s flush missed its %u ms deadline; records produced before it may arrive later",
+         mode == CM_FLUSH_SYNC ? "sync" : "plain", ms);
+    return cm__seterr(CM_ETIMEDOUT, "%s flush missed its %u ms deadline",
+                      mode == CM_FLUSH_SYNC ? "sync" : "plain", ms);
+  }
+  return 0;
+}
+
+const char *cm_string(cm_engine *e, uint32_t id, size_t *len) {
+  if (!e) return NULL;
+  return cm__intern_get(e->strings, id, len);
+}
+
+uint32_t cm_string_count(cm_engine *e) { return e ? cm__intern_count(e->strings) : 0; }
+
+int cm_stats_get(cm_engine *e, cm_stats *out) {
+  if (!e || !out) return cm__seterr(CM_EINVAL, "engine or out is NULL");
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&e->pool.mu);
+  out->buffers_allocated = e->pool.allocated;
+  out->buffers_outstanding = e->pool.outstanding;
+  out->buffers_free = e->pool.free_count;
+  out->buffers_refused = e->pool.refused;
+  pthread_mutex_unlock(&e->pool.mu);
+  out->buffers_decoded = LOAD(e, st_buffers_decoded);
+  out->bytes_decoded = LOAD(e, st_bytes_decoded);
+  out->records_decoded = LOAD(e, st_records_decoded);
+  out->records_delivered = LOAD(e, st_records_delivered);
+  out->records_dropped = LOAD(e, st_records_dropped);
+  out->drains = LOAD(e, st_drains);
+  out->fences = LOAD(e, st_fences);
+  out->fence_timeouts = LOAD(e, st_fence_timeouts);
+  out->sessions = LOAD(e, st_sessions);
+  out->strings = cm__intern_count(e->strings);
+  pthread_mutex_lock(&e->q_mu);
+  out->decode_queue_depth = e->q_depth;
+  out->decode_queue_peak = e->q_peak;
+  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_lock(&e->dec_mu);
+  for (int k = 0; k < CM_KIND_MAX; k++) out->records_by_kind[k] = cm__decoder_seen(e->dec, k);
+  pthread_mutex_unlock(&e->dec_mu);
+  return 0;
+}
+
+int cm_session_info_get(cm_engine *e, cm_session_info *out) {
+  if (!e || !out) return cm__seterr(CM_EINVAL, "engine or out is NULL");
+  memset(out, 0, sizeof *out);
+  out->cupti_version = e->cupti_version;
+  out->clock_realtime = e->clock_realtime;
+  out->clock_offset_ns = e->clock_offset_ns;
+  out->timestamp_callback = e->timestamp_callback;
+  pthread_mutex_lock(&e->api_mu);
+  out->active = e->active;
+  out->session_start_ns = e->session_start_ns;
+  pthread_mutex_unlock(&e->api_mu);
+  snprintf(out->cupti_path, sizeof out->cupti_path, "%s", e->cupti.path);
+  return 0;
+}
+
+uint64_t cm_enabled_kinds(cm_engine *e) {
+  if (!e) return 0;
+  pthread_mutex_lock(&e->api_mu);
+  uint64_t m = e->enabled;
+  pthread_mutex_unlock(&e->api_mu);
+  return m;
+}

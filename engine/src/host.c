@@ -1,0 +1,995 @@
+/*
+ * host.c: the Lua host. It owns one lua_State with luv on the embedder's libuv loop, the script's
+ * observers, the sources that feed them, and the in-process engine source.
+ *
+ * Design. Batches enter Lua through one door, cm_host_deliver(): it pushes the `const cm_batch *`
+ * as a light userdata with the source and observer ids and calls the dispatcher that
+ * lua/cuptimon/init.lua registered, under lua_pcall with a traceback handler. The Lua side casts
+ * the pointer with the FFI and reads the columns in place, so a batch costs one Lua call whatever
+ * its size. Everything that may deliver batches (cm_observe, cm_unobserve, cm_flush,
+ * cm_engine_free) is reached from a lua_CFunction of the `cuptimon.core` module or from a uv
+ * callback, never through the FFI, because LuaJIT cannot re-enter Lua from an FFI call.
+ *
+ * The host keeps the observers (id, selection) itself and applies each one to every source, so a
+ * source attached later (a live agent connecting, a replay) gets the current selections. The
+ * in-process source runs the engine with deliver_ms = 0 and batch_records = 0: the decode worker
+ * never delivers, and deliveries happen on the loop thread inside the calls above. A delivery on
+ * any other thread would be a bug; it is dropped and counted, never run.
+ *
+ * Ownership. The host owns the lua_State, the observer table and the attached sources; it does
+ * not own the loop. All functions run on the loop thread.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <luv/luv.h>
+#include <luv/lhandle.h>
+#include <uv.h>
+
+#include "cuptimon.h"
+#include "cuptimon_host.h"
+
+/* The Lua modules embedded at build time (a generated file, lua/CMakeLists.txt). */
+typedef struct cm__lua_module {
+  const char *name;  /* "cuptimon", "cuptimon.agg", ... */
+  const char *file;  /* "cuptimon/init.lua", for chunk names */
+  const unsigned char *src;
+  size_t len;
+} cm__lua_module;
+extern const cm__lua_module cm__lua_modules[];
+
+#define CM__HOST_MAX_SOURCES 256
+
+typedef struct host_observer {
+  uint32_t id;
+  cm_selection *sel;
+  char *spec;
+} host_observer;
+
+struct cm_host {
+  uv_loop_t *loop;
+  lua_State *L;
+  luv_ctx_t *luv_ctx; /* identifies luv's handles on the shared loop */
+  uint32_t flags;
+  pthread_t thread; /* the loop thread: the one that created the host */
+
+  int dispatch_ref; /* Lua function(batch_ptr, source_id, observer_id) */
+  int event_ref;    /* Lua function(event, ...) */
+
+  host_observer *obs;
+  int nobs, cap_obs;
+  uint32_t next_obs;
+
+  cm_source *sources[CM__HOST_MAX_SOURCES];
+  int nsources;
+  int next_source;
+  int inproc_failed; /* the in-process source could not be created; err holds why */
+  int inproc_err;
+
+  int in_dispatch;       /* depth of cm_host_deliver calls */
+  uint64_t errors;       /* errors raised by script callbacks */
+  uint64_t unhandled;    /* those no "error" hook took (printed on stderr) */
+  uint64_t foreign;      /* deliveries refused because they came from another thread */
+  uint32_t flush_ms, deliver_ms;
+
+  uv_timer_t defer_timer; /* runs deferred requests on the next iteration */
+  uv_timer_t exit_timer;  /* runs a requested shutdown on the next iteration */
+  int timers_closed;
+  int exit_requested, exit_status, shut_down;
+};
+
+/* ---- reporting ------------------------------------------------------------------------------- */
+
+static const char *host_key = "cuptimon.host";
+
+static cm_host *host_of(lua_State *L) {
+  lua_getfield(L, LUA_REGISTRYINDEX, host_key);
+  cm_host *h = lua_touserdata(L, -1);
+  lua_pop(L, 1);
+  return h;
+}
+
+/* The message handler of every call into Lua: the error message plus a traceback. */
+static int msgh(lua_State *L) {
+  const char *msg = lua_tostring(L, 1);
+  if (!msg) {
+    if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+    msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+  }
+  luaL_traceback(L, L, msg, 1);
+  return 1;
+}
+
+/* Reports the error message on top of the stack (and pops it): through the script's "error"
+ * hooks when it has any, else on stderr. Never raises. */
+static void report(cm_host *h, const char *where) {
+  lua_State *L = h->L;
+  h->errors++;
+  const char *msg = lua_tostring(L, -1);
+  if (!msg) msg = "(error object is not a string)";
+  int handled = 0;
+  if (h->event_ref != LUA_NOREF) {
+    lua_pushcfunction(L, msgh);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, h->event_ref);
+    lua_pushstring(L, "error");
+    lua_pushstring(L, msg);
+    lua_pushstring(L, where);
+    if (lua_pcall(L, 3, 1, -5) == 0) {
+      handled = lua_toboolean(L, -1);
+    } else {
+      fprintf(stderr, "cuptimon: error in the error hook: %s\n", lua_tostring(L, -1));
+    }
+    lua_pop(L, 2);
+  }
+  if (!handled) {
+    h->unhandled++;
+    fprintf(stderr, "cuptimon: error in %s: %s\n", where, msg);
+  }
+  lua_pop(L, 1);
+}
+
+/* Calls the script's event function with `nargs` arguments already pushed. */
+static void fire_event(cm_host *h, const char *event, int nargs) {
+  lua_State *L = h->L;
+  if (h->event_ref == LUA_NOREF) {
+    lua_pop(L, nargs);
+    return;
+  }
+  lua_pushcfunction(L, msgh);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->event_ref);
+  lua_pushstring(L, event);
+  /* Move the handler, function and name below the arguments. */
+  for (int i = 0; i < 3; i++) lua_insert(L, -(nargs + 3));
+  int base = lua_gettop(L) - nargs - 2;
+  if (lua_pcall(L, nargs + 1, 0, base)) report(h, event);
+  lua_remove(L, base);
+}
+
+/* luv's callbacks run through this instead of luv's default, which exits the process on error. */
+static int luv_pcall(lua_State *L, int nargs, int nresults, int flags) {
+  int fn = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, msgh);
+  lua_insert(L, fn);
+  int ret = lua_pcall(L, nargs, nresults, fn);
+  if (ret) {
+    cm_host *h = host_of(L);
+    lua_remove(L, fn);
+    if (h) report(h, "luv callback");
+    else lua_pop(L, 1);
+    return -ret;
+  }
+  lua_remove(L, fn);
+  if (nresults == LUA_MULTRET) return lua_gettop(L) - fn + 1;
+  return nresults;
+}
+
+/* ---- observers and sources ---------------------------------------------------------------------- */
+
+static int find_obs(cm_host *h, uint32_t id) {
+  for (int i = 0; i < h->nobs; i++)
+    if (h->obs[i].id == id) return i;
+  return -1;
+}
+
+static int ensure_inproc(cm_host *h) {
+  if (h->flags & (CM_HOST_CHECK | CM_HOST_NO_INPROC)) return 0;
+  for (int i = 0; i < h->nsources; i++)
+    if (strcmp(h->sources[i]->vt->name, "inproc") == 0) return 0;
+  if (h->inproc_failed) return h->inproc_err;
+  cm_source *s;
+  int rc = cm_host_inproc_source_new(h, &s);
+  if (rc) {
+    h->inproc_failed = 1;
+    h->inproc_err = rc;
+    return rc;
+  }
+  rc = cm_host_add_source(h, s);
+  return rc < 0 ? rc : 0;
+}
+
+int cm_host_add_source(cm_host *h, cm_source *s) {
+  if (!h || !s || !s->vt) return CM_EINVAL;
+  if (h->nsources == CM__HOST_MAX_SOURCES) return CM_ERANGE;
+  s->host = h;
+  s->id = ++h->next_source;
+  h->sources[h->nsources++] = s;
+  if (h->flush_ms || h->deliver_ms) s->vt->configure(s, h->flush_ms, h->deliver_ms);
+  for (int i = 0; i < h->nobs; i++) {
+    int rc = s->vt->observe(s, h->obs[i].id, h->obs[i].sel, h->obs[i].spec);
+    if (rc) {
+      lua_pushfstring(h->L, "source %d (%s) refused observer %d: %s", s->id, s->vt->name,
+                      (int)h->obs[i].id, cm_errmsg());
+      report(h, "add_source");
+    }
+  }
+  lua_State *L = h->L;
+  lua_createtable(L, 0, 4);
+  lua_pushinteger(L, s->id);
+  lua_setfield(L, -2, "source");
+  lua_pushinteger(L, s->pid);
+  lua_setfield(L, -2, "pid");
+  lua_pushstring(L, s->vt->name);
+  lua_setfield(L, -2, "kind");
+  char hostname[256] = "";
+  gethostname(hostname, sizeof hostname - 1);
+  lua_pushstring(L, hostname);
+  lua_setfield(L, -2, "host");
+  fire_event(h, "process_start", 1);
+  return s->id;
+}
+
+void cm_host_remove_source(cm_host *h, cm_source *s) {
+  if (!h || !s) return;
+  int idx = -1;
+  for (int i = 0; i < h->nsources; i++)
+    if (h->sources[i] == s) idx = i;
+  if (idx < 0) return;
+  for (int i = 0; i < h->nobs; i++) s->vt->unobserve(s, h->obs[i].id);
+  memmove(&h->sources[idx], &h->sources[idx + 1],
+          (size_t)(h->nsources - idx - 1) * sizeof h->sources[0]);
+  h->nsources--;
+  lua_State *L = h->L;
+  lua_createtable(L, 0, 2);
+  lua_pushinteger(L, s->id);
+  lua_setfield(L, -2, "source");
+  lua_pushinteger(L, s->pid);
+  lua_setfield(L, -2, "pid");
+  s->vt->free(s);
+  fire_event(h, "process_exit", 1);
+}
+
+void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b) {
+  if (!pthread_equal(pthread_self(), h->thread)) {
+    h->foreign++; /* Not atomic on purpose: this is a bug counter, read in tests. */
+    return;
+  }
+  if (h->dispatch_ref == LUA_NOREF || find_obs(h, obs) < 0) return;
+  lua_State *L = h->L;
+  int top = lua_gettop(L);
+  lua_pushcfunction(L, msgh);
+  lua_rawgeti(L, LUA_REGISTRYINDEX, h->dispatch_ref);
+  lua_pushlightuserdata(L, (void *)b);
+  lua_pushinteger(L, s->id);
+  lua_pushinteger(L, (lua_Integer)obs);
+  h->in_dispatch++;
+  if (lua_pcall(L, 3, 0, top + 1)) report(h, "observer callback");
+  h->in_dispatch--;
+  lua_settop(L, top);
+}
+
+const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len) {
+  if (!h) return NULL;
+  for (int i = 0; i < h->nsources; i++)
+    if (h->sources[i]->id == source) return h->sources[i]->vt->string(h->sources[i], id, len);
+  return NULL;
+}
+
+int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
+  if (!h || !out) return CM_EINVAL;
+  memset(out, 0, sizeof *out);
+  int found = 0;
+  for (int i = 0; i < h->nsources; i++) {
+    cm_source *s = h->sources[i];
+    if (source && s->id != source) continue;
+    cm_stats one;
+    if (s->vt->stats(s, &one)) continue;
+    found = 1;
+    uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&one;
+    for (size_t k = 0; k < sizeof one / sizeof(uint64_t); k++) dst[k] += src[k];
+  }
+  return source && !found ? CM_ENOENT : 0;
+}
+
+long cm_host_layout(const char *what) {
+#define L_(name, value) \
+  if (strcmp(what, name) == 0) return (long)(value);
+  L_("cm_field_info", sizeof(cm_field_info));
+  L_("cm_field_info.name", offsetof(cm_field_info, name));
+  L_("cm_field_info.type", offsetof(cm_field_info, type));
+  L_("cm_field_info.offset", offsetof(cm_field_info, offset));
+  L_("cm_field_info.doc", offsetof(cm_field_info, doc));
+  L_("cm_column", sizeof(cm_column));
+  L_("cm_column.field", offsetof(cm_column, field));
+  L_("cm_column.type", offsetof(cm_column, type));
+  L_("cm_column.width", offsetof(cm_column, width));
+  L_("cm_column.name", offsetof(cm_column, name));
+  L_("cm_column.data", offsetof(cm_column, data));
+  L_("cm_batch", sizeof(cm_batch));
+  L_("cm_batch.kind", offsetof(cm_batch, kind));
+  L_("cm_batch.n", offsetof(cm_batch, n));
+  L_("cm_batch.ncols", offsetof(cm_batch, ncols));
+  L_("cm_batch.cols", offsetof(cm_batch, cols));
+  L_("cm_batch.seq", offsetof(cm_batch, seq));
+  L_("cm_config", sizeof(cm_config));
+  L_("cm_config.deliver_ms", offsetof(cm_config, deliver_ms));
+  L_("cm_config.flags", offsetof(cm_config, flags));
+  L_("cm_stats", sizeof(cm_stats));
+  L_("cm_stats.sessions", offsetof(cm_stats, sessions));
+  L_("cm_stats.strings", offsetof(cm_stats, strings));
+  L_("cm_stats.records_by_kind", offsetof(cm_stats, records_by_kind));
+  L_("cm_session_info", sizeof(cm_session_info));
+  L_("cm_session_info.clock_offset_ns", offsetof(cm_session_info, clock_offset_ns));
+  L_("cm_session_info.cupti_path", offsetof(cm_session_info, cupti_path));
+#undef L_
+  return -1;
+}
+
+/* ---- the cuptimon.core module (lua_CFunctions) -------------------------------------------------- */
+
+static cm_host *core_host(lua_State *L) {
+  cm_host *h = host_of(L);
+  if (!h) luaL_error(L, "cuptimon.core used outside a cuptimon host");
+  return h;
+}
+
+/* Pushes nil, "ENAME: detail" and "ENAME", luv's shape for runtime failures; returns 3. */
+static int push_fail(lua_State *L, int err, const char *detail) {
+  lua_pushnil(L);
+  if (detail && *detail)
+    lua_pushfstring(L, "%s: %s", cm_err_name(err), detail);
+  else
+    lua_pushfstring(L, "%s: %s", cm_err_name(err), cm_strerror(err));
+  lua_pushstring(L, cm_err_name(err));
+  return 3;
+}
+
+static int core_register(lua_State *L) {
+  cm_host *h = core_host(L);
+  luaL_checktype(L, 1, LUA_TFUNCTION);
+  luaL_checktype(L, 2, LUA_TFUNCTION);
+  luaL_unref(L, LUA_REGISTRYINDEX, h->dispatch_ref);
+  luaL_unref(L, LUA_REGISTRYINDEX, h->event_ref);
+  lua_pushvalue(L, 2);
+  h->event_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  lua_pushvalue(L, 1);
+  h->dispatch_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+  return 0;
+}
+
+static int core_host_ptr(lua_State *L) {
+  lua_pushlightuserdata(L, core_host(L));
+  return 1;
+}
+
+/* observe(spec) -> id | nil, err, name. The Lua side has already validated the selection. */
+static int core_observe(lua_State *L) {
+  cm_host *h = core_host(L);
+  const char *spec = luaL_checkstring(L, 1);
+  cm_selection *sel;
+  int rc = cm_selection_new(&sel);
+  if (rc) return push_fail(L, rc, cm_errmsg());
+  rc = cm_selection_parse(sel, spec);
+  if (rc) {
+    cm_selection_free(sel);
+    return push_fail(L, rc, cm_errmsg());
+  }
+  if (h->flags & CM_HOST_CHECK) {
+    cm_selection_free(sel);
+    lua_pushinteger(L, (lua_Integer)++h->next_obs);
+    return 1;
+  }
+  rc = ensure_inproc(h);
+  if (rc) {
+    cm_selection_free(sel);
+    return push_fail(L, rc, "cannot start the in-process engine (is CUPTI available? set "
+                            "CUPTIMON_LIBCUPTI): see the log above");
+  }
+  if (h->nobs == h->cap_obs) {
+    int cap = h->cap_obs ? h->cap_obs * 2 : 8;
+    host_observer *p = realloc(h->obs, (size_t)cap * sizeof *p);
+    if (!p) {
+      cm_selection_free(sel);
+      return push_fail(L, CM_ENOMEM, "observer table");
+    }
+    h->obs = p;
+    h->cap_obs = cap;
+  }
+  host_observer *o = &h->obs[h->nobs++];
+  o->id = ++h->next_obs;
+  o->sel = sel;
+  o->spec = strdup(spec);
+  for (int i = 0; i < h->nsources; i++) {
+    cm_source *s = h->sources[i];
+    rc = s->vt->observe(s, o->id, sel, spec);
+    if (rc) {
+      char detail[512];
+      snprintf(detail, sizeof detail, "%s", cm_errmsg());
+      for (int j = 0; j < i; j++) h->sources[j]->vt->unobserve(h->sources[j], o->id);
+      o = &h->obs[h->nobs - 1]; /* a delivery above cannot grow the table, but be exact */
+      cm_selection_free(o->sel);
+      free(o->spec);
+      h->nobs--;
+      return push_fail(L, rc, detail);
+    }
+  }
+  lua_pushinteger(L, (lua_Integer)o->id);
+  return 1;
+}
+
+static int core_unobserve(lua_State *L) {
+  cm_host *h = core_host(L);
+  uint32_t id = (uint32_t)luaL_checkinteger(L, 1);
+  int idx = find_obs(h, id);
+  if (idx < 0) return push_fail(L, CM_ENOENT, "no such observer");
+  for (int i = 0; i < h->nsources; i++) h->sources[i]->vt->unobserve(h->sources[i], id);
+  idx = find_obs(h, id);
+  cm_selection_free(h->obs[idx].sel);
+  free(h->obs[idx].spec);
+  memmove(&h->obs[idx], &h->obs[idx + 1], (size_t)(h->nobs - idx - 1) * sizeof h->obs[0]);
+  h->nobs--;
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+typedef struct flush_wait {
+  cm_host *h;
+  int token;
+  int pending;
+  int status;
+} flush_wait;
+
+static void flush_one_done(void *ud, int status) {
+  flush_wait *w = ud;
+  if (status && !w->status) w->status = status;
+  if (--w->pending > 0) return;
+  cm_host *h = w->h;
+  if (w->token) {
+    lua_pushinteger(h->L, w->token);
+    if (w->status) {
+      lua_pushfstring(h->L, "%s: %s", cm_err_name(w->status), cm_strerror(w->status));
+    } else {
+      lua_pushnil(h->L);
+    }
+    fire_event(h, "flush_done", 2);
+  }
+  free(w);
+}
+
+/* flush(sync, timeout_ms, token) -> true | nil, err. Runs the sources' flushes; the "flush_done"
+ * event with `token` fires when every source has delivered its window. */
+static int core_flush(lua_State *L) {
+  cm_host *h = core_host(L);
+  int mode = lua_toboolean(L, 1) ? CM_FLUSH_SYNC : CM_FLUSH_PLAIN;
+  uint32_t timeout = (uint32_t)luaL_optinteger(L, 2, 0);
+  int token = (int)luaL_optinteger(L, 3, 0);
+  if (h->in_dispatch) return push_fail(L, CM_ESTATE, "flush inside an observer callback");
+  flush_wait *w = calloc(1, sizeof *w);
+  if (!w) return push_fail(L, CM_ENOMEM, NULL);
+  w->h = h;
+  w->token = token;
+  w->pending = 1; /* held until every source has been asked */
+  int first_err = 0;
+  char detail[256] = "";
+  for (int i = 0; i < h->nsources; i++) {
+    w->pending++;
+    int rc = h->sources[i]->vt->flush(h->sources[i], mode, timeout, flush_one_done, w);
+    if (rc && !first_err) {
+      first_err = rc;
+      snprintf(detail, sizeof detail, "%s", cm_errmsg());
+    }
+  }
+  flush_one_done(w, 0);
+  if (first_err) return push_fail(L, first_err, detail);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int core_configure(lua_State *L) {
+  cm_host *h = core_host(L);
+  uint32_t flush_ms = (uint32_t)luaL_optinteger(L, 1, 0);
+  uint32_t deliver_ms = (uint32_t)luaL_optinteger(L, 2, 0);
+  if (flush_ms) h->flush_ms = flush_ms;
+  if (deliver_ms) h->deliver_ms = deliver_ms;
+  for (int i = 0; i < h->nsources; i++) {
+    int rc = h->sources[i]->vt->configure(h->sources[i], flush_ms, deliver_ms);
+    if (rc) return push_fail(L, rc, cm_errmsg());
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+static int core_in_dispatch(lua_State *L) {
+  lua_pushboolean(L, core_host(L)->in_dispatch > 0);
+  return 1;
+}
+
+static void defer_cb(uv_timer_t *t) {
+  cm_host *h = t->data;
+  fire_event(h, "deferred", 0);
+}
+
+/* defer(): fires the "deferred" event on the next loop iteration. */
+static int core_defer(lua_State *L) {
+  cm_host *h = core_host(L);
+  uv_timer_start(&h->defer_timer, defer_cb, 0, 0);
+  return 0;
+}
+
+static int core_exit(lua_State *L) {
+  cm_host *h = core_host(L);
+  int status = (int)luaL_optinteger(L, 1, 0);
+  h->exit_requested = 1;
+  h->exit_status = status;
+  cm_host_request_exit(h, status);
+  return 0;
+}
+
+static int core_check_mode(lua_State *L) {
+  lua_pushboolean(L, (core_host(L)->flags & CM_HOST_CHECK) != 0);
+  return 1;
+}
+
+static int core_sources(lua_State *L) {
+  cm_host *h = core_host(L);
+  lua_createtable(L, h->nsources, 0);
+  for (int i = 0; i < h->nsources; i++) {
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, h->sources[i]->id);
+    lua_setfield(L, -2, "source");
+    lua_pushinteger(L, h->sources[i]->pid);
+    lua_setfield(L, -2, "pid");
+    lua_pushstring(L, h->sources[i]->vt->name);
+    lua_setfield(L, -2, "kind");
+    lua_rawseti(L, -2, i + 1);
+  }
+  return 1;
+}
+
+/* errors() -> the number of reported callback errors, deliveries refused from foreign threads. */
+static int core_errors(lua_State *L) {
+  cm_host *h = core_host(L);
+  lua_pushnumber(L, (lua_Number)h->errors);
+  lua_pushnumber(L, (lua_Number)h->foreign);
+  return 2;
+}
+
+/* os.exit replacement: a script (or busted) that exits still gets its exit hooks and a clean
+ * engine shutdown, except inside an observer callback, where the engine's locks are held. */
+static int core_os_exit(lua_State *L) {
+  cm_host *h = core_host(L);
+  int status;
+  if (lua_isboolean(L, 1))
+    status = lua_toboolean(L, 1) ? 0 : 1;
+  else
+    status = (int)luaL_optinteger(L, 1, 0);
+  fflush(stdout);
+  if (!h->in_dispatch) {
+    h->exit_status = status;
+    h->exit_requested = 1;
+    cm_host_shutdown(h);
+  }
+  fflush(stdout);
+  fflush(stderr);
+  exit(status);
+  return 0;
+}
+
+static const luaL_Reg core_funcs[] = {
+    {"register", core_register},
+    {"host", core_host_ptr},
+    {"observe", core_observe},
+    {"unobserve", core_unobserve},
+    {"flush", core_flush},
+    {"configure", core_configure},
+    {"in_dispatch", core_in_dispatch},
+    {"defer", core_defer},
+    {"exit", core_exit},
+    {"check_mode", core_check_mode},
+    {"sources", core_sources},
+    {"errors", core_errors},
+    {NULL, NULL},
+};
+
+static int luaopen_core(lua_State *L) {
+  lua_newtable(L);
+  luaL_register(L, NULL, core_funcs);
+  return 1;
+}
+
+/* ---- the host ------------------------------------------------------------------------------------ */
+
+static int load_embedded(lua_State *L) {
+  const cm__lua_module *m = lua_touserdata(L, lua_upvalueindex(1));
+  char chunk[256];
+  snprintf(chunk, sizeof chunk, "@%s", m->file);
+  if (luaL_loadbuffer(L, (const char *)m->src, m->len, chunk)) return lua_error(L);
+  lua_pushstring(L, m->name);
+  lua_call(L, 1, 1);
+  return 1;
+}
+
+static int luaopen_luv_on_host(lua_State *L) {
+  /* luv_set_loop must come before luaopen_luv, so luv adopts the host's loop. */
+  cm_host *h = host_of(L);
+  luv_set_loop(L, h->loop);
+  int n = luaopen_luv(L);
+  luv_set_callback(L, luv_pcall);
+  h->luv_ctx = luv_context(L);
+  return n;
+}
+
+static int host_init(lua_State *L) {
+  cm_host *h = lua_touserdata(L, 1);
+  luaL_openlibs(L);
+  lua_pushlightuserdata(L, h);
+  lua_setfield(L, LUA_REGISTRYINDEX, host_key);
+
+  /* luv, eagerly, so package.loaded.luv is the host's loop even before a script asks. */
+  lua_getglobal(L, "package");
+  lua_getfield(L, -1, "loaded");
+  lua_pushcfunction(L, luaopen_luv_on_host);
+  lua_call(L, 0, 1);
+  lua_setfield(L, -2, "luv");
+  lua_pop(L, 1);
+
+  lua_getfield(L, -1, "preload");
+  lua_pushcfunction(L, luaopen_core);
+  lua_setfield(L, -2, "cuptimon.core");
+  const char *path = lua_tostring(L, 2);
+  if (!path) {
+    for (const cm__lua_module *m = cm__lua_modules; m->name; m++) {
+      lua_pushlightuserdata(L, (void *)m);
+      lua_pushcclosure(L, load_embedded, 1);
+      lua_setfield(L, -2, m->name);
+    }
+  }
+  lua_pop(L, 1);
+  if (path) {
+    lua_getfield(L, -1, "path");
+    lua_pushfstring(L, "%s/?.lua;%s/?/init.lua;%s", path, path, lua_tostring(L, -1));
+    lua_setfield(L, -3, "path");
+    lua_pop(L, 1);
+  }
+  lua_pop(L, 1);
+
+  /* os.exit runs the shutdown first. */
+  lua_getglobal(L, "os");
+  lua_pushcfunction(L, core_os_exit);
+  lua_setfield(L, -2, "exit");
+  lua_pop(L, 1);
+  return 0;
+}
+
+int cm_host_new(cm_host **out, uv_loop_t *loop, const cm_host_options *opts) {
+  if (!out) return CM_EINVAL;
+  *out = NULL;
+  if (!loop) return CM_EINVAL;
+  cm_host *h = calloc(1, sizeof *h);
+  if (!h) return CM_ENOMEM;
+  h->loop = loop;
+  h->thread = pthread_self();
+  h->flags = opts ? opts->flags : 0;
+  h->dispatch_ref = h->event_ref = LUA_NOREF;
+  h->L = luaL_newstate();
+  if (!h->L) {
+    free(h);
+    return CM_ENOMEM;
+  }
+  const char *path = opts && opts->lua_path ? opts->lua_path : getenv("CUPTIMON_LUA_PATH");
+  if (path && !*path) path = NULL;
+  lua_pushcfunction(h->L, host_init);
+  lua_pushlightuserdata(h->L, h);
+  if (path) lua_pushstring(h->L, path);
+  else lua_pushnil(h->L);
+  if (lua_pcall(h->L, 2, 0, 0)) {
+    fprintf(stderr, "cuptimon: cannot initialize Lua: %s\n", lua_tostring(h->L, -1));
+    lua_close(h->L);
+    free(h);
+    return CM_ENOMEM;
+  }
+  uv_timer_init(loop, &h->defer_timer);
+  uv_timer_init(loop, &h->exit_timer);
+  h->defer_timer.data = h->exit_timer.data = h;
+  uv_unref((uv_handle_t *)&h->defer_timer);
+  uv_unref((uv_handle_t *)&h->exit_timer);
+  *out = h;
+  return 0;
+}
+
+lua_State *cm_host_lua(cm_host *h) { return h ? h->L : NULL; }
+uv_loop_t *cm_host_loop(cm_host *h) { return h ? h->loop : NULL; }
+uint64_t cm_host_error_count(cm_host *h) { return h ? h->unhandled : 0; }
+
+int cm_host_exit_requested(cm_host *h, int *status) {
+  if (status) *status = h->exit_status;
+  return h->exit_requested;
+}
+
+/* Runs the function below its `nargs` arguments on the stack; reports errors on stderr. */
+static int run_chunk(cm_host *h, int nargs) {
+  lua_State *L = h->L;
+  int base = lua_gettop(L) - nargs;
+  lua_pushcfunction(L, msgh);
+  lua_insert(L, base);
+  int rc = lua_pcall(L, nargs, 0, base);
+  if (rc) {
+    h->errors++;
+    h->unhandled++;
+    fprintf(stderr, "cuptimon-lua: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+  }
+  lua_remove(L, base);
+  return rc ? CM_EINVAL : 0;
+}
+
+int cm_host_run_script(cm_host *h, const char *path, int argc, char **argv) {
+  if (!h || !path) return CM_EINVAL;
+  lua_State *L = h->L;
+  lua_createtable(L, argc, 1);
+  lua_pushstring(L, path);
+  lua_rawseti(L, -2, 0);
+  for (int i = 0; i < argc; i++) {
+    lua_pushstring(L, argv[i]);
+    lua_rawseti(L, -2, i + 1);
+  }
+  lua_setglobal(L, "arg");
+  if (luaL_loadfile(L, path)) {
+    fprintf(stderr, "cuptimon-lua: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return CM_EINVAL;
+  }
+  for (int i = 0; i < argc; i++) lua_pushstring(L, argv[i]);
+  return run_chunk(h, argc);
+}
+
+int cm_host_eval(cm_host *h, const char *chunk, const char *name) {
+  if (!h || !chunk) return CM_EINVAL;
+  lua_State *L = h->L;
+  if (luaL_loadbuffer(L, chunk, strlen(chunk), name ? name : "=(command line)")) {
+    fprintf(stderr, "cuptimon-lua: %s\n", lua_tostring(L, -1));
+    lua_pop(L, 1);
+    return CM_EINVAL;
+  }
+  return run_chunk(h, 0);
+}
+
+static void flush_sync_done(void *ud, int status) { (void)ud, (void)status; }
+
+int cm_host_shutdown(cm_host *h) {
+  if (!h) return 0;
+  if (h->shut_down) return h->exit_status;
+  h->shut_down = 1;
+  /* The last window first, so the exit hooks see every record. */
+  if (!(h->flags & CM_HOST_CHECK))
+    for (int i = 0; i < h->nsources; i++)
+      h->sources[i]->vt->flush(h->sources[i], CM_FLUSH_SYNC, 0, flush_sync_done, NULL);
+  fire_event(h, "exit", 0);
+  while (h->nsources) cm_host_remove_source(h, h->sources[h->nsources - 1]);
+  for (int i = 0; i < h->nobs; i++) {
+    cm_selection_free(h->obs[i].sel);
+    free(h->obs[i].spec);
+  }
+  h->nobs = 0;
+  uv_stop(h->loop);
+  return h->exit_status;
+}
+
+static void exit_cb(uv_timer_t *t) {
+  cm_host *h = t->data;
+  cm_host_shutdown(h);
+}
+
+void cm_host_request_exit(cm_host *h, int status) {
+  if (!h) return;
+  if (!h->exit_requested) {
+    h->exit_requested = 1;
+    h->exit_status = status;
+  }
+  /* Referenced, so the loop turns once more even if nothing else is alive. */
+  uv_ref((uv_handle_t *)&h->exit_timer);
+  uv_timer_start(&h->exit_timer, exit_cb, 0, 0);
+}
+
+/* Collects the userdata of the script's luv handles that are still open. A handle belongs to
+ * this state's luv when its data is a luv_handle_t with our luv context; the loop is shared, so
+ * the embedder's handles are left alone (those with NULL data are skipped outright). */
+static void collect_luv(uv_handle_t *hd, void *arg) {
+  cm_host *h = arg;
+  if (uv_is_closing(hd) || !hd->data || hd == (uv_handle_t *)&h->defer_timer ||
+      hd == (uv_handle_t *)&h->exit_timer)
+    return;
+  luv_handle_t *d = hd->data;
+  if (d->ctx != h->luv_ctx || d->ref == LUA_NOREF || d->ref == LUA_REFNIL) return;
+  lua_rawgeti(h->L, LUA_REGISTRYINDEX, d->ref);
+  lua_rawseti(h->L, -2, (int)lua_objlen(h->L, -2) + 1);
+}
+
+static const char close_luv_handles[] =
+    "for _, hd in ipairs(...) do if not hd:is_closing() then hd:close() end end";
+
+void cm_host_free(cm_host *h) {
+  if (!h) return;
+  cm_host_shutdown(h);
+  /* luv's close callbacks use the lua_State, so the script's handles are closed, and their
+   * callbacks run, before the state goes away. */
+  lua_State *L = h->L;
+  if (luaL_loadstring(L, close_luv_handles) == 0) {
+    lua_newtable(L);
+    uv_walk(h->loop, collect_luv, h);
+    if (lua_pcall(L, 1, 0, 0)) lua_pop(L, 1);
+  } else {
+    lua_pop(L, 1);
+  }
+  /* Twice: the first run may only clear a pending uv_stop() (shutdown stops the loop) without
+   * running the close callbacks. */
+  uv_run(h->loop, UV_RUN_NOWAIT);
+  uv_run(h->loop, UV_RUN_NOWAIT);
+  luaL_unref(h->L, LUA_REGISTRYINDEX, h->dispatch_ref);
+  luaL_unref(h->L, LUA_REGISTRYINDEX, h->event_ref);
+  h->dispatch_ref = h->event_ref = LUA_NOREF;
+  /* Closing the state closes luv's handles; then our timers; the loop must run their closes. */
+  lua_close(h->L);
+  uv_close((uv_handle_t *)&h->defer_timer, NULL);
+  uv_close((uv_handle_t *)&h->exit_timer, NULL);
+  uv_run(h->loop, UV_RUN_NOWAIT);
+  free(h->obs);
+  free(h);
+}
+
+/* ---- the in-process engine source ------------------------------------------------------------- */
+
+typedef struct inproc inproc;
+
+typedef struct inproc_obs {
+  inproc *src;
+  uint32_t obs;    /* host observer id */
+  uint32_t engine; /* engine observer id */
+} inproc_obs;
+
+struct inproc {
+  cm_source base;
+  cm_engine *e;
+  uv_timer_t timer; /* the delivery cadence: cm_flush(PLAIN) on the loop thread */
+  inproc_obs **obs;
+  int nobs, cap;
+  uint32_t deliver_ms;
+};
+
+static void inproc_cb(void *ud, const cm_batch *b) {
+  inproc_obs *o = ud;
+  cm_host_deliver(o->src->base.host, &o->src->base, o->obs, b);
+}
+
+static int inproc_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const char *spec) {
+  inproc *p = (inproc *)s;
+  if (p->nobs == p->cap) {
+    int cap = p->cap ? p->cap * 2 : 8;
+    inproc_obs **n = realloc(p->obs, (size_t)cap * sizeof *n);
+    if (!n) return CM_ENOMEM;
+    p->obs = n;
+    p->cap = cap;
+  }
+  inproc_obs *o = calloc(1, sizeof *o);
+  if (!o) return CM_ENOMEM;
+  o->src = p;
+  o->obs = obs;
+  int rc = cm_observe(p->e, sel, inproc_cb, o, &o->engine);
+  if (rc) {
+    free(o);
+    return rc;
+  }
+  p->obs[p->nobs++] = o;
+  return 0;
+}
+
+static int inproc_unobserve(cm_source *s, uint32_t obs) {
+  inproc *p = (inproc *)s;
+  for (int i = 0; i < p->nobs; i++) {
+    if (p->obs[i]->obs != obs) continue;
+    inproc_obs *o = p->obs[i];
+    int rc = cm_unobserve(p->e, o->engine); /* delivers o's last records, so remove after */
+    memmove(&p->obs[i], &p->obs[i + 1], (size_t)(p->nobs - i - 1) * sizeof p->obs[0]);
+    p->nobs--;
+    free(o);
+    return rc;
+  }
+  return CM_ENOENT;
+}
+
+static int inproc_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done,
+                        void *ud) {
+  inproc *p = (inproc *)s;
+  int rc = p->nobs ? cm_flush(p->e, mode, timeout_ms) : 0;
+  if (done) done(ud, rc);
+  return rc;
+}
+
+static void inproc_tick(uv_timer_t *t) {
+  inproc *p = t->data;
+  cm_host *h = p->base.host;
+  if (h->in_dispatch || !p->nobs) return; /* a nested uv_run inside a callback; next tick */
+  int rc = cm_flush(p->e, CM_FLUSH_PLAIN, 0);
+  if (rc && rc != CM_ETIMEDOUT) {
+    lua_pushfstring(h->L, "cadenced flush failed: %s", cm_errmsg());
+    report(h, "flush");
+  }
+}
+
+static int inproc_configure(cm_source *s, uint32_t flush_ms, uint32_t deliver_ms) {
+  inproc *p = (inproc *)s;
+  if (flush_ms) {
+    cm_config cfg;
+    cm_config_init(&cfg);
+    cfg.self_flush_ms = flush_ms;
+    cfg.deliver_ms = 0;
+    cfg.batch_records = 0;
+    int rc = cm_configure(p->e, &cfg);
+    if (rc) return rc;
+  }
+  if (deliver_ms) {
+    p->deliver_ms = deliver_ms;
+    uv_timer_start(&p->timer, inproc_tick, deliver_ms, deliver_ms);
+  }
+  return 0;
+}
+
+static int inproc_stats(cm_source *s, cm_stats *out) { return cm_stats_get(((inproc *)s)->e, out); }
+
+static const char *inproc_string(cm_source *s, uint32_t id, size_t *len) {
+  return cm_string(((inproc *)s)->e, id, len);
+}
+
+static void inproc_closed(uv_handle_t *hd) { free(hd->data); }
+
+static void inproc_free(cm_source *s) {
+  inproc *p = (inproc *)s;
+  while (p->nobs) inproc_unobserve(s, p->obs[p->nobs - 1]->obs);
+  cm_engine_free(p->e);
+  free(p->obs);
+  uv_close((uv_handle_t *)&p->timer, inproc_closed);
+}
+
+static const cm_source_vtable inproc_vt = {
+    .name = "inproc",
+    .observe = inproc_observe,
+    .unobserve = inproc_unobserve,
+    .flush = inproc_flush,
+    .configure = inproc_configure,
+    .stats = inproc_stats,
+    .string = inproc_string,
+    .free = inproc_free,
+};
+
+static void engine_log(void *ud, int level, const char *msg) {
+  static const char *names[] = {"error", "warning", "info", "debug"};
+  int max = CM_LOG_WARN;
+  const char *env = getenv("CUPTIMON_LOG");
+  if (env && *env) max = atoi(env);
+  if (level <= max) fprintf(stderr, "cuptimon: %s: %s\n", names[level & 3], msg);
+}
+
+int cm_host_inproc_source_new(cm_host *h, cm_source **out) {
+  if (!h || !out) return CM_EINVAL;
+  *out = NULL;
+  inproc *p = calloc(1, sizeof *p);
+  if (!p) return CM_ENOMEM;
+  cm_config cfg;
+  cm_config_init(&cfg);
+  cfg.deliver_ms = 0;    /* never on the worker: deliveries must run on the loop thread */
+  cfg.batch_records = 0;
+  if (h->flush_ms) cfg.self_flush_ms = h->flush_ms;
+  int rc = cm_engine_new(&p->e, &cfg);
+  if (rc) {
+    fprintf(stderr, "cuptimon: cannot create the in-process engine: %s: %s\n", cm_err_name(rc),
+            cm_errmsg());
+    free(p);
+    return rc;
+  }
+  cm_set_log(p->e, engine_log, NULL);
+  p->base.vt = &inproc_vt;
+  p->base.pid = (int)getpid();
+  uv_timer_init(h->loop, &p->timer);
+  p->timer.data = p;
+  uv_unref((uv_handle_t *)&p->timer); /* the cadence alone does not keep the script running */
+  p->deliver_ms = h->deliver_ms ? h->deliver_ms : 1000;
+  uv_timer_start(&p->timer, inproc_tick, p->deliver_ms, p->deliver_ms);
+  *out = &p->base;
+  return 0;
+}

@@ -1,0 +1,22 @@
+-- script.lua: the script examples/embed_script runs in-process. It counts kernels per name and
+-- their total time, delivered every 20 ms, and prints both when the program shuts it down.
+local cm = require "cuptimon"
+
+cm.configure({ deliver_ms = 20 })
+local per_name = cm.count_by("kernels by name")
+local busy = cm.sum("busy ns")
+local total = 0
+
+cm.observe({ kernel = { "name", "start", "stop" } }, function(b)
+  local start, stop = b.start, b.stop
+  for i = 0, b.n - 1 do
+    busy:add(stop[i] - start[i])
+    per_name:add(b:str("name", i))
+  end
+  total = total + b.n
+end)
+
+cm.on("exit", function()
+  print(("script: observed %d kernel records"):format(total))
+  print(per_name)
+end)

@@ -1,0 +1,385 @@
+-- cuptimon.agg: aggregations in the spirit of bpftrace maps, printing themselves.
+--
+--   local h = agg.hist("kernel ns")        -- log2 histogram
+--   h:add(1500); print(h)                  -- or h:print()
+--
+-- Design note. Every aggregation takes plain Lua numbers (a cdata int64 is converted with
+-- tonumber, so `h:add(stop[i] - start[i])` works) and keeps its state in Lua numbers and arrays
+-- indexed by small integers, so add() compiles inside a script's column loop. Keyed maps
+-- (count_by, sum_by, stats_by, topk) accept string or number keys only: cdata keys compare by
+-- identity in Lua tables, which would silently make every key distinct, so they are refused.
+-- Quantiles keep every value in a growable double array until `cap`, then a uniform reservoir.
+local ffi = require "ffi"
+
+local M = {}
+local floor, huge, log = math.floor, math.huge, math.log
+local fmt = string.format
+
+-- Human units: 1536 -> "1.5K". Integers below 1024 print exactly.
+local function human(v)
+  if v ~= v then return "nan" end
+  local a = v < 0 and -v or v
+  if a < 1024 then
+    if v == floor(v) then return tostring(v) end
+    return fmt("%.3g", v)
+  end
+  local units = { "K", "M", "G", "T", "P", "E" }
+  local i = 0
+  while a >= 1024 and i < #units do a = a / 1024; i = i + 1 end
+  local s = a == floor(a) and fmt("%d", a) or fmt("%.1f", a)
+  return (v < 0 and "-" or "") .. s .. units[i]
+end
+M.human = human
+
+local function bar(n, max, width)
+  if max <= 0 then return "" end
+  local w = floor(n * width / max + 0.5)
+  if n > 0 and w == 0 then w = 1 end
+  return string.rep("@", w)
+end
+
+local function title(self)
+  return self.name and (self.name .. "\n") or ""
+end
+
+local function key_check(fname, key)
+  local t = type(key)
+  if t ~= "string" and t ~= "number" and t ~= "boolean" then
+    error(("%s: keys must be strings, numbers or booleans, got a %s%s"):format(fname, t,
+      t == "cdata" and " (use tonumber() or batch:str())" or ""), 3)
+  end
+end
+
+local function new(mt, fields)
+  return setmetatable(fields, mt)
+end
+
+local function class(name)
+  local c = { kind = name }
+  c.__index = c
+  c.__tostring = function(self) return self:format() end
+  c.print = function(self, out)
+    out = out or io.stdout
+    out:write(self:format(), "\n")
+  end
+  return c
+end
+
+---------------------------------------------------------------------------------------------------
+-- scalar: count, sum, min, max, avg in one
+
+local Stats = class("stats")
+
+function Stats:add(v)
+  v = tonumber(v) or 1
+  self.count = self.count + 1
+  self.sum = self.sum + v
+  if v < self.min then self.min = v end
+  if v > self.max then self.max = v end
+  return self
+end
+
+function Stats:avg() return self.count > 0 and self.sum / self.count or 0 end
+
+function Stats:reset()
+  self.count, self.sum, self.min, self.max = 0, 0, huge, -huge
+  return self
+end
+
+function Stats:format()
+  if self.count == 0 then return title(self) .. "count 0" end
+  return title(self) .. fmt("count %d, sum %s, min %s, avg %s, max %s", self.count,
+    human(self.sum), human(self.min), human(self:avg()), human(self.max))
+end
+
+--- Count, sum, min, max and avg of the values added.
+function M.stats(name) return new(Stats, { name = name }):reset() end
+
+local Count = class("count")
+function Count:add(n) self.count = self.count + (tonumber(n) or 1) return self end
+function Count:reset() self.count = 0 return self end
+function Count:format() return title(self) .. tostring(self.count) end
+function M.count(name) return new(Count, { name = name, count = 0 }) end
+
+local Sum = class("sum")
+function Sum:add(v) self.sum = self.sum + tonumber(v) return self end
+function Sum:reset() self.sum = 0 return self end
+function Sum:format() return title(self) .. human(self.sum) end
+function M.sum(name) return new(Sum, { name = name, sum = 0 }) end
+
+function M.min(name) return M.stats(name) end
+function M.max(name) return M.stats(name) end
+function M.avg(name) return M.stats(name) end
+
+---------------------------------------------------------------------------------------------------
+-- log2 histogram: bucket 0 holds values < 1 (0 and negatives), bucket b >= 1 holds [2^(b-1), 2^b)
+
+local Hist = class("hist")
+local LN2 = log(2)
+
+function Hist:add(v, n)
+  v = tonumber(v)
+  n = n or 1
+  local b = 0
+  if v >= 1 then
+    b = floor(log(v) / LN2) + 1
+    -- log() can land a hair below an exact power of two; fix the edge.
+    if 2 ^ (b - 1) > v then b = b - 1 elseif 2 ^ b <= v then b = b + 1 end
+  end
+  self.buckets[b] = (self.buckets[b] or 0) + n
+  if b > self.top then self.top = b end
+  if b < self.bottom then self.bottom = b end
+  self.count = self.count + n
+  return self
+end
+
+--- The count of the bucket holding v.
+function Hist:bucket_count(v)
+  v = tonumber(v)
+  local b = 0
+  if v >= 1 then
+    b = floor(log(v) / LN2) + 1
+    if 2 ^ (b - 1) > v then b = b - 1 elseif 2 ^ b <= v then b = b + 1 end
+  end
+  return self.buckets[b] or 0
+end
+
+function Hist:reset()
+  self.buckets, self.count, self.top, self.bottom = {}, 0, -1, huge
+  return self
+end
+
+local function range_label(lo, hi)
+  return fmt("[%s, %s)", lo, hi)
+end
+
+function Hist:format()
+  if self.count == 0 then return title(self) .. "(empty histogram)" end
+  local lines, max = {}, 0
+  for b = self.bottom, self.top do
+    local c = self.buckets[b] or 0
+    if c > max then max = c end
+  end
+  for b = self.bottom, self.top do
+    local c = self.buckets[b] or 0
+    local label = b == 0 and "(..., 1)" or range_label(human(2 ^ (b - 1)), human(2 ^ b))
+    lines[#lines + 1] = fmt("%-16s %8d |%-52s|", label, c, bar(c, max, 52))
+  end
+  return title(self) .. table.concat(lines, "\n")
+end
+
+--- A log2 histogram (bpftrace's hist()).
+function M.hist(name) return new(Hist, { name = name }):reset() end
+
+---------------------------------------------------------------------------------------------------
+-- linear histogram over [min, max) in steps of `step`, with under/overflow buckets
+
+local Lhist = class("lhist")
+
+function Lhist:add(v, n)
+  v = tonumber(v)
+  n = n or 1
+  local b
+  if v < self.lo then b = -1
+  elseif v >= self.hi then b = self.nb
+  else b = floor((v - self.lo) / self.step) end
+  self.buckets[b] = self.buckets[b] + n
+  self.count = self.count + n
+  return self
+end
+
+function Lhist:reset()
+  self.buckets, self.count = {}, 0
+  for b = -1, self.nb do self.buckets[b] = 0 end
+  return self
+end
+
+function Lhist:format()
+  if self.count == 0 then return title(self) .. "(empty histogram)" end
+  local max, first, last = 0, nil, nil
+  for b = -1, self.nb do
+    local c = self.buckets[b]
+    if c > max then max = c end
+    if c > 0 then first = first or b; last = b end
+  end
+  local lines = {}
+  for b = first, last do
+    local c = self.buckets[b]
+    local label
+    if b == -1 then label = fmt("(..., %s)", human(self.lo))
+    elseif b == self.nb then label = fmt("[%s, ...)", human(self.hi))
+    else label = range_label(human(self.lo + b * self.step), human(self.lo + (b + 1) * self.step)) end
+    lines[#lines + 1] = fmt("%-16s %8d |%-52s|", label, c, bar(c, max, 52))
+  end
+  return title(self) .. table.concat(lines, "\n")
+end
+
+--- A linear histogram (bpftrace's lhist(v, min, max, step)).
+function M.lhist(min, max, step, name)
+  if type(min) ~= "number" or type(max) ~= "number" or type(step) ~= "number" or step <= 0
+      or max <= min then
+    error("agg.lhist: expected lhist(min, max, step[, name]) with min < max and step > 0", 2)
+  end
+  local nb = math.ceil((max - min) / step)
+  return new(Lhist, { name = name, lo = min, hi = min + nb * step, step = step, nb = nb }):reset()
+end
+
+---------------------------------------------------------------------------------------------------
+-- quantiles
+
+local Quant = class("quantiles")
+
+function Quant:add(v)
+  v = tonumber(v)
+  local n = self.seen
+  self.seen = n + 1
+  if n < self.cap then
+    if n >= self.size then
+      local size = self.size * 2
+      local a = ffi.new("double[?]", size)
+      ffi.copy(a, self.values, self.size * 8)
+      self.values, self.size = a, size
+    end
+    self.values[n] = v
+  else
+    local j = floor(math.random() * (n + 1))
+    if j < self.cap then self.values[j] = v end
+  end
+  return self
+end
+
+function Quant:reset()
+  self.size, self.seen = 1024, 0
+  self.values = ffi.new("double[?]", self.size)
+  return self
+end
+
+--- The q-quantile (0 <= q <= 1) by nearest rank, or nil when empty.
+function Quant:quantile(q)
+  local n = self.seen < self.cap and self.seen or self.cap
+  if n == 0 then return nil end
+  local t = {}
+  for i = 0, n - 1 do t[i + 1] = self.values[i] end
+  table.sort(t)
+  local r = math.ceil(q * n)
+  if r < 1 then r = 1 end
+  return t[r]
+end
+
+function Quant:format()
+  if self.seen == 0 then return title(self) .. "(no values)" end
+  local parts = {}
+  for _, q in ipairs(self.qs) do
+    parts[#parts + 1] = fmt("p%s %s", tostring(q * 100):gsub("%.0$", ""), human(self:quantile(q)))
+  end
+  return title(self) .. fmt("n %d: %s", self.seen, table.concat(parts, ", "))
+end
+
+--- Quantiles: :quantile(q), printing p50/p90/p99/p100 (or opts.qs). opts.cap bounds memory.
+function M.quantiles(name, opts)
+  opts = opts or {}
+  return new(Quant, { name = name, cap = opts.cap or 1000000,
+    qs = opts.qs or { 0.5, 0.9, 0.99, 1 } }):reset()
+end
+
+---------------------------------------------------------------------------------------------------
+-- keyed maps: count_by, sum_by, stats_by, topk
+
+local Map = class("map")
+
+function Map:add(key, v)
+  key_check("map:add", key)
+  v = tonumber(v) or 1
+  local e = self.entries[key]
+  if e == nil then
+    e = { count = 0, sum = 0, min = huge, max = -huge }
+    self.entries[key] = e
+    self.size = self.size + 1
+  end
+  e.count = e.count + 1
+  e.sum = e.sum + v
+  if v < e.min then e.min = v end
+  if v > e.max then e.max = v end
+  return self
+end
+
+function Map:get(key)
+  local e = self.entries[key]
+  if e == nil then return nil end
+  if self.value == "count" then return e.count end
+  if self.value == "sum" then return e.sum end
+  return e
+end
+
+function Map:reset()
+  self.entries, self.size = {}, 0
+  return self
+end
+
+local function value_of(self, e)
+  if self.value == "count" then return e.count end
+  return e.sum
+end
+
+--- The entries sorted by value, descending: { { key=, count=, sum=, min=, max= }, ... }, at most n.
+function Map:sorted(n)
+  local list = {}
+  for k, e in pairs(self.entries) do
+    list[#list + 1] = { key = k, count = e.count, sum = e.sum, min = e.min, max = e.max,
+      value = value_of(self, e) }
+  end
+  table.sort(list, function(a, b)
+    if a.value ~= b.value then return a.value > b.value end
+    return tostring(a.key) < tostring(b.key)
+  end)
+  if n and #list > n then
+    for i = #list, n + 1, -1 do list[i] = nil end
+  end
+  return list
+end
+
+function Map:format(n)
+  n = n or self.k
+  local list = self:sorted(n)
+  if #list == 0 then return title(self) .. "(empty)" end
+  local lines = {}
+  local width = 0
+  for _, e in ipairs(list) do
+    local s = tostring(e.key)
+    if #s > 60 then s = s:sub(1, 57) .. "..." end
+    e.label = s
+    if #s > width then width = #s end
+  end
+  for _, e in ipairs(list) do
+    if self.value == "stats" then
+      lines[#lines + 1] = fmt("%-" .. width .. "s  count %8d  sum %8s  avg %8s  min %8s  max %8s",
+        e.label, e.count, human(e.sum), human(e.sum / e.count), human(e.min), human(e.max))
+    elseif self.value == "count" then
+      lines[#lines + 1] = fmt("%-" .. width .. "s  %10d", e.label, e.count)
+    else
+      lines[#lines + 1] = fmt("%-" .. width .. "s  %10s  (%d)", e.label, human(e.sum), e.count)
+    end
+  end
+  if self.size > #list then lines[#lines + 1] = fmt("... %d more", self.size - #list) end
+  return title(self) .. table.concat(lines, "\n")
+end
+
+--- Counts per key (bpftrace's @[key] = count()).
+function M.count_by(name) return new(Map, { name = name, value = "count" }):reset() end
+--- Sums per key (@[key] = sum(v)), printed by sum.
+function M.sum_by(name) return new(Map, { name = name, value = "sum" }):reset() end
+--- Count, sum, min, max and avg per key, printed by sum.
+function M.stats_by(name) return new(Map, { name = name, value = "stats" }):reset() end
+--- The k keys with the largest sums (all keys are kept; printing shows the top k).
+function M.topk(k, name)
+  if type(k) ~= "number" or k < 1 then error("agg.topk: k must be a positive number", 2) end
+  return new(Map, { name = name, value = "sum", k = k }):reset()
+end
+
+M.constructors = {
+  count = M.count, sum = M.sum, summary = M.stats, hist = M.hist, lhist = M.lhist,
+  quantiles = M.quantiles, count_by = M.count_by, sum_by = M.sum_by, stats_by = M.stats_by,
+  topk = M.topk,
+}
+
+return M

@@ -1,0 +1,380 @@
+-- cuptimon: the Lua API of the cuptimon monitor.
+--
+--   local cm = require "cuptimon"
+--   local h = cm.hist()
+--   cm.observe({ kernel = { "start", "stop" } }, function(b)
+--     local start, stop = b.start, b.stop
+--     for i = 0, b.n - 1 do h:add(tonumber(stop[i] - start[i])) end
+--   end)
+--   cm.on("exit", function() print(h) end)
+--
+-- Design note. This module is the Lua half of the host (engine/src/host.c). The host calls two
+-- functions registered here: the dispatcher, once per batch with (batch pointer, source id,
+-- observer id), and the event function for everything else (exit, process_start, process_exit,
+-- flush_done, deferred, error). Requests that would deliver batches (observe, close, flush) go
+-- through the cuptimon.core lua_CFunctions, never the FFI; made from inside an observer callback
+-- they are deferred to the next loop iteration, because the engine is mid-delivery then.
+--
+-- Errors follow luv: misuse (an unknown kind or field, a wrong type) raises error(msg, 2) naming
+-- the valid choices; a failure at run time returns nil, "ENAME: detail", "ENAME".
+local ffi = require "ffi"
+local core = require "cuptimon.core"
+local cdef = require "cuptimon.cdef"
+local registry = require "cuptimon.registry"
+local batch = require "cuptimon.batch"
+local agg = require "cuptimon.agg"
+
+local C = ffi.C
+
+local M = {}
+
+local host = ffi.cast("cm_host *", core.host())
+batch.init(host)
+
+M.version = ffi.string(C.cm_version())
+M.registry = registry
+M.cdef = cdef
+
+-- Aggregations, re-exported: cm.count(), cm.hist(), ...
+for name, fn in pairs(agg.constructors) do M[name] = fn end
+M.agg = agg
+
+local observers = {}      -- observer id -> handle
+local hooks = { process_start = {}, process_exit = {}, exit = {}, error = {} }
+local flush_done = {}     -- token -> done function
+local next_token = 0
+local deferred = {}       -- functions to run on the next loop iteration
+
+local function later(fn)
+  deferred[#deferred + 1] = fn
+  core.defer()
+end
+
+local function report(where, msg)
+  io.stderr:write(("cuptimon: error in %s: %s\n"):format(where, tostring(msg)))
+end
+
+-- Calls every hook of an event; one failing hook does not stop the others.
+local function run_hooks(list, where, ...)
+  for i = 1, #list do
+    local ok, err = xpcall(list[i], debug.traceback, ...)
+    if not ok then report(where, err) end
+  end
+end
+
+---------------------------------------------------------------------------------------------------
+-- observers
+
+local Observer = {}
+Observer.__index = Observer
+
+--- Stops the observer. Its pending records are delivered to it first (unless it is closed from
+--- inside a callback: then nothing more reaches it and the engine is told on the next iteration).
+--- Idempotent. Returns true, or nil, err.
+function Observer:close()
+  if self.closed then return true end
+  self.closed = true
+  local id = self.id
+  if not id then return true end -- a deferred observe that never registered
+  if core.in_dispatch() then
+    later(function()
+      core.unobserve(id)
+      observers[id] = nil
+    end)
+    return true
+  end
+  local ok, err, name = core.unobserve(id)
+  observers[id] = nil
+  if not ok then return nil, err, name end
+  return true
+end
+
+function Observer:is_active() return not self.closed and self.id ~= nil end
+
+function Observer:__tostring()
+  return ("observer(%s%s)"):format(self.spec, self.closed and ", closed" or "")
+end
+
+local function valid_kinds()
+  return table.concat(registry.kind_names(), ", ")
+end
+
+-- Validates a selection table and returns its text form. Raises (level 3: the caller of observe).
+local function selection_text(sel)
+  if type(sel) ~= "table" then
+    error(("cuptimon.observe: the selection must be a table such as "
+      .. "{ kernel = { \"name\", \"start\" }, memcpy = \"all\" }, got a %s"):format(type(sel)), 3)
+  end
+  local parts = {}
+  for kname, fields in pairs(sel) do
+    if type(kname) ~= "string" then
+      error(("cuptimon.observe: selection keys must be kind names, got a %s key; valid kinds: %s")
+        :format(type(kname), valid_kinds()), 3)
+    end
+    local kind = registry.kind(kname)
+    if not kind then
+      error(("cuptimon.observe: unknown kind %q; valid kinds: %s"):format(kname, valid_kinds()), 3)
+    end
+    local list
+    if fields == "all" or fields == true then
+      list = "all"
+    else
+      if type(fields) == "string" then fields = { fields } end
+      if type(fields) ~= "table" or #fields == 0 then
+        error(("cuptimon.observe: the fields of kind %q must be a non-empty list of names or "
+          .. "\"all\", got %s"):format(kname, type(fields) == "table" and "an empty table"
+          or "a " .. type(fields)), 3)
+      end
+      local names = {}
+      for i = 1, #fields do
+        local f = fields[i]
+        if type(f) ~= "string" then
+          error(("cuptimon.observe: field %d of kind %q must be a string, got a %s")
+            :format(i, kname, type(f)), 3)
+        end
+        if not kind.by_name[f] then
+          error(("cuptimon.observe: unknown field %q of kind %q; valid fields: %s")
+            :format(f, kname, table.concat(registry.field_names(kind), ", ")), 3)
+        end
+        names[#names + 1] = f
+      end
+      list = table.concat(names, ",")
+    end
+    parts[#parts + 1] = kname .. ":" .. list
+  end
+  if #parts == 0 then
+    error("cuptimon.observe: the selection is empty; name at least one kind: " .. valid_kinds(), 3)
+  end
+  table.sort(parts)
+  return table.concat(parts, ";")
+end
+
+--- Observes the kinds and fields of `sel` and calls fn(batch) once per batch.
+--- sel: { kind = { "field", ... } | "all", ... }. Returns an observer handle, or nil, err.
+function M.observe(sel, fn)
+  local spec = selection_text(sel)
+  if type(fn) ~= "function" then
+    error(("cuptimon.observe: argument 2 must be a function(batch), got a %s"):format(type(fn)), 2)
+  end
+  local o = setmetatable({ spec = spec, fn = fn, closed = false, batches = 0 }, Observer)
+  local function register()
+    if o.closed then return true end
+    local id, err, name = core.observe(spec)
+    if not id then return nil, err, name end
+    o.id = id
+    observers[id] = o
+    return o
+  end
+  if core.in_dispatch() then
+    later(function()
+      local ok, err = register()
+      if not ok then report("deferred observe", err) end
+    end)
+    return o
+  end
+  return register()
+end
+
+-- The dispatcher: the host calls it once per batch, under pcall with a traceback.
+local function dispatch(p, source, obs)
+  local o = observers[obs]
+  if o == nil or o.closed then return end
+  o.batches = o.batches + 1
+  o.fn(batch.wrap(p, source))
+end
+
+---------------------------------------------------------------------------------------------------
+-- cadences, flushes, hooks
+
+local function check_ms(fname, what, v, optional)
+  if v == nil and optional then return end
+  if type(v) ~= "number" or v < 0 or v ~= math.floor(v) then
+    error(("%s: %s must be a non-negative integer number of milliseconds, got %s")
+      :format(fname, what, tostring(v)), 3)
+  end
+end
+
+--- Sets the cadences: flush_ms (how often CUPTI buffers are flushed into the decoder) and
+--- deliver_ms (how often decoded batches reach the observers). Returns true or nil, err.
+function M.configure(opts)
+  if type(opts) ~= "table" then
+    error("cuptimon.configure: expected a table { flush_ms = n, deliver_ms = n }", 2)
+  end
+  for k in pairs(opts) do
+    if k ~= "flush_ms" and k ~= "deliver_ms" then
+      error(("cuptimon.configure: unknown option %q; valid options: deliver_ms, flush_ms")
+        :format(tostring(k)), 2)
+    end
+  end
+  check_ms("cuptimon.configure", "flush_ms", opts.flush_ms, true)
+  check_ms("cuptimon.configure", "deliver_ms", opts.deliver_ms, true)
+  return core.configure(opts.flush_ms or 0, opts.deliver_ms or 0)
+end
+
+local uv -- luv, loaded on first use
+
+--- Calls fn() every `ms` milliseconds (the first call after `ms`). Returns a handle with :close().
+function M.every(ms, fn)
+  check_ms("cuptimon.every", "the period", ms)
+  if ms == 0 then error("cuptimon.every: the period must be at least 1 ms", 2) end
+  if type(fn) ~= "function" then
+    error(("cuptimon.every: argument 2 must be a function, got a %s"):format(type(fn)), 2)
+  end
+  uv = uv or require "luv"
+  local t = uv.new_timer()
+  t:start(ms, ms, fn)
+  return setmetatable({ timer = t }, { __index = {
+    close = function(self)
+      if not self.timer:is_closing() then self.timer:close() end
+      return true
+    end,
+  } })
+end
+
+--- Calls fn() once after `ms` milliseconds. Returns a handle with :close().
+function M.after(ms, fn)
+  check_ms("cuptimon.after", "the delay", ms)
+  if type(fn) ~= "function" then
+    error(("cuptimon.after: argument 2 must be a function, got a %s"):format(type(fn)), 2)
+  end
+  uv = uv or require "luv"
+  local t = uv.new_timer()
+  t:start(ms, 0, function()
+    t:close()
+    fn()
+  end)
+  return { close = function() if not t:is_closing() then t:close() end return true end }
+end
+
+--- Flushes every source. opts: sync (every record produced before the call is delivered),
+--- timeout_ms, done(ok, err) called once the window is delivered. Returns true or nil, err.
+--- For the in-process engine the batches are delivered before flush returns.
+function M.flush(opts)
+  opts = opts or {}
+  if type(opts) ~= "table" then
+    error("cuptimon.flush: expected a table { sync = bool, timeout_ms = n, done = fn }", 2)
+  end
+  check_ms("cuptimon.flush", "timeout_ms", opts.timeout_ms, true)
+  if opts.done ~= nil and type(opts.done) ~= "function" then
+    error(("cuptimon.flush: done must be a function, got a %s"):format(type(opts.done)), 2)
+  end
+  local token = 0
+  if opts.done then
+    next_token = next_token + 1
+    token = next_token
+    flush_done[token] = opts.done
+  end
+  if core.in_dispatch() then
+    later(function()
+      local ok, err = core.flush(opts.sync and true or false, opts.timeout_ms or 0, token)
+      if not ok then report("deferred flush", err) end
+    end)
+    return true
+  end
+  return core.flush(opts.sync and true or false, opts.timeout_ms or 0, token)
+end
+
+--- Registers a hook: "process_start" fn(p) and "process_exit" fn(p) (p.source, p.pid, p.host,
+--- p.kind), "exit" fn() when the script ends (after the final flush), "error" fn(msg, where)
+--- when a callback fails (instead of printing it).
+function M.on(event, fn)
+  local list = hooks[event]
+  if not list then
+    error(("cuptimon.on: unknown event %q; valid events: error, exit, process_exit, "
+      .. "process_start"):format(tostring(event)), 2)
+  end
+  if type(fn) ~= "function" then
+    error(("cuptimon.on: argument 2 must be a function, got a %s"):format(type(fn)), 2)
+  end
+  list[#list + 1] = fn
+  if event == "process_start" then
+    -- Sources attached before the hook: the hook sees them too.
+    for _, s in ipairs(core.sources()) do
+      local ok, err = xpcall(fn, debug.traceback, s)
+      if not ok then report("process_start", err) end
+    end
+  end
+  return fn
+end
+
+--- Ends the script: a final flush, the exit hooks, then the host exits with `status`.
+function M.exit(status)
+  if status ~= nil and type(status) ~= "number" then
+    error("cuptimon.exit: the status must be a number", 2)
+  end
+  core.exit(status or 0)
+end
+
+local stats_cell = ffi.new("cm_stats")
+local stat_names = {
+  "buffers_allocated", "buffers_outstanding", "buffers_free", "buffers_decoded",
+  "buffers_refused", "bytes_decoded", "records_decoded", "records_delivered", "records_dropped",
+  "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
+  "strings",
+}
+
+--- The counters of one source, or of every source summed (source omitted or 0), as a table of
+--- numbers with records_by_kind keyed by kind name. Returns nil, err for an unknown source.
+function M.stats(source)
+  if source ~= nil and type(source) ~= "number" then
+    error("cuptimon.stats: the source must be a number", 2)
+  end
+  local rc = C.cm_host_source_stats(host, source or 0, stats_cell)
+  if rc ~= 0 then
+    local name = ffi.string(C.cm_err_name(rc))
+    return nil, name .. ": " .. ffi.string(C.cm_strerror(rc)), name
+  end
+  local t = { records_by_kind = {} }
+  for _, k in ipairs(stat_names) do t[k] = tonumber(stats_cell[k]) end
+  for _, name in ipairs(registry.kind_names()) do
+    local n = tonumber(stats_cell.records_by_kind[registry.kind(name).id])
+    if n > 0 then t.records_by_kind[name] = n end
+  end
+  return t
+end
+
+--- The attached sources: { { source=, pid=, kind= }, ... }.
+function M.sources() return core.sources() end
+
+--- Whether the host only checks the script (cuptimon-lua --check).
+function M.checking() return core.check_mode() end
+
+--- The number of callback errors reported so far.
+function M.errors() return (core.errors()) end
+
+--- The string `id` of a source's string table (the batch method b:str is the usual way).
+M.string = batch.string
+
+---------------------------------------------------------------------------------------------------
+-- events from the host
+
+local function event(name, a, b)
+  if name == "deferred" then
+    local list = deferred
+    deferred = {}
+    for i = 1, #list do
+      local ok, err = xpcall(list[i], debug.traceback)
+      if not ok then report("deferred call", err) end
+    end
+  elseif name == "flush_done" then
+    local fn = flush_done[a]
+    flush_done[a] = nil
+    if fn then fn(b == nil, b) end
+  elseif name == "error" then
+    local list = hooks.error
+    if #list == 0 then return false end
+    run_hooks(list, "error hook", a, b)
+    return true
+  elseif name == "exit" then
+    run_hooks(hooks.exit, "exit hook")
+  elseif name == "process_start" then
+    run_hooks(hooks.process_start, "process_start hook", a)
+  elseif name == "process_exit" then
+    batch.forget(a.source)
+    run_hooks(hooks.process_exit, "process_exit hook", a)
+  end
+end
+
+core.register(dispatch, event)
+
+return M

@@ -1,0 +1,101 @@
+-- Specs of cuptimon.agg: values, edge buckets and printed forms.
+local agg = require "cuptimon.agg"
+local ffi = require "ffi"
+
+describe("agg.count / agg.sum / agg.stats", function()
+  it("counts, sums and summarizes", function()
+    local c, s, st = agg.count(), agg.sum(), agg.stats("lat")
+    for v = 1, 100 do c:add(); s:add(v); st:add(v) end
+    assert.are.equal(100, c.count)
+    assert.are.equal(5050, s.sum)
+    assert.are.same({ 100, 5050, 1, 100, 50.5 }, { st.count, st.sum, st.min, st.max, st:avg() })
+    assert.are.equal("lat\ncount 100, sum 4.9K, min 1, avg 50.5, max 100", tostring(st))
+  end)
+  it("accepts int64 cdata values", function()
+    local s = agg.sum()
+    s:add(ffi.new("uint64_t", 7) - ffi.new("uint64_t", 2))
+    assert.are.equal(5, s.sum)
+  end)
+end)
+
+describe("agg.hist", function()
+  it("puts powers of two at the start of their bucket", function()
+    local h = agg.hist()
+    for _, v in ipairs({ 0, 1, 2, 3, 4, 1023, 1024, 1025 }) do h:add(v) end
+    assert.are.equal(1, h:bucket_count(0))
+    assert.are.equal(1, h:bucket_count(1))
+    assert.are.equal(2, h:bucket_count(2))     -- 2, 3
+    assert.are.equal(1, h:bucket_count(4))
+    assert.are.equal(1, h:bucket_count(1023))  -- [512, 1024)
+    assert.are.equal(2, h:bucket_count(1024))  -- 1024, 1025
+    assert.are.equal(8, h.count)
+  end)
+  it("prints one line per bucket from the lowest to the highest", function()
+    local h = agg.hist("ns")
+    h:add(1500); h:add(1600); h:add(5000)
+    local want = table.concat({
+      "ns",
+      "[1K, 2K)                2 |" .. ("@"):rep(52) .. "|",
+      "[2K, 4K)                0 |" .. (" "):rep(52) .. "|",
+      "[4K, 8K)                1 |" .. ("@"):rep(26) .. (" "):rep(26) .. "|",
+    }, "\n")
+    assert.are.equal(want, tostring(h))
+  end)
+  it("says when it is empty", function()
+    assert.are.equal("(empty histogram)", tostring(agg.hist()))
+  end)
+end)
+
+describe("agg.lhist", function()
+  it("buckets linearly with underflow and overflow", function()
+    local h = agg.lhist(0, 100, 10)
+    h:add(-1); h:add(0); h:add(9); h:add(10); h:add(99); h:add(100); h:add(1000)
+    assert.are.same({ 1, 2, 1, 1, 2 }, { h.buckets[-1], h.buckets[0], h.buckets[1], h.buckets[9],
+      h.buckets[10] })
+    assert.matches("%(%.%.%., 0%)", tostring(h))
+    assert.matches("%[100, %.%.%.%)", tostring(h))
+  end)
+  it("rejects bad bounds", function()
+    assert.has_error(function() agg.lhist(10, 0, 1) end,
+      "agg.lhist: expected lhist(min, max, step[, name]) with min < max and step > 0")
+  end)
+end)
+
+describe("agg.quantiles", function()
+  it("returns nearest-rank quantiles", function()
+    local q = agg.quantiles()
+    for v = 1000, 1, -1 do q:add(v) end
+    assert.are.same({ 500, 900, 990, 1000, 1 }, { q:quantile(0.5), q:quantile(0.9),
+      q:quantile(0.99), q:quantile(1), q:quantile(0) })
+    assert.are.equal("n 1000: p50 500, p90 900, p99 990, p100 1000", tostring(q))
+  end)
+  it("is nil when empty", function()
+    assert.is_nil(agg.quantiles():quantile(0.5))
+  end)
+end)
+
+describe("agg maps", function()
+  it("count_by sorts by count, then key", function()
+    local m = agg.count_by()
+    for _, k in ipairs({ "b", "a", "b", "c", "a", "b" }) do m:add(k) end
+    assert.are.equal("b           3\na           2\nc           1", tostring(m))
+  end)
+  it("topk prints the k largest sums and how many were left out", function()
+    local t = agg.topk(2, "top")
+    t:add("x", 10); t:add("y", 30); t:add("z", 20); t:add("x", 5)
+    local s = t:sorted(2)
+    assert.are.same({ "y", "z" }, { s[1].key, s[2].key })
+    assert.are.equal("top\ny          30  (1)\nz          20  (1)\n... 1 more", tostring(t))
+  end)
+  it("refuses cdata keys, which would never compare equal", function()
+    local m = agg.count_by()
+    assert.has_error(function() m:add(ffi.new("uint64_t", 1)) end,
+      "map:add: keys must be strings, numbers or booleans, got a cdata (use tonumber() or batch:str())")
+  end)
+  it("stats_by keeps count, sum, min and max per key", function()
+    local m = agg.stats_by()
+    m:add("k", 1); m:add("k", 3)
+    local e = m:get("k")
+    assert.are.same({ 2, 4, 1, 3 }, { e.count, e.sum, e.min, e.max })
+  end)
+end)

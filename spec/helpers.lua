@@ -1,0 +1,87 @@
+-- spec/helpers.lua: shared helpers for the specs run by spec/run.lua inside cuptimon-lua.
+--
+-- Design note. The fake CUPTI is the library the engine loaded through CUPTIMON_LIBCUPTI;
+-- ffi.load of the same path returns the same instance, so the specs drive its workloads and read
+-- its counters through the FFI. Only fake functions that never call back into the engine's
+-- delivery are declared (producing records only fills buffers).
+local ffi = require "ffi"
+
+local M = {}
+
+ffi.cdef [[
+uint64_t fake_now(void);
+int64_t fake_run_workload(int nthreads, uint64_t per_thread, const int *kinds, int nkinds);
+size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out);
+int fake_emit(const void *record, size_t size, int pending);
+int fake_kind_enabled(int kind);
+]]
+
+local fake
+
+--- The fake CUPTI library, or nil (and the reason) when the specs do not run on it.
+function M.fake()
+  if fake then return fake end
+  local path = os.getenv("CUPTIMON_LIBCUPTI")
+  if not path or not path:find("fake") then return nil, "CUPTIMON_LIBCUPTI is not the fake CUPTI" end
+  fake = ffi.load(path)
+  return fake
+end
+
+M.KERNEL = 10    -- CM_KIND_CONCURRENT_KERNEL
+M.MEMCPY = 1
+M.RUNTIME = 5
+
+--- Runs `per_thread` records of each kind in `kinds` on `nthreads` producer threads; returns
+--- the number of records written (records of disabled kinds are skipped by the fake).
+function M.workload(nthreads, per_thread, kinds)
+  local f = assert(M.fake())
+  local arr = ffi.new("int[?]", #kinds, kinds)
+  return tonumber(f.fake_run_workload(nthreads, per_thread * #kinds, arr, #kinds))
+end
+
+--- Runs the host's loop until cond() is true or `timeout_ms` passes; returns cond()'s value.
+function M.run_until(cond, timeout_ms)
+  local uv = require "luv"
+  local deadline = uv.now() + (timeout_ms or 5000)
+  local t = uv.new_timer()
+  t:start(5, 5, function() end)
+  while not cond() and uv.now() < deadline do
+    uv.run("once")
+    uv.update_time()
+  end
+  t:close()
+  uv.run("nowait")
+  return cond()
+end
+
+--- Runs the loop for `ms` milliseconds.
+function M.sleep(ms)
+  local uv = require "luv"
+  local done = false
+  local t = uv.new_timer()
+  t:start(ms, 0, function() done = true end)
+  while not done do uv.run("once") end
+  t:close()
+  uv.run("nowait")
+end
+
+--- The path of the cuptimon-lua binary running the specs.
+function M.binary()
+  return os.getenv("CUPTIMON_LUA_BIN") or "cuptimon-lua"
+end
+
+--- Runs a shell command; returns its exit status and its output (stdout and stderr together).
+function M.sh(cmd)
+  local p = io.popen(cmd .. " 2>&1; echo \"::rc=$?\"")
+  local out = p:read("*a")
+  p:close()
+  local rc = tonumber(out:match("::rc=(%d+)%s*$"))
+  return rc, (out:gsub("::rc=%d+%s*$", ""))
+end
+
+--- The repository's root directory.
+function M.root()
+  return os.getenv("CUPTIMON_SOURCE_DIR") or "."
+end
+
+return M
