@@ -87,6 +87,8 @@ typedef enum cm_kind {
   CM_KIND_MEMORY2 = 49,
   CM_KIND_MEMORY_POOL = 50,
   CM_KIND_GRAPH_TRACE = 51,
+  /* Synthetic kinds: produced by the engine itself, never enabled in CUPTI. */
+  CM_KIND_RESOURCE = 60, /* context/stream/module create and destroy, from RESOURCE callbacks */
   CM_KIND_MAX = 64 /* an upper bound on kind values, for tables */
 } cm_kind;
 
@@ -254,7 +256,7 @@ typedef struct cm_stats {
   uint64_t buffers_refused;     /* requests answered with no buffer (the pool was at its bound) */
   uint64_t bytes_decoded;       /* valid bytes of decoded buffers */
   uint64_t records_decoded;     /* all records seen by the decoder */
-  uint64_t records_delivered;   /* records delivered in batches (counted once per batch) */
+  uint64_t records_delivered;   /* records handed to observers: a batch counts once per observer */
   uint64_t records_dropped;     /* records CUPTI reports dropped */
   uint64_t decode_queue_depth;  /* completed buffers waiting for the decoder */
   uint64_t decode_queue_peak;
@@ -286,6 +288,131 @@ uint64_t cm_enabled_kinds(cm_engine *e);
 
 /* The library version as "major.minor.patch". Thread-safe. */
 const char *cm_version(void);
+
+/* ---- external correlation ------------------------------------------------------------------
+ *
+ * A framework tags the GPU work issued between a push and its pop with an id of its own. Every
+ * id is pushed on CUPTI's stack of one external kind, CM_CORR_EXTERNAL_KIND
+ * (CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0; UNKNOWN is what tools use when they do not care, and
+ * CUSTOM0 keeps our records apart from those). CUPTI then writes, for each API call, one
+ * EXTERNAL_CORRELATION record {external_kind, external_id, correlation} carrying the innermost id
+ * only. To recover the enclosing contexts, each push snapshots the thread's whole active stack:
+ * the chain of an id is innermost..outermost, and cm_corr_chain() returns it.
+ *
+ * These functions need no engine handle, so a framework may call them directly or look them up
+ * with dlsym in the injected agent. Without an engine, ids, chains and metadata still work but
+ * nothing is pushed to CUPTI. Every function in this section is thread-safe. The stacks are per
+ * thread, as CUPTI's are.
+ *
+ * Lifetime of a chain: it is created by the push and retired two drains after the pop (a drain is
+ * one delivery of batches to observers), so the records delivered in the drain that follows the
+ * pop, and in the one after it, still resolve. An id that was never pushed, or whose chain was
+ * retired, resolves to nothing (cm_corr_chain returns 0).
+ */
+
+/* The CUpti_ExternalCorrelationKind the engine pushes its ids with (CUSTOM0). */
+enum { CM_CORR_EXTERNAL_KIND = 3 };
+/* The deepest stack a thread may push; deeper pushes fail with CM_ERANGE. */
+enum { CM_CORR_MAX_DEPTH = 256 };
+
+/* Allocates a new process-unique id (> 0), pushes it and returns it; 0 on failure (out of memory
+ * or CM_CORR_MAX_DEPTH, with cm_errmsg() set). A push that CUPTI rejects still succeeds here: the
+ * frame is kept so that the matching pop stays balanced, and CUPTI goes on tagging records with
+ * the enclosing id. */
+uint64_t cm_corr_push(void);
+/* Pushes a caller-chosen id (> 0). The caller keeps ids unique; an id pushed twice while its
+ * first chain lives replaces that chain. Returns 0 or CM_EINVAL, CM_ENOMEM, CM_ERANGE. */
+int cm_corr_push_id(uint64_t id);
+/* Pops the calling thread's innermost frame and stores its id in *id (id may be NULL). CUPTI's
+ * stack is popped only when CUPTI accepted that frame's push. With nothing pushed, returns
+ * CM_ENOENT and changes nothing. */
+int cm_corr_pop(uint64_t *id);
+/* The id CUPTI is tagging the calling thread's work with: the innermost frame whose push was not
+ * rejected, or 0 when there is none. */
+uint64_t cm_corr_current(void);
+/* The number of frames on the calling thread's stack (rejected pushes included). */
+int cm_corr_depth(void);
+/* Copies the chain of `id` (innermost first, so out[0] == id) into out[0..max) and returns its
+ * full length (which may exceed max), or 0 when the id is unknown or retired. */
+int cm_corr_chain(uint64_t id, uint64_t *out, int max);
+
+/* Batch join for observers. Given the columns of one external_correlation batch (ec_kind may be
+ * NULL to accept every external kind, else only CM_CORR_EXTERNAL_KIND rows are used) and the
+ * correlation column of a kernel (or any other) batch, writes for each of the n rows the external
+ * id its launch was tagged with, or 0. Returns 0 or CM_EINVAL/CM_ENOMEM. */
+int cm_corr_join(const uint32_t *ec_kind, const uint64_t *ec_external_id,
+                 const uint32_t *ec_correlation, uint32_t n_ec, const uint32_t *correlation,
+                 uint32_t n, uint64_t *external_out);
+/* Like cm_corr_join, but resolves each row to its whole chain, in CSR form: the chain of row i is
+ * ids[offsets[i] .. offsets[i+1]) (innermost first; empty when untagged or retired). `offsets`
+ * holds n + 1 entries. Returns the number of ids the result needs; when that exceeds cap_ids the
+ * ids array is not written past cap_ids and offsets are still complete, so the caller can grow
+ * the array and call again. Negative on error. */
+int64_t cm_corr_join_chains(const uint32_t *ec_kind, const uint64_t *ec_external_id,
+                            const uint32_t *ec_correlation, uint32_t n_ec,
+                            const uint32_t *correlation, uint32_t n, uint32_t *offsets,
+                            uint64_t *ids, uint32_t cap_ids);
+
+/* Metadata. A blob is JSON text (at most CM_CORR_MAX_JSON bytes and CM_CORR_MAX_NESTING levels).
+ * Blobs put on one id are merged recursively: objects merge key by key, and on any other conflict
+ * (a scalar, an array, or a type change) the later value wins. Arrays are leaves. Invalid JSON is
+ * rejected with CM_EINVAL and a detail giving the byte offset; nothing is stored then. id 0 means
+ * cm_corr_current() (CM_ENOENT when there is none). */
+enum { CM_CORR_MAX_JSON = 1 << 20, CM_CORR_MAX_NESTING = 64 };
+int cm_corr_metadata_put(uint64_t id, const char *json, size_t len);
+/* Moves out every blob put since the last take, as one JSON object {"<id>": blob, ...} with ids
+ * as decimal strings in ascending order ("{}" when empty), and resets the store. *json_out is
+ * NUL-terminated and is freed with cm_free(); *len_out (may be NULL) receives its length. */
+int cm_corr_metadata_take(char **json_out, size_t *len_out);
+/* Frees memory the library handed out (cm_corr_metadata_take). NULL is accepted. */
+void cm_free(void *p);
+
+/* ---- subscriber callbacks ------------------------------------------------------------------
+ *
+ * Handlers for CUPTI callbacks (domain, cbid), run synchronously on the application thread that
+ * made the CUDA call, inside that call. `cbdata` is CUPTI's callback data for the domain
+ * (CUpti_CallbackData for RUNTIME and DRIVER, CUpti_ResourceData or CUpti_ModuleResourceData for
+ * RESOURCE, and so on), valid only during the call. A handler returns 0; a non-zero return counts
+ * as a failure (cm_callback_stats), is logged once per (domain, cbid), and never keeps the other
+ * handlers from running. A handler must be cheap, must not block, and must not call
+ * cm_engine_free.
+ *
+ * Registering does not enable a callback: cm_callback_arm() does, refcounted per (domain, cbid),
+ * so CUPTI is asked to enable it on the first arm and to disable it on the last disarm; two
+ * consumers arming the same callback for different windows do not disable each other. Removing
+ * the last handler of a (domain, cbid) disables it whatever its arm count. Handlers and arms live
+ * on the engine's subscription, which is independent of the activity session: they keep working
+ * before the first observer and after the last one, until cm_engine_free.
+ *
+ * Thread rules: register, unregister, arm and disarm are thread-safe and may run while callbacks
+ * are dispatched on other threads. When cm_callback_unregister returns, the handler is not
+ * running and will not run again (unless it was called from inside a dispatch on this thread).
+ */
+typedef int (*cm_callback_fn)(void *ud, int domain, uint32_t cbid, const void *cbdata);
+
+int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn fn, void *ud,
+                         uint32_t *handle);
+/* Returns CM_ENOENT for an unknown handle. */
+int cm_callback_unregister(cm_engine *e, uint32_t handle);
+/* Arms (enables) or disarms one callback. Disarming one that is not armed returns CM_ENOENT.
+ * A failed cuptiEnableCallback leaves the count unchanged and returns CM_ECUPTI. */
+int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid);
+int cm_callback_disarm(cm_engine *e, int domain, uint32_t cbid);
+/* The arm count of (domain, cbid), or a negative error. */
+int cm_callback_armed(cm_engine *e, int domain, uint32_t cbid);
+
+typedef struct cm_callback_stats {
+  uint64_t dispatched;       /* callbacks received from CUPTI */
+  uint64_t handler_calls;    /* handler invocations */
+  uint64_t handler_failures; /* handler invocations that returned non-zero */
+  uint64_t handlers;         /* handlers registered now */
+  uint64_t armed;            /* (domain, cbid) pairs enabled in CUPTI now */
+  uint64_t resource_records; /* resource-kind records produced */
+  uint64_t resource_dropped; /* resource-kind records dropped (the side queue was full) */
+} cm_callback_stats;
+
+/* Copies the callback counters. Thread-safe. */
+int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out);
 
 #ifdef __cplusplus
 }

@@ -114,6 +114,10 @@ typedef struct cm_source_vtable {
   const char *(*string)(cm_source *s, uint32_t id, size_t *len);
   /* Frees the source; the host has unobserved everything and detached it. */
   void (*free)(cm_source *s);
+  /* Adds what the source knows of its process to the table on top of L's stack: ppid, exe,
+   * argv, devices, and when `exiting` is 1 also status, exit_code, message, dropped and stats.
+   * The host has set source, pid, kind and host already. May be NULL. Must not raise. */
+  void (*describe)(cm_source *s, struct lua_State *L, int exiting);
 } cm_source_vtable;
 
 struct cm_source {
@@ -124,7 +128,8 @@ struct cm_source {
 };
 
 /* Attaches a source: every current observer is applied to it, and the script's
- * "process_start" hooks run with {source=, pid=, host=, argv=}. Returns its id or a CM_E* code. */
+ * "process_start" hooks run with the process table {source=, pid=, kind=, host=, ...} (see
+ * describe). Returns its id or a CM_E* code. */
 int cm_host_add_source(cm_host *h, cm_source *s);
 /* Detaches a source (the script's "process_exit" hooks run) and frees it. */
 void cm_host_remove_source(cm_host *h, cm_source *s);

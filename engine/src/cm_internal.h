@@ -220,4 +220,63 @@ uint64_t cm__decoder_sync_end(const cm__decoder *d);
 /* Records seen per kind since creation. */
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind);
 
+/* ---- synthetic records ------------------------------------------------------------------------
+ *
+ * Records the engine produces itself (not CUPTI) are laid out like CUPTI records: a 32-bit kind
+ * first, naturally aligned members after it, so the field registry describes them with the same
+ * macros and the decoder copies them with the same table. They reach the decoder through
+ * cm__decoder_inject at drain time, never through a CUPTI buffer.
+ */
+typedef struct cm__resource_record {
+  uint32_t kind;        /* CM_KIND_RESOURCE */
+  uint32_t event;       /* the CUPTI_CBID_RESOURCE_* that produced it */
+  uint64_t timestamp;   /* CLOCK_REALTIME, ns */
+  uint64_t context;     /* the CUcontext handle */
+  uint64_t stream;      /* the CUstream handle (stream events), else 0 */
+  uint64_t context_id;  /* cuCtxGetId of the context, 0 when unavailable */
+  uint64_t stream_id;   /* cuStreamGetId of the stream, 0 when unavailable or not a stream event */
+  uint32_t device;      /* cuCtxGetDevice_v2 of the context, UINT32_MAX when unavailable */
+  uint32_t module_id;   /* CUpti_ModuleResourceData.moduleId (module events), else 0 */
+  uint32_t tid;         /* the thread that made the call (gettid) */
+  uint32_t reserved;
+} cm__resource_record;
+
+/* Appends `n` records of `kind`, `stride` bytes apart, as if a buffer had held them. Records of a
+ * kind with no selected field are counted as seen and not stored. Same thread rules as decode. */
+void cm__decoder_inject(cm__decoder *d, int kind, const uint8_t *recs, size_t n, size_t stride);
+
+/* ---- correlation.c ----------------------------------------------------------------------------
+ *
+ * The engine binds the external-correlation module to CUPTI while it lives: attach gives it the
+ * push and pop entry points (libcupti is never unloaded, so the pointers stay valid), detach stops
+ * new pushes from reaching CUPTI while frames pushed before can still be popped. The engine calls
+ * cm__corr_drain once per delivery, after the observers ran, to age popped chains.
+ */
+void cm__corr_attach(const cm__cupti *c);
+void cm__corr_detach(void);
+void cm__corr_drain(void);
+
+/* ---- callbacks.c ------------------------------------------------------------------------------
+ *
+ * The registry of subscriber-callback handlers of one engine, the refcounted arming, and the
+ * built-in RESOURCE handler that produces CM_KIND_RESOURCE records into a bounded side queue.
+ */
+typedef struct cm__callbacks cm__callbacks;
+typedef void (*cm__log_hook)(void *ctx, int level, const char *msg);
+
+/* Creates the registry on a live subscription and enables the RESOURCE callbacks the resource
+ * kind needs (they stay enabled, pinned, until the registry is freed). `cuda` is the libcuda
+ * handle (may be NULL) used to look up the optional id queries. */
+int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberHandle sub,
+                      cm__log_hook log, void *log_ctx);
+/* Frees the registry. Call after cuptiUnsubscribe, so no dispatch can start; waits for
+ * dispatches still in flight. NULL is accepted. */
+void cm__callbacks_free(cm__callbacks *cb);
+/* The trampoline's target: runs the built-in handler and every registered handler. Any thread. */
+void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data);
+/* Moves the queued synthetic records into the decoder. Called with the decoder's lock held. */
+void cm__callbacks_drain(cm__callbacks *cb, cm__decoder *dec);
+/* The registry of an engine (engine.c); valid from cm_engine_new until cm_engine_free. */
+cm__callbacks *cm__engine_callbacks(cm_engine *e);
+
 #endif /* CM_INTERNAL_H */

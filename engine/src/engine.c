@@ -48,6 +48,7 @@ struct cm_engine {
   cm__pool pool;
   cm__intern *strings;
   cm__decoder *dec;
+  cm__callbacks *cb; /* handlers and arming (callbacks.c); lives as long as the subscription */
   pthread_t worker;
   bool worker_started;
 
@@ -217,7 +218,13 @@ static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domai
    * pointer cache must not map them to stale names. */
   if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING)
     cm__intern_invalidate(e->strings);
+  /* The registry is created right after the subscription, before any callback is enabled. */
+  if (e->cb) cm__callbacks_dispatch(e->cb, (int)domain, (uint32_t)cbid, data);
 }
+
+cm__callbacks *cm__engine_callbacks(cm_engine *e) { return e->cb; }
+
+static void log_hook(void *ctx, int level, const char *msg) { elog(ctx, level, "%s", msg); }
 
 /* ---- delivery ------------------------------------------------------------------------------- */
 
@@ -226,6 +233,8 @@ static void deliver(cm_engine *e) {
   cm_column cols[CM__MAX_FIELDS];
   bool any = false;
   uint64_t seq = ++e->drain_seq;
+  /* Synthetic records (resource events) join the held records first, so they go out now. */
+  if (e->cb) cm__callbacks_drain(e->cb, e->dec);
   for (int k = 0; k < CM_KIND_MAX; k++) {
     uint32_t n = cm__decoder_count(e->dec, k);
     if (!n) continue;
@@ -253,6 +262,8 @@ static void deliver(cm_engine *e) {
   }
   if (any) ADD(e, st_drains, 1);
   cm__decoder_reset(e->dec);
+  /* After the observers ran: popped correlation chains age one drain. */
+  cm__corr_drain();
 }
 
 static bool held_over(cm_engine *e, uint32_t limit) {
@@ -410,6 +421,8 @@ static uint64_t kinds_needed(const cm__bits *sel) {
   if ((m & (1ull << CM_KIND_EXTERNAL_CORRELATION)) &&
       !(m & ((1ull << CM_KIND_RUNTIME) | (1ull << CM_KIND_DRIVER))))
     m |= 1ull << CM_KIND_RUNTIME;
+  /* Synthetic kinds are produced by the engine, never enabled in CUPTI. */
+  m &= ~(1ull << CM_KIND_RESOURCE);
   return m;
 }
 
@@ -501,15 +514,24 @@ static bool fence(cm_engine *e, uint64_t deadline) {
   if (synced == 0) {
     ok = plain_flush(e, deadline, 0);
   } else {
+    uint64_t last_sync = mono_ms();
     for (;;) {
       ok = plain_flush(e, deadline, 0);
       pthread_mutex_lock(&e->dec_mu);
       uint64_t seen = cm__decoder_sync_end(e->dec);
       pthread_mutex_unlock(&e->dec_mu);
       if (seen >= mark) break;
-      if (mono_ms() >= deadline) {
+      uint64_t now = mono_ms();
+      if (now >= deadline) {
         ok = false;
         break;
+      }
+      /* The sync record itself can be lost: when the pool was at its bound, CUPTI had no buffer
+       * to write it into (it is counted as dropped). The flushes above have since returned
+       * buffers, so synchronizing again produces a new record past the mark. */
+      if (now - last_sync >= 20) {
+        device_sync(e);
+        last_sync = now;
       }
       usleep(1000);
     }
@@ -639,8 +661,10 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
     rc = cm__cupti_err(&e->cupti, r, "cuptiSubscribe");
     goto fail_decoder;
   }
-  e->cupti.EnableCallback(1, e->sub, CUPTI_CB_DOMAIN_RESOURCE,
-                          CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING);
+  /* The registry pins the RESOURCE callbacks the engine needs (module unload included, for the
+   * string cache), so a consumer's disarm cannot turn them off. */
+  rc = cm__callbacks_new(&e->cb, &e->cupti, e->sub, log_hook, e);
+  if (rc) goto fail_sub;
 
   pthread_mutex_lock(&g_once_mu);
   if (cfg.flags & CM_CONFIG_TIMESTAMP_CALLBACK) {
@@ -668,11 +692,13 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
   }
   e->worker_started = true;
   atomic_store(&g_engine, e);
+  cm__corr_attach(&e->cupti);
   *out = e;
   return 0;
 
 fail_sub:
   e->cupti.Unsubscribe(e->sub);
+  cm__callbacks_free(e->cb);
 fail_decoder:
   cm__decoder_free(e->dec);
 fail_intern:
@@ -709,7 +735,10 @@ void cm_engine_free(cm_engine *e) {
   if (e->worker_started) pthread_join(e->worker, NULL);
 
   atomic_store(&g_engine, NULL);
+  cm__corr_detach();
+  /* Handlers live as long as the subscription: they go only here, never with a session. */
   e->cupti.Unsubscribe(e->sub);
+  cm__callbacks_free(e->cb);
   /* The worker has drained the queue; items left would be buffers completed after it stopped. */
   for (qitem *it = e->q_head; it;) {
     qitem *next = it->next;

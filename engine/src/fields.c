@@ -61,6 +61,8 @@ CM__SAME_KIND(MEMORY_POOL);
 CM__SAME_KIND(GRAPH_TRACE);
 #undef CM__SAME_KIND
 _Static_assert((int)CUPTI_ACTIVITY_KIND_COUNT <= (int)CM_KIND_MAX, "CM_KIND_MAX must bound CUPTI's kinds");
+_Static_assert((int)CM_KIND_RESOURCE >= (int)CUPTI_ACTIVITY_KIND_COUNT,
+               "a synthetic kind must not collide with a CUPTI kind");
 
 /* ---- rows --------------------------------------------------------------------------------- */
 
@@ -425,6 +427,19 @@ CM__DEFINE_FIELDS(CUpti_ActivityStream, CM__STREAM);
   F(T, data.cooling.fanSpeed, fan_speed, "fan speed, percent of max (env_kind cooling)")
 CM__DEFINE_FIELDS(CUpti_ActivityEnvironment, CM__ENVIRONMENT);
 
+/* The engine's synthetic resource record (cm_internal.h), produced from RESOURCE callbacks. */
+#define CM__RESOURCE(F, T)                                                                     \
+  F(T, event, event, "the resource callback id (CUpti_CallbackIdResource)")                  \
+  F(T, timestamp, timestamp, "time of the callback, CLOCK_REALTIME ns")                       \
+  F(T, context, context, "the CUcontext handle")                                              \
+  F(T, stream, stream, "the CUstream handle (stream events), else 0")                         \
+  F(T, device, device, "device ordinal of the context (UINT32_MAX when unknown)")             \
+  F(T, module_id, module_id, "module id (module events), else 0")                             \
+  F(T, context_id, context_id, "context id from cuCtxGetId (0 when unknown)")                 \
+  F(T, stream_id, stream_id, "stream id from cuStreamGetId (stream events; 0 when unknown)")  \
+  F(T, tid, tid, "thread that made the call")
+CM__DEFINE_FIELDS(cm__resource_record, CM__RESOURCE);
+
 /* ---- kinds -------------------------------------------------------------------------------- */
 
 #define CM__NONE (-1)
@@ -468,7 +483,9 @@ CM__DEFINE_FIELDS(CUpti_ActivityEnvironment, CM__ENVIRONMENT);
   X(NAME, "name", NULL, CUpti_ActivityName, CM__NONE, CM__NONE)                                  \
   X(STREAM, "stream", NULL, CUpti_ActivityStream, CM__NONE, CM__NONE)                            \
   X(ENVIRONMENT, "environment", NULL, CUpti_ActivityEnvironment,                                 \
-    CM__F(CUpti_ActivityEnvironment, timestamp), CM__NONE)
+    CM__F(CUpti_ActivityEnvironment, timestamp), CM__NONE)                                       \
+  X(RESOURCE, "resource", NULL, cm__resource_record, CM__F(cm__resource_record, timestamp),       \
+    CM__NONE)
 
 #define CM__KIND_INDEX(K, nm, al, T, s, e) CM__KI_##K,
 enum { CM__KINDS(CM__KIND_INDEX) CM__NKINDS };

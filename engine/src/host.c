@@ -178,6 +178,29 @@ static int find_obs(cm_host *h, uint32_t id) {
   return -1;
 }
 
+/* Pushes the process table of source `s`: source, pid, kind and host, plus whatever the source's
+ * describe adds (ppid, exe, argv, devices; status and stats at exit). The same shape for every
+ * kind of source, so a script never needs to know where its batches come from. */
+static void push_process(cm_host *h, cm_source *s, int exiting) {
+  lua_State *L = h->L;
+  lua_createtable(L, 0, 8);
+  lua_pushinteger(L, s->id);
+  lua_setfield(L, -2, "source");
+  lua_pushinteger(L, s->pid);
+  lua_setfield(L, -2, "pid");
+  lua_pushstring(L, s->vt->name);
+  lua_setfield(L, -2, "kind");
+  char hostname[256] = "";
+  gethostname(hostname, sizeof hostname - 1);
+  lua_pushstring(L, hostname);
+  lua_setfield(L, -2, "host");
+  if (s->vt->describe) {
+    int top = lua_gettop(L);
+    s->vt->describe(s, L, exiting);
+    lua_settop(L, top);
+  }
+}
+
 static int ensure_inproc(cm_host *h) {
   if (h->flags & (CM_HOST_CHECK | CM_HOST_NO_INPROC)) return 0;
   for (int i = 0; i < h->nsources; i++)
@@ -209,18 +232,7 @@ int cm_host_add_source(cm_host *h, cm_source *s) {
       report(h, "add_source");
     }
   }
-  lua_State *L = h->L;
-  lua_createtable(L, 0, 4);
-  lua_pushinteger(L, s->id);
-  lua_setfield(L, -2, "source");
-  lua_pushinteger(L, s->pid);
-  lua_setfield(L, -2, "pid");
-  lua_pushstring(L, s->vt->name);
-  lua_setfield(L, -2, "kind");
-  char hostname[256] = "";
-  gethostname(hostname, sizeof hostname - 1);
-  lua_pushstring(L, hostname);
-  lua_setfield(L, -2, "host");
+  push_process(h, s, 0);
   fire_event(h, "process_start", 1);
   return s->id;
 }
@@ -235,12 +247,7 @@ void cm_host_remove_source(cm_host *h, cm_source *s) {
   memmove(&h->sources[idx], &h->sources[idx + 1],
           (size_t)(h->nsources - idx - 1) * sizeof h->sources[0]);
   h->nsources--;
-  lua_State *L = h->L;
-  lua_createtable(L, 0, 2);
-  lua_pushinteger(L, s->id);
-  lua_setfield(L, -2, "source");
-  lua_pushinteger(L, s->pid);
-  lua_setfield(L, -2, "pid");
+  push_process(h, s, 1);
   s->vt->free(s);
   fire_event(h, "process_exit", 1);
 }
@@ -530,13 +537,7 @@ static int core_sources(lua_State *L) {
   cm_host *h = core_host(L);
   lua_createtable(L, h->nsources, 0);
   for (int i = 0; i < h->nsources; i++) {
-    lua_createtable(L, 0, 3);
-    lua_pushinteger(L, h->sources[i]->id);
-    lua_setfield(L, -2, "source");
-    lua_pushinteger(L, h->sources[i]->pid);
-    lua_setfield(L, -2, "pid");
-    lua_pushstring(L, h->sources[i]->vt->name);
-    lua_setfield(L, -2, "kind");
+    push_process(h, h->sources[i], 0);
     lua_rawseti(L, -2, i + 1);
   }
   return 1;
@@ -757,10 +758,13 @@ int cm_host_shutdown(cm_host *h) {
   if (h->shut_down) return h->exit_status;
   h->shut_down = 1;
   /* The last window first, so the exit hooks see every record. */
-  if (!(h->flags & CM_HOST_CHECK))
+  /* A --check run traced nothing, so it has no window to close and no exit hooks to run: they
+   * would print reports of an empty run. */
+  if (!(h->flags & CM_HOST_CHECK)) {
     for (int i = 0; i < h->nsources; i++)
       h->sources[i]->vt->flush(h->sources[i], CM_FLUSH_SYNC, 0, flush_sync_done, NULL);
-  fire_event(h, "exit", 0);
+    fire_event(h, "exit", 0);
+  }
   while (h->nsources) cm_host_remove_source(h, h->sources[h->nsources - 1]);
   for (int i = 0; i < h->nobs; i++) {
     cm_selection_free(h->obs[i].sel);
@@ -936,6 +940,44 @@ static const char *inproc_string(cm_source *s, uint32_t id, size_t *len) {
   return cm_string(((inproc *)s)->e, id, len);
 }
 
+/* The in-process source's process is this one: its parent, executable and command line come
+ * from /proc, so a script sees the same process table as for an agent. */
+static void inproc_describe(cm_source *s, lua_State *L, int exiting) {
+  (void)s;
+  lua_pushinteger(L, (lua_Integer)getppid());
+  lua_setfield(L, -2, "ppid");
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  lua_pushstring(L, exe);
+  lua_setfield(L, -2, "exe");
+  lua_newtable(L);
+  FILE *fp = fopen("/proc/self/cmdline", "rb");
+  if (fp) {
+    char buf[8192];
+    size_t len = fread(buf, 1, sizeof buf - 1, fp);
+    fclose(fp);
+    buf[len] = 0;
+    int i = 1;
+    for (size_t at = 0; at < len; at += strlen(buf + at) + 1) {
+      lua_pushstring(L, buf + at);
+      lua_rawseti(L, -2, i++);
+    }
+  }
+  lua_setfield(L, -2, "argv");
+  lua_newtable(L);
+  lua_setfield(L, -2, "devices");
+  if (exiting) {
+    cm_stats st;
+    if (cm_stats_get(((inproc *)s)->e, &st) == 0) {
+      lua_pushnumber(L, (lua_Number)st.records_dropped);
+      lua_setfield(L, -2, "dropped");
+    }
+    lua_pushstring(L, "detached");
+    lua_setfield(L, -2, "status");
+  }
+}
+
 static void inproc_closed(uv_handle_t *hd) { free(hd->data); }
 
 static void inproc_free(cm_source *s) {
@@ -955,6 +997,7 @@ static const cm_source_vtable inproc_vt = {
     .stats = inproc_stats,
     .string = inproc_string,
     .free = inproc_free,
+    .describe = inproc_describe,
 };
 
 static void engine_log(void *ud, int level, const char *msg) {

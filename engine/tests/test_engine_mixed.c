@@ -145,9 +145,13 @@ static void kstate_init(kstate *ks, int kind) {
   ks->keep_rows = kind == CM_KIND_SYNCHRONIZATION;
 }
 
-static uint64_t field_mix(int field, uint64_t v) { return mix64(v ^ ((uint64_t)(field + 1) * ODD_MUL)); }
+static uint64_t field_mix(int field, uint64_t v) {
+  return mix64(v ^ ((uint64_t)(field + 1) * ODD_MUL));
+}
 
-static uint64_t row_step(uint64_t h, int field, uint64_t v) { return mix64(h ^ field_mix(field, v)); }
+static uint64_t row_step(uint64_t h, int field, uint64_t v) {
+  return mix64(h ^ field_mix(field, v));
+}
 
 /* The FNV-1a hash of string id `id`, resolved once through cm_string(). Caller holds g_mu. */
 static uint64_t string_hash(uint32_t id) {
@@ -263,6 +267,7 @@ static uint64_t match_rows(kstate *ks, uint64_t *extra, u64vec *extras) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* keep the progress lines when an assertion aborts */
   int gen[64];
   int ngen = fake_gen_kinds(gen, 64);
   CMT_GT(ngen, 0);
@@ -359,7 +364,7 @@ int main(void) {
               kname, missing, extra, allowed_extra);
       failures++;
     }
-    if (ks->got_count != ks->exp_count + extra) {
+    if (ks->keep_rows && ks->got_count != ks->exp_count + extra) {
       fprintf(stderr, "FAIL %s: delivered %" PRIu64 " != generated %" PRIu64 " + fence rows %"
               PRIu64 "\n", kname, ks->got_count, ks->exp_count, extra);
       failures++;

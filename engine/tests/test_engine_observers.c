@@ -434,6 +434,7 @@ static void test_couplings(void) {
 }
 
 int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* keep the progress lines when an assertion aborts */
   cm_config cfg;
   cm_config_init(&cfg);
   cfg.fence_timeout_ms = 30000;

@@ -93,6 +93,8 @@ static const struct {
      sizeof(CUpti_ActivityEnvironment),
      "device,timestamp,env_kind,sm_clock,memory_clock,pcie_link_gen,pcie_link_width,"
      "throttle_reasons,gpu_temperature,power,power_limit,fan_speed"},
+    {CM_KIND_RESOURCE, "resource", "cm__resource_record", sizeof(cm__resource_record),
+     "event,timestamp,context,stream,device,module_id,context_id,stream_id,tid"},
 };
 #define NEXPECT ((int)(sizeof expect / sizeof expect[0]))
 

@@ -6,7 +6,9 @@
 -- engine's memory directly and JIT-compiles to plain loads. The columns are valid only while the
 -- observer callback runs: keep numbers and strings, never the batch or its pointers.
 --
--- Metadata: b.n (records), b.kind (the kind's name), b.kind_id, b.source (the source id), b.seq.
+-- Metadata: b.n (records), b.kind (the kind's name), b.kind_id, b.source (the source id), b.seq;
+-- b:process() is the process table of the source (pid, host, exe, argv, devices), the same
+-- whether the batch comes from the in-process engine, a live agent or a capture replay.
 -- Every column is also in b.cols by name; a column whose name is one of the metadata names (the
 -- memory pool kind has a "source" field) is reachable only there or through b:col(name).
 -- String columns hold uint32 ids: b:str("name", i) resolves record i through the string table of
@@ -29,7 +31,11 @@ local Batch = {}
 Batch.__index = Batch
 
 local meta_names = { n = true, kind = true, kind_id = true, source = true, seq = true, cols = true,
-  str = true, col = true }
+  str = true, col = true, process = true }
+
+-- source id -> the process table of its process_start event (kept after process_exit, with the
+-- exit fields merged in), filled by cuptimon/init.lua.
+M.processes = {}
 
 --- The string of string id `id` from source `source`, or nil when unknown.
 function M.string(source, id)
@@ -59,6 +65,10 @@ function Batch:str(field, i)
   end
   return M.string(self.source, ids[i])
 end
+
+--- The process the batch comes from: { source=, pid=, ppid=, host=, exe=, argv=, devices=,
+--- kind= } with kind "inproc", "agent" or "replay"; the same shape for every kind of source.
+function Batch:process() return M.processes[self.source] end
 
 --- The column `name` (a typed pointer), or nil.
 function Batch:col(name) return self.cols[name] end

@@ -274,9 +274,12 @@ function M.flush(opts)
   return core.flush(opts.sync and true or false, opts.timeout_ms or 0, token)
 end
 
---- Registers a hook: "process_start" fn(p) and "process_exit" fn(p) (p.source, p.pid, p.host,
---- p.kind), "exit" fn() when the script ends (after the final flush), "error" fn(msg, where)
---- when a callback fails (instead of printing it).
+--- Registers a hook: "process_start" fn(p) and "process_exit" fn(p), "exit" fn() when the
+--- script ends (after the final flush), "error" fn(msg, where) when a callback fails (instead of
+--- printing it). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}), kind ("inproc",
+--- "agent", "replay"); at exit also status ("exit", "disconnected", "error", "timeout",
+--- "detached"), exit_code (from the agent's BYE), message, dropped and stats (the agent's
+--- counters).
 function M.on(event, fn)
   local list = hooks[event]
   if not list then
@@ -333,8 +336,22 @@ function M.stats(source)
   return t
 end
 
---- The attached sources: { { source=, pid=, kind= }, ... }.
+--- The attached sources: { { source=, pid=, kind=, host=, exe=, argv=, devices= }, ... }.
 function M.sources() return core.sources() end
+
+--- The process table of source `id` (a batch's b.source), also after the process exited; nil
+--- for an unknown source. live agents, captures and the in-process engine give the same shape.
+function M.process(id)
+  local p = batch.processes[id]
+  if p then return p end
+  for _, s in ipairs(core.sources()) do
+    if s.source == id then
+      batch.processes[id] = s
+      return s
+    end
+  end
+  return nil
+end
 
 --- Whether the host only checks the script (cuptimon-lua --check).
 function M.checking() return core.check_mode() end
@@ -368,9 +385,12 @@ local function event(name, a, b)
   elseif name == "exit" then
     run_hooks(hooks.exit, "exit hook")
   elseif name == "process_start" then
+    batch.processes[a.source] = a
     run_hooks(hooks.process_start, "process_start hook", a)
   elseif name == "process_exit" then
     batch.forget(a.source)
+    -- The exit table carries the start fields too (describe fills both), so it replaces them.
+    batch.processes[a.source] = a
     run_hooks(hooks.process_exit, "process_exit hook", a)
   end
 end

@@ -215,6 +215,12 @@ static atomic_uint_fast64_t drops_unreported;
 static atomic_int knob_no_context;
 static atomic_uint knob_completion_delay_us;
 static atomic_int knob_suppress_sync;
+static atomic_int knob_reject_push;
+
+#define FAKE_CB_COUNTED 1024
+/* cuptiEnableCallback calls per (enable, domain, cbid), for cbid < FAKE_CB_COUNTED. */
+static atomic_uint cb_enable_calls[2][CUPTI_CB_DOMAIN_SIZE][FAKE_CB_COUNTED];
+static atomic_uint fake_next_correlation = 1u << 20;
 
 static struct {
   atomic_uint_fast64_t records_written, records_dropped, records_disabled;
@@ -640,6 +646,8 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable,
   pthread_mutex_lock(&ctl.lock);
   CUptiResult r = check_sub(subscriber, domain);
   if (r == CUPTI_SUCCESS && cbid >= FAKE_CBID_BITS) r = CUPTI_ERROR_INVALID_PARAMETER;
+  if (r == CUPTI_SUCCESS && cbid < FAKE_CB_COUNTED)
+    atomic_fetch_add(&cb_enable_calls[enable ? 1 : 0][domain][cbid], 1);
   if (r == CUPTI_SUCCESS) {
     uint8_t bit = (uint8_t)(1u << (cbid % 8));
     if (enable) ctl.cbid_on[domain][cbid / 8] |= bit;
@@ -779,6 +787,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI
 cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t id) {
   if ((int)kind <= (int)CUPTI_EXTERNAL_CORRELATION_KIND_INVALID || (int)kind >= FAKE_NEXT_KINDS)
     return CUPTI_ERROR_INVALID_PARAMETER;
+  if (atomic_load(&knob_reject_push)) return CUPTI_ERROR_INVALID_OPERATION;
   fthread *ft = self_thread();
   if (!ft) return CUPTI_ERROR_OUT_OF_MEMORY;
   if (ft->ncorr[kind] == ft->capcorr[kind]) {
@@ -1474,3 +1483,77 @@ void fake_set_no_context(int on) { atomic_store(&knob_no_context, on ? 1 : 0); }
 void fake_set_completion_delay_us(uint32_t us) { atomic_store(&knob_completion_delay_us, us); }
 
 void fake_set_suppress_sync_records(int on) { atomic_store(&knob_suppress_sync, on ? 1 : 0); }
+
+/* ---- additions: external correlation, callback state, kernel launches ---------------------- */
+
+void fake_set_reject_external_push(int on) { atomic_store(&knob_reject_push, on ? 1 : 0); }
+
+int fake_external_depth(int kind) {
+  if (kind <= 0 || kind >= FAKE_NEXT_KINDS) return 0;
+  fthread *ft = self_thread();
+  return ft ? (int)ft->ncorr[kind] : 0;
+}
+
+uint64_t fake_external_top(int kind) {
+  if (kind <= 0 || kind >= FAKE_NEXT_KINDS) return 0;
+  fthread *ft = self_thread();
+  return ft && ft->ncorr[kind] ? ft->corr[kind][ft->ncorr[kind] - 1] : 0;
+}
+
+int fake_callback_enabled(int domain, uint32_t cbid) {
+  if (domain <= (int)CUPTI_CB_DOMAIN_INVALID || domain >= (int)CUPTI_CB_DOMAIN_SIZE ||
+      cbid >= FAKE_CBID_BITS)
+    return 0;
+  pthread_mutex_lock(&ctl.lock);
+  int on = ctl.subscribed && (ctl.cbid_on[domain][cbid / 8] >> (cbid % 8)) & 1;
+  pthread_mutex_unlock(&ctl.lock);
+  return on;
+}
+
+uint32_t fake_callback_enable_calls(int domain, uint32_t cbid, int enable) {
+  if (domain <= (int)CUPTI_CB_DOMAIN_INVALID || domain >= (int)CUPTI_CB_DOMAIN_SIZE ||
+      cbid >= FAKE_CB_COUNTED)
+    return 0;
+  return atomic_load(&cb_enable_calls[enable ? 1 : 0][domain][cbid]);
+}
+
+uint32_t fake_launch_kernel(uint32_t cbid, const char *name) {
+  uint32_t corr = atomic_fetch_add(&fake_next_correlation, 1);
+  CUpti_CallbackData cd;
+  memset(&cd, 0, sizeof cd);
+  cd.callbackSite = CUPTI_API_ENTER;
+  cd.functionName = "cudaLaunchKernel";
+  cd.symbolName = name;
+  cd.correlationId = corr;
+  fake_fire_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &cd);
+
+  uint64_t t0 = fake_now();
+  CUpti_ActivityAPI api;
+  memset(&api, 0, sizeof api);
+  api.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
+  api.cbid = cbid;
+  api.start = t0;
+  api.end = t0 + 1000;
+  api.processId = (uint32_t)getpid();
+  api.threadId = (uint32_t)gettid();
+  api.correlationId = corr;
+  fake_emit(&api, sizeof api, 0);
+
+  CUpti_ActivityKernel10 k;
+  memset(&k, 0, sizeof k);
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  k.start = t0 + 2000;
+  k.end = t0 + 3000;
+  k.deviceId = 0;
+  k.contextId = 1;
+  k.streamId = 7;
+  k.gridX = k.gridY = k.gridZ = 1;
+  k.blockX = k.blockY = k.blockZ = 1;
+  k.correlationId = corr;
+  k.name = name;
+  fake_emit(&k, sizeof k, 0);
+
+  cd.callbackSite = CUPTI_API_EXIT;
+  fake_fire_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &cd);
+  return corr;
+}

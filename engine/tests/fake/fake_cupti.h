@@ -97,6 +97,31 @@ void fake_set_suppress_sync_records(int on);
  * `cbdata` when that callback is enabled. Returns 1 if it was invoked. */
 int fake_fire_callback(int domain, uint32_t cbid, const void *cbdata);
 
+/* ---- additions: external correlation, callback state, kernel launches ---------------------- */
+
+/* Makes cuptiActivityPushExternalCorrelationId reject pushes (CUPTI_ERROR_INVALID_OPERATION,
+ * nothing pushed) while `on`. Pops are unaffected. */
+void fake_set_reject_external_push(int on);
+/* The depth of the calling thread's CUPTI external-correlation stack of `kind`, and its top id
+ * (0 when empty). */
+int fake_external_depth(int kind);
+uint64_t fake_external_top(int kind);
+
+/* Whether the subscriber callback (domain, cbid) is enabled now (1 or 0). */
+int fake_callback_enabled(int domain, uint32_t cbid);
+/* How many times cuptiEnableCallback was called with enable != 0 (`enable` = 1) or with
+ * enable == 0 (`enable` = 0) for (domain, cbid); counted for cbid < 1024. */
+uint32_t fake_callback_enable_calls(int domain, uint32_t cbid, int enable);
+
+/* Simulates one runtime launch on the calling thread, as real CUPTI reports it: fires the RUNTIME
+ * callback (domain CUPTI_CB_DOMAIN_RUNTIME_API, id `cbid`) at API enter when it is enabled, with a
+ * CUpti_CallbackData carrying the correlation id; writes a RUNTIME record (when enabled), which
+ * brings one EXTERNAL_CORRELATION record per non-empty external-id stack of the thread (that
+ * stack's innermost id, as CUPTI does) with the same correlation id; writes a CONCURRENT_KERNEL
+ * record named `name` (a string that must outlive the engine's decoding) with the same
+ * correlation id; then fires the API exit callback. Returns the correlation id (> 0). */
+uint32_t fake_launch_kernel(uint32_t cbid, const char *name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,1266 @@
+/*
+ * agent.c: libcuptimon-agent.so, the engine inside a CUDA process, streaming to the monitor or to
+ * a capture file.
+ *
+ * The CUDA driver loads the agent through CUDA_INJECTION64_PATH and calls InitializeInjection()
+ * once, during cuInit. The agent then creates the engine, performs the handshake of docs/wire.md
+ * synchronously (so tracing is configured before the application's first CUDA call returns), and
+ * streams STRINGS, BATCH and STATS frames until the process exits, when an atexit handler runs a
+ * final fence and sends STATS and BYE. With no monitor but CUPTIMON_CAPTURE set, the same frames go
+ * to a capture file. docs/agent.md describes the environment contract and the failure behavior.
+ *
+ * The one rule that shapes everything: the application never waits on the monitor. Frames are
+ * pushed to a bounded send queue; when it is full, BATCH frames are dropped and counted (STRINGS,
+ * STATS, FLUSH_DONE and BYE are small and never dropped, so what does arrive stays decodable). A
+ * monitor that goes away (EOF, EPIPE, a corrupt frame) turns tracing off and the process runs on.
+ * Every wait has a deadline, and every failure logs and leaves tracing off rather than failing
+ * the process: InitializeInjection always returns 1.
+ *
+ * Threads and locks.
+ *  - The init thread (the application thread inside cuInit) runs InitializeInjection: engine,
+ *    handshake, first selection, then starts the two agent threads. init_mu makes it idempotent.
+ *  - The engine's decode worker, or whichever thread runs cm_flush, calls on_batch(). The engine
+ *    serializes observer callbacks (its dec_mu), so the callback state (cb_*) needs no lock of its
+ *    own. The callback only encodes and pushes; it never blocks on I/O.
+ *  - The sender thread pops frames and writes them (send with MSG_NOSIGNAL, or write for a
+ *    capture). It is the only thread that writes to the descriptor after the handshake.
+ *  - The control thread reads monitor frames (SELECT, CONFIGURE, FLUSH) and owns the observer
+ *    list after the handshake: it is the only thread that calls cm_observe/cm_unobserve, so an
+ *    observer callback never does. The sender wakes it through a pipe when the monitor is gone.
+ *  - The exiting thread runs the atexit handler: cm_flush (engine-serialized against the control
+ *    thread's flushes), the last frames, a bounded drain, then it stops both threads.
+ * Locks: q_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
+ * calls. No agent lock is held while calling into the engine, except that on_batch takes q_mu
+ * while the engine holds its dec_mu (order: engine dec_mu, then q_mu; q_mu is a leaf).
+ * Counters are relaxed atomics.
+ */
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cm_internal.h"
+#include "cuptimon_wire.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+EXPORT int InitializeInjection(void);
+EXPORT int InitializeInjectionNvtx2(const void *getExportTable);
+
+/* The default selection of capture mode (CUPTIMON_SELECT overrides it). */
+static const char default_select[] =
+    "kernel:name,start,stop,device,context,stream,correlation,grid_x,grid_y,grid_z,block_x,"
+    "block_y,block_z,registers,static_smem,dynamic_smem;"
+    "memcpy:copy_kind,bytes,start,stop,device,stream,correlation;"
+    "memset:bytes,start,stop,device,stream,correlation;"
+    "runtime:cbid,start,stop,pid,tid,correlation;"
+    "synchronization:sync_type,start,stop,stream,correlation;"
+    "marker:all;marker_data:all";
+
+enum {
+  DEFAULT_HANDSHAKE_MS = 10000,
+  DEFAULT_DELIVER_MS = 200,
+  DEFAULT_QUEUE_MB = 64,
+  DEFAULT_QUEUE_FRAMES = 1024,
+  EXIT_FLUSH_MS = 3000,   /* the final fence's deadline */
+  EXIT_DRAIN_MS = 5000,   /* how long the exit handler lets the sender drain the queue */
+  JOIN_MS = 1000,         /* how long the exit handler waits for each agent thread to stop */
+  MAX_BATCH_FRAME = 8 << 20, /* a larger batch is split into frames of about this size */
+  MAX_STRINGS_FRAME = 4 << 20,
+  MAX_OBSERVERS = 8
+};
+
+/* One queued frame: malloc'd bytes, handed from the producer to the sender. */
+typedef struct qframe {
+  struct qframe *next;
+  uint8_t *data;
+  size_t len;
+  uint32_t records; /* records in a BATCH frame, 0 otherwise */
+  bool batch;
+} qframe;
+
+static struct agent {
+  /* Written by the init thread before any agent thread starts, read-only afterwards. */
+  pthread_mutex_t init_mu;
+  bool initialized;
+  _Atomic int level;   /* the stderr log threshold, a cm_log_level */
+  pid_t pid;
+  cm_engine *eng;
+  int fd;              /* the monitor socket or the capture file, -1 when none */
+  bool is_socket;
+  int wake[2];         /* the control thread's wake-up pipe */
+  cm_wire_reader *reader; /* the control stream; the handshake leaves buffered frames in it */
+  pthread_t sender, control;
+  bool sender_started, control_started;
+  uint32_t handshake_ms;
+
+  /* Control thread only (the init thread before it starts): the engine configuration and the
+   * agent's observers. */
+  cm_config cfg;
+  uint32_t obs_ids[MAX_OBSERVERS];
+  int nobs;
+  uint32_t next_gen;
+
+  /* Guarded by q_mu: the send queue. */
+  pthread_mutex_t q_mu;
+  pthread_cond_t q_cv;     /* signals the sender: a frame, or a state change */
+  pthread_cond_t idle_cv;  /* signals the exit handler: the queue ran empty or died */
+  qframe *head, *tail;
+  size_t q_bytes, q_frames;
+  size_t max_bytes, max_frames;
+  bool q_closed;           /* no more pushes (BYE was queued) */
+  bool q_dead;             /* the descriptor failed: frames are freed, pushes refused */
+  bool sender_stop;        /* the sender exits once the queue is empty */
+  bool sending;            /* the sender holds a frame it has not finished writing */
+
+  /* Callback state: only on_batch touches it, and the engine serializes callbacks. */
+  uint32_t cb_strings_sent; /* string ids below this were queued (id 0 is never sent) */
+  uint32_t cb_newest;       /* the newest observer generation seen in a callback */
+  uint64_t cb_last_seq;
+  int32_t cb_last_kind;
+  cm_wire_buf cb_buf;
+
+  _Atomic bool active;     /* the agent runs: the exit handler has work to do */
+  _Atomic bool gone;       /* the monitor or file failed: tracing goes off */
+  _Atomic bool exiting;
+  _Atomic bool ctl_stop;
+  _Atomic bool tracing;    /* an observer is registered */
+  _Atomic uint64_t batches_sent, batches_dropped, records_dropped_agent, records_sent,
+      bytes_sent, frames_sent, strings_sent;
+} A = {
+    .init_mu = PTHREAD_MUTEX_INITIALIZER,
+    .q_mu = PTHREAD_MUTEX_INITIALIZER,
+    .fd = -1,
+    .wake = {-1, -1},
+    .cb_last_kind = -1,
+};
+
+#define INC(field, v) atomic_fetch_add_explicit(&A.field, (v), memory_order_relaxed)
+#define GET(field) atomic_load_explicit(&A.field, memory_order_relaxed)
+
+/* ---- time and logging ----------------------------------------------------------------------- */
+
+static uint64_t mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+static void abstime_in(struct timespec *ts, uint64_t ms) {
+  clock_gettime(CLOCK_MONOTONIC, ts);
+  ts->tv_sec += (time_t)(ms / 1000);
+  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+static const char *level_names[] = {"error", "warn", "info", "debug"};
+
+/* Writes one line to stderr with a single write(2), so lines of several threads (and of several
+ * processes sharing the terminal) do not interleave. Thread-safe; never allocates. */
+static void alog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void alog(int level, const char *fmt, ...) {
+  if (level > A.level) return;
+  char line[1536];
+  int n = snprintf(line, sizeof line, "cuptimon-agent[%d]: %s: ", (int)getpid(),
+                   level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
+  if (n < 0) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  va_end(ap);
+  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+  if (len > sizeof line - 2) len = sizeof line - 2;
+  line[len++] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, len);
+  (void)w;
+}
+
+/* The engine's log callback: the same stderr line, at the engine's level. */
+static void engine_log(void *ud, int level, const char *msg) {
+  (void)ud;
+  alog(level, "engine: %s", msg);
+}
+
+static int parse_level(const char *s) {
+  if (!s || !*s) return CM_LOG_WARN;
+  for (int i = 0; i < 4; i++)
+    if (strcmp(s, level_names[i]) == 0) return i;
+  if (strcmp(s, "warning") == 0) return CM_LOG_WARN;
+  return -1;
+}
+
+/* Sets the log threshold from CUPTIMON_AGENT_LOG; returns false when the value is not valid. */
+static bool init_level(void) {
+  int lvl = parse_level(getenv("CUPTIMON_AGENT_LOG"));
+  A.level = lvl < 0 ? CM_LOG_WARN : lvl;
+  return lvl >= 0;
+}
+
+/* Reads a positive integer environment variable; `def` when unset, with a warning when bad. */
+static uint64_t env_u64(const char *name, uint64_t def, uint64_t max) {
+  const char *s = getenv(name);
+  if (!s || !*s) return def;
+  char *end = NULL;
+  errno = 0;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (errno || !end || *end || v == 0 || v > max) {
+    alog(CM_LOG_WARN, "%s=%s is not an integer in [1, %llu]; using %llu", name, s,
+         (unsigned long long)max, (unsigned long long)def);
+    return def;
+  }
+  return v;
+}
+
+/* ---- descriptor I/O ------------------------------------------------------------------------- */
+
+/* Writes all of p[0..n). With deadline 0 it blocks (the sender, whose stalls the exit handler
+ * ends by shutting the socket down); otherwise it polls and fails with ETIMEDOUT at the deadline.
+ * Sockets use MSG_NOSIGNAL: a closed peer is EPIPE, never SIGPIPE. Returns 0 or an errno. */
+static int write_all(int fd, bool sock, const uint8_t *p, size_t n, uint64_t deadline) {
+  while (n) {
+    if (deadline) {
+      uint64_t now = mono_ms();
+      if (now >= deadline) return ETIMEDOUT;
+      struct pollfd pf = {.fd = fd, .events = POLLOUT};
+      int pr = poll(&pf, 1, (int)(deadline - now));
+      if (pr < 0 && errno == EINTR) continue;
+      if (pr < 0) return errno;
+      if (pr == 0) return ETIMEDOUT;
+    }
+    ssize_t w = sock ? send(fd, p, n, MSG_NOSIGNAL | (deadline ? MSG_DONTWAIT : 0))
+                     : write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+      return errno;
+    }
+    if (w == 0) return EIO;
+    p += w;
+    n -= (size_t)w;
+  }
+  return 0;
+}
+
+/* ---- the send queue ------------------------------------------------------------------------- */
+
+static void free_frames(qframe *f) {
+  while (f) {
+    qframe *next = f->next;
+    free(f->data);
+    free(f);
+    f = next;
+  }
+}
+
+/* Queues a frame. It takes ownership of `data` (malloc'd). A BATCH frame (`batch`) is dropped and
+ * counted when the queue is over either bound; other frames are small and always queued while
+ * the queue lives. Returns true when queued. Any thread; never blocks beyond q_mu. */
+static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
+  qframe *f = malloc(sizeof *f);
+  pthread_mutex_lock(&A.q_mu);
+  bool full = A.q_bytes + len > A.max_bytes || A.q_frames + 1 > A.max_frames;
+  if (!f || A.q_dead || A.q_closed || (batch && full)) {
+    pthread_mutex_unlock(&A.q_mu);
+    if (batch) {
+      INC(batches_dropped, 1);
+      INC(records_dropped_agent, records);
+    }
+    free(f);
+    free(data);
+    return false;
+  }
+  f->next = NULL;
+  f->data = data;
+  f->len = len;
+  f->batch = batch;
+  f->records = records;
+  if (A.tail)
+    A.tail->next = f;
+  else
+    A.head = f;
+  A.tail = f;
+  A.q_bytes += len;
+  A.q_frames++;
+  pthread_cond_signal(&A.q_cv);
+  pthread_mutex_unlock(&A.q_mu);
+  return true;
+}
+
+/* Hands the bytes of `b` to the queue and leaves `b` empty. */
+static bool q_push_buf(cm_wire_buf *b, bool batch, uint32_t records) {
+  uint8_t *data = b->data;
+  size_t len = b->len;
+  cm_wire_buf_init(b);
+  return q_push(data, len, batch, records);
+}
+
+static void wake_control(void) {
+  if (A.wake[1] >= 0) {
+    char c = 1;
+    ssize_t w = write(A.wake[1], &c, 1);
+    (void)w;
+  }
+}
+
+/* The monitor (or the capture file) is gone. The queue dies (its frames are freed and pushes are
+ * refused), and the control thread is woken to switch tracing off. Any thread; idempotent. */
+static void monitor_gone(const char *why) {
+  if (atomic_exchange(&A.gone, true)) return;
+  pthread_mutex_lock(&A.q_mu);
+  A.q_dead = true;
+  qframe *f = A.head;
+  size_t nframes = A.q_frames;
+  A.head = A.tail = NULL;
+  A.q_bytes = 0;
+  A.q_frames = 0;
+  pthread_cond_broadcast(&A.q_cv);
+  pthread_cond_broadcast(&A.idle_cv);
+  pthread_mutex_unlock(&A.q_mu);
+  for (qframe *p = f; p; p = p->next)
+    if (p->batch) {
+      INC(batches_dropped, 1);
+      INC(records_dropped_agent, p->records);
+    }
+  free_frames(f);
+  if (atomic_load(&A.exiting))
+    alog(CM_LOG_DEBUG, "%s %s during exit", A.is_socket ? "monitor connection" : "capture", why);
+  else
+    alog(CM_LOG_WARN,
+         "%s: %s; tracing off, the application continues (%zu queued frames discarded, %llu "
+         "batches dropped in all)",
+         A.is_socket ? "the monitor connection is lost" : "the capture file cannot be written",
+         why, nframes, (unsigned long long)GET(batches_dropped));
+  wake_control();
+}
+
+static void *sender_main(void *arg) {
+  (void)arg;
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL);
+  pthread_mutex_lock(&A.q_mu);
+  for (;;) {
+    while (!A.head && !A.q_dead && !A.sender_stop) pthread_cond_wait(&A.q_cv, &A.q_mu);
+    if (A.q_dead || (!A.head && A.sender_stop)) break;
+    qframe *f = A.head;
+    A.head = f->next;
+    if (!A.head) A.tail = NULL;
+    A.sending = true;
+    pthread_mutex_unlock(&A.q_mu);
+
+    int err = write_all(A.fd, A.is_socket, f->data, f->len, 0);
+    if (!err) {
+      INC(bytes_sent, f->len);
+      INC(frames_sent, 1);
+      if (f->batch) {
+        INC(batches_sent, 1);
+        INC(records_sent, f->records);
+      }
+    } else if (f->batch) {
+      INC(batches_dropped, 1);
+      INC(records_dropped_agent, f->records);
+    }
+    size_t len = f->len;
+    free(f->data);
+    free(f);
+
+    pthread_mutex_lock(&A.q_mu);
+    A.sending = false;
+    if (!A.q_dead) {
+      A.q_bytes -= len;
+      A.q_frames--;
+    }
+    if (!A.head) pthread_cond_broadcast(&A.idle_cv);
+    if (err) {
+      pthread_mutex_unlock(&A.q_mu);
+      char why[128];
+      snprintf(why, sizeof why, "write failed: %s", strerror(err));
+      monitor_gone(why);
+      pthread_mutex_lock(&A.q_mu);
+      break;
+    }
+  }
+  pthread_cond_broadcast(&A.idle_cv);
+  pthread_mutex_unlock(&A.q_mu);
+  return NULL;
+}
+
+/* ---- frames the agent writes ---------------------------------------------------------------- */
+
+static uint32_t stats_items(cm_wire_kv *kv) {
+  cm_stats st;
+  memset(&st, 0, sizeof st);
+  if (A.eng) cm_stats_get(A.eng, &st);
+  uint32_t n = 0;
+#define KV(nm, v) kv[n++] = (cm_wire_kv){.name = nm, .value = (v)}
+  KV("buffers_allocated", st.buffers_allocated);
+  KV("buffers_outstanding", st.buffers_outstanding);
+  KV("buffers_decoded", st.buffers_decoded);
+  KV("buffers_refused", st.buffers_refused);
+  KV("records_decoded", st.records_decoded);
+  KV("records_delivered", st.records_delivered);
+  KV("records_dropped", st.records_dropped);
+  KV("fence_timeouts", st.fence_timeouts);
+  KV("batches_sent", GET(batches_sent));
+  KV("batches_dropped", GET(batches_dropped));
+  KV("records_sent", GET(records_sent));
+  KV("records_dropped_agent", GET(records_dropped_agent));
+  KV("strings_sent", GET(strings_sent));
+  KV("bytes_sent", GET(bytes_sent));
+#undef KV
+  return n;
+}
+
+static void push_stats(void) {
+  cm_wire_kv kv[16];
+  uint32_t n = stats_items(kv);
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  if (cm_wire_write_stats(&b, kv, n) == 0) q_push_buf(&b, false, 0);
+  cm_wire_buf_free(&b);
+}
+
+/* Queues STRINGS frames for every id interned since the last call. Ids are dense and interned in
+ * order, so "not sent before" is everything from the high-water mark up; sending them ahead of
+ * the batch that first uses them satisfies the wire rule. Callback state: on_batch only. */
+static void push_new_strings(void) {
+  uint32_t count = cm_string_count(A.eng);
+  if (A.cb_strings_sent == 0) A.cb_strings_sent = 1; /* id 0 is the empty string, never sent */
+  while (A.cb_strings_sent < count) {
+    uint32_t first = A.cb_strings_sent, n = 0;
+    size_t bytes = 0;
+    cm_wire_string *ents = malloc((size_t)(count - first) * sizeof *ents);
+    if (!ents) return; /* tried again before the next batch */
+    for (uint32_t id = first; id < count && bytes < MAX_STRINGS_FRAME && n < (1u << 20); id++) {
+      size_t len = 0;
+      const char *s = cm_string(A.eng, id, &len);
+      ents[n++] = (cm_wire_string){.id = id, .len = (uint32_t)len, .bytes = s ? s : ""};
+      if (!s) ents[n - 1].len = 0;
+      bytes += len + 16;
+    }
+    cm_wire_buf b;
+    cm_wire_buf_init(&b);
+    int rc = cm_wire_write_strings(&b, ents, n);
+    free(ents);
+    if (rc) {
+      cm_wire_buf_free(&b);
+      return;
+    }
+    q_push_buf(&b, false, 0);
+    A.cb_strings_sent = first + n;
+    INC(strings_sent, n);
+  }
+}
+
+/* The observer. It runs on the engine's decode worker or on a flushing thread, serialized by the
+ * engine. Two observers are registered for a moment while a SELECT swaps them (the new one is
+ * added before the old one goes, so unchanged kinds are never toggled); both then receive the
+ * same drain. The generation rule sends each (drain, kind) once: an observer older than the
+ * newest one seen is retired, and a repeat of the (seq, kind) just sent is skipped. */
+static void on_batch(void *ud, const cm_batch *b) {
+  uint32_t gen = (uint32_t)(uintptr_t)ud;
+  if (gen > A.cb_newest) A.cb_newest = gen;
+  if (gen < A.cb_newest) return;
+  if (b->seq == A.cb_last_seq && b->kind == A.cb_last_kind) return;
+  A.cb_last_seq = b->seq;
+  A.cb_last_kind = b->kind;
+  if (atomic_load_explicit(&A.gone, memory_order_relaxed) || b->n == 0) return;
+
+  bool has_str = false;
+  size_t row_bytes = 0;
+  for (uint32_t c = 0; c < b->ncols; c++) {
+    if (b->cols[c].type == CM_TYPE_STR) has_str = true;
+    row_bytes += b->cols[c].width;
+  }
+  if (has_str) push_new_strings();
+
+  /* A large drain is split into frames of at most MAX_BATCH_FRAME bytes (and a quarter of the
+   * queue's bound, so that a small queue still admits whole frames); they share the drain's seq.
+   * Each piece is its own BATCH with the same columns. */
+  pthread_mutex_lock(&A.q_mu);
+  size_t frame_cap = A.max_bytes / 4 < MAX_BATCH_FRAME ? A.max_bytes / 4 : MAX_BATCH_FRAME;
+  pthread_mutex_unlock(&A.q_mu);
+  uint32_t rows = row_bytes ? (uint32_t)(frame_cap / row_bytes) : b->n;
+  if (rows == 0) rows = 1;
+  cm_column cols[CM_WIRE_MAX_COLS];
+  uint32_t ncols = b->ncols > CM_WIRE_MAX_COLS ? CM_WIRE_MAX_COLS : b->ncols;
+  for (uint32_t at = 0; at < b->n; at += rows) {
+    uint32_t n = b->n - at < rows ? b->n - at : rows;
+    size_t est = 48 + 24 * (size_t)ncols + row_bytes * n + 8 * (size_t)ncols;
+    pthread_mutex_lock(&A.q_mu);
+    bool full = A.q_bytes + est > A.max_bytes || A.q_frames + 1 > A.max_frames;
+    pthread_mutex_unlock(&A.q_mu);
+    if (full) {
+      /* Not worth encoding: q_push would drop it. Counted the same way. */
+      INC(batches_dropped, 1);
+      INC(records_dropped_agent, n);
+      continue;
+    }
+    for (uint32_t c = 0; c < ncols; c++) {
+      cols[c] = b->cols[c];
+      cols[c].data = (const uint8_t *)b->cols[c].data + (size_t)at * b->cols[c].width;
+    }
+    cm_batch piece = {.kind = b->kind, .n = n, .ncols = ncols, .cols = cols, .seq = b->seq};
+    if (cm_wire_write_batch(&A.cb_buf, &piece) != 0) {
+      cm_wire_buf_clear(&A.cb_buf);
+      INC(batches_dropped, 1);
+      INC(records_dropped_agent, n);
+      continue;
+    }
+    q_push_buf(&A.cb_buf, true, n);
+  }
+}
+
+/* ---- the handshake's frames ----------------------------------------------------------------- */
+
+/* Reads /proc/self/cmdline into a NUL-separated block and an argv array (both malloc'd). */
+static uint32_t read_cmdline(char **block, const char ***argv) {
+  *block = NULL;
+  *argv = NULL;
+  int fd = open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return 0;
+  size_t cap = 4096, len = 0;
+  char *buf = malloc(cap + 1);
+  while (buf) {
+    if (len == cap) {
+      char *p = realloc(buf, cap * 2 + 1);
+      if (!p) break;
+      buf = p;
+      cap *= 2;
+    }
+    ssize_t r = read(fd, buf + len, cap - len);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) break;
+    len += (size_t)r;
+  }
+  close(fd);
+  if (!buf) return 0;
+  buf[len] = '\0';
+  uint32_t argc = 0;
+  for (size_t i = 0; i < len; i++)
+    if (buf[i] == '\0') argc++;
+  if (len && buf[len - 1] != '\0') argc++;
+  if (argc > 65536) argc = 65536;
+  const char **av = calloc(argc ? argc : 1, sizeof *av);
+  if (!av) {
+    free(buf);
+    return 0;
+  }
+  size_t p = 0;
+  for (uint32_t i = 0; i < argc && p <= len; i++) {
+    av[i] = buf + p;
+    p += strlen(buf + p) + 1;
+  }
+  *block = buf;
+  *argv = av;
+  return argc;
+}
+
+/* Appends HELLO (with `token`) and SCHEMA to `b`. */
+static int write_hello_schema(cm_wire_buf *b, const char *token) {
+  cm_session_info si;
+  memset(&si, 0, sizeof si);
+  if (A.eng) cm_session_info_get(A.eng, &si);
+  char host[256] = "";
+  gethostname(host, sizeof host - 1);
+  char exe[4096] = "";
+  ssize_t el = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[el > 0 ? el : 0] = '\0';
+  char *block;
+  const char **argv;
+  uint32_t argc = read_cmdline(&block, &argv);
+  uint64_t t0 = realtime_ns();
+  uint64_t t1 = realtime_ns();
+  cm_wire_hello h = {
+      .pid = (uint32_t)getpid(),
+      .ppid = (uint32_t)getppid(),
+      .cupti_version = si.cupti_version,
+      .clock_realtime_ns = t0 + (t1 - t0) / 2,
+      /* The engine measured cuptiGetTimestamp against CLOCK_REALTIME at its start. */
+      .clock_cupti_ns = (uint64_t)((int64_t)(t0 + (t1 - t0) / 2) + si.clock_offset_ns),
+      .token = token ? token : "",
+      .host = host,
+      .exe = exe,
+      .argc = argc,
+      .argv = argv,
+      .ndevices = 0, /* devices are not queried inside cuInit; DEVICE records carry them */
+      .devices = NULL,
+  };
+  int rc = cm_wire_write_hello(b, &h);
+  free(argv);
+  free(block);
+  if (rc) return rc;
+
+  int nk = cm_kind_count();
+  cm_wire_kind *kinds = calloc((size_t)(nk > 0 ? nk : 1), sizeof *kinds);
+  cm_wire_field *fields = calloc((size_t)(nk > 0 ? nk : 1) * CM_WIRE_MAX_COLS, sizeof *fields);
+  if (!kinds || !fields) {
+    free(kinds);
+    free(fields);
+    return CM_ENOMEM;
+  }
+  uint32_t nout = 0;
+  for (int i = 0; i < nk; i++) {
+    int k = cm_kind_at(i);
+    int nf = cm_field_count(k);
+    if (nf <= 0) continue;
+    if (nf > CM_WIRE_MAX_COLS) nf = CM_WIRE_MAX_COLS;
+    cm_wire_field *fs = &fields[(size_t)nout * CM_WIRE_MAX_COLS];
+    uint32_t m = 0;
+    for (int f = 0; f < nf; f++) {
+      cm_field_info fi;
+      if (cm_field_info_get(k, f, &fi) != 0) continue;
+      fs[m++] = (cm_wire_field){.id = (uint32_t)fi.id, .type = (uint32_t)fi.type,
+                                .width = fi.width, .name = fi.name};
+    }
+    kinds[nout++] = (cm_wire_kind){.kind = (uint32_t)k, .nfields = m, .name = cm_kind_name(k),
+                                   .fields = fs};
+  }
+  cm_wire_schema s = {.nkinds = nout, .kinds = kinds};
+  rc = cm_wire_write_schema(b, &s);
+  free(kinds);
+  free(fields);
+  return rc;
+}
+
+/* ---- selection and configuration ------------------------------------------------------------ */
+
+/* Parses `spec` into `sel`, entry by entry and field by field, so one unknown name costs only
+ * itself; every name dropped is logged at warn level. Returns the number of names dropped. */
+static int parse_lenient(cm_selection *sel, const char *spec, const char *what) {
+  int dropped = 0;
+  char *copy = strdup(spec);
+  if (!copy) return 1;
+  char *save1 = NULL;
+  for (char *ent = strtok_r(copy, ";", &save1); ent; ent = strtok_r(NULL, ";", &save1)) {
+    char *colon = strchr(ent, ':');
+    if (colon) *colon = '\0';
+    char kind[128];
+    if (sscanf(ent, " %127[^ \t]", kind) != 1) continue;
+    if (cm_kind_by_name(kind) < 0) {
+      alog(CM_LOG_WARN, "%s: kind '%s' is unknown and left out (%s)", what, kind, cm_errmsg());
+      dropped++;
+      continue;
+    }
+    if (!colon) {
+      cm_selection_add(sel, kind, NULL);
+      continue;
+    }
+    char *save2 = NULL;
+    for (char *f = strtok_r(colon + 1, ",", &save2); f; f = strtok_r(NULL, ",", &save2)) {
+      char field[128];
+      if (sscanf(f, " %127[^ \t]", field) != 1) continue;
+      if (cm_selection_add(sel, kind, field) != 0) {
+        alog(CM_LOG_WARN, "%s: field '%s' of kind '%s' is left out: %s", what, field, kind,
+             cm_errmsg());
+        dropped++;
+      }
+    }
+  }
+  free(copy);
+  return dropped;
+}
+
+static bool selection_empty(const cm_selection *sel) {
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (cm_selection_count(sel, k)) return false;
+  return true;
+}
+
+/* Replaces the agent's observer with one for `sel` (NULL or empty: tracing stops). The new
+ * observer is registered before the old one goes, so kinds in both are never toggled. Control
+ * thread (or init thread before it starts). */
+static int apply_selection(const cm_selection *sel) {
+  int rc = 0;
+  int old_n = A.nobs;
+  uint32_t old_ids[MAX_OBSERVERS];
+  memcpy(old_ids, A.obs_ids, sizeof old_ids);
+  if (sel && !selection_empty(sel)) {
+    uint32_t id = 0;
+    uint32_t gen = ++A.next_gen;
+    rc = cm_observe(A.eng, sel, on_batch, (void *)(uintptr_t)gen, &id);
+    if (rc) {
+      alog(CM_LOG_ERROR, "cannot apply the selection: %s: %s (the previous one stays)",
+           cm_err_name(rc), cm_errmsg());
+      return rc;
+    }
+    A.obs_ids[0] = id;
+    A.nobs = 1;
+    atomic_store(&A.tracing, true);
+  } else {
+    A.nobs = 0;
+    atomic_store(&A.tracing, false);
+  }
+  for (int i = 0; i < old_n; i++) {
+    int urc = cm_unobserve(A.eng, old_ids[i]);
+    if (urc) alog(CM_LOG_WARN, "cm_unobserve(%u): %s", old_ids[i], cm_errmsg());
+  }
+  return rc;
+}
+
+static void tracing_off(void) {
+  if (A.nobs == 0) return;
+  apply_selection(NULL);
+  alog(CM_LOG_INFO, "tracing is off");
+}
+
+static void apply_configure(const cm_wire_frame *f) {
+  cm_wire_kvlist l;
+  memset(&l, 0, sizeof l);
+  if (cm_wire_decode_kvlist(f, &l) != 0) {
+    alog(CM_LOG_WARN, "ignoring a malformed CONFIGURE: %s", cm_wire_reader_errmsg(f->reader));
+    return;
+  }
+  cm_config c = A.cfg;
+  bool engine_change = false;
+  for (uint32_t i = 0; i < l.count; i++) {
+    const char *n = l.items[i].name;
+    uint64_t v = l.items[i].value;
+    uint32_t v32 = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
+    if (strcmp(n, "buffer_size") == 0) {
+      c.buffer_size = v32;
+      engine_change = true;
+    } else if (strcmp(n, "pool_max_buffers") == 0) {
+      c.pool_max_buffers = v32;
+      engine_change = true;
+    } else if (strcmp(n, "flush_ms") == 0) {
+      c.self_flush_ms = v32;
+      engine_change = true;
+    } else if (strcmp(n, "deliver_ms") == 0) {
+      c.deliver_ms = v32;
+      engine_change = true;
+    } else if (strcmp(n, "fence_timeout_ms") == 0) {
+      c.fence_timeout_ms = v32;
+      engine_change = true;
+    } else if (strcmp(n, "batch_records") == 0) {
+      c.batch_records = v32;
+      engine_change = true;
+    } else if (strcmp(n, "send_queue_bytes") == 0) {
+      pthread_mutex_lock(&A.q_mu);
+      A.max_bytes = v ? (size_t)v : A.max_bytes;
+      pthread_mutex_unlock(&A.q_mu);
+    } else {
+      alog(CM_LOG_WARN, "CONFIGURE: unknown setting '%s' ignored", n);
+    }
+    alog(CM_LOG_DEBUG, "CONFIGURE %s = %llu", n, (unsigned long long)v);
+  }
+  cm_wire_kvlist_release(&l);
+  if (!engine_change) return;
+  int rc = cm_configure(A.eng, &c);
+  if (rc)
+    alog(CM_LOG_WARN, "CONFIGURE rejected by the engine: %s", cm_errmsg());
+  else
+    A.cfg = c;
+}
+
+static void apply_select_frame(const cm_wire_frame *f) {
+  const char *spec = NULL;
+  uint32_t len = 0;
+  if (cm_wire_decode_select(f, &spec, &len) != 0) {
+    alog(CM_LOG_WARN, "ignoring a malformed SELECT: %s", cm_wire_reader_errmsg(f->reader));
+    return;
+  }
+  cm_selection *sel = NULL;
+  if (cm_selection_new(&sel) != 0) return;
+  int rc = cm_selection_parse(sel, spec);
+  if (rc) {
+    alog(CM_LOG_ERROR, "SELECT '%s' is invalid (%s); the previous selection stays", spec,
+         cm_errmsg());
+  } else {
+    alog(CM_LOG_DEBUG, "SELECT %s", spec);
+    apply_selection(sel);
+  }
+  cm_selection_free(sel);
+}
+
+static void handle_flush(const cm_wire_frame *f) {
+  uint64_t id = 0;
+  uint32_t flags = 0, timeout = 0;
+  int32_t status;
+  if (cm_wire_decode_flush(f, &id, &flags, &timeout) != 0) {
+    alog(CM_LOG_WARN, "ignoring a malformed FLUSH: %s", cm_wire_reader_errmsg(f->reader));
+    return;
+  }
+  status = cm_flush(A.eng, (flags & CM_WIRE_FLUSH_SYNC) ? CM_FLUSH_SYNC : CM_FLUSH_PLAIN, timeout);
+  /* The batches the flush delivered are queued already; a STATS frame tells the monitor about
+   * drops at the same point, then FLUSH_DONE closes the window. */
+  push_stats();
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  if (cm_wire_write_flush_done(&b, id, status) == 0) q_push_buf(&b, false, 0);
+  cm_wire_buf_free(&b);
+}
+
+/* Applies one monitor frame. Returns 1 for HELLO_ACK (its status in *ack), 0 otherwise. */
+static int apply_frame(const cm_wire_frame *f, int32_t *ack) {
+  switch (f->type) {
+  case CM_WIRE_HELLO_ACK: {
+    const char *msg = "";
+    int32_t st = CM_EIO;
+    if (cm_wire_decode_hello_ack(f, &st, &msg) != 0) msg = "malformed HELLO_ACK";
+    if (st != 0) alog(CM_LOG_WARN, "the monitor refused this process: %s (%s)", msg, cm_err_name(st));
+    if (ack) *ack = st;
+    return 1;
+  }
+  case CM_WIRE_CONFIGURE:
+    apply_configure(f);
+    return 0;
+  case CM_WIRE_SELECT:
+    apply_select_frame(f);
+    return 0;
+  case CM_WIRE_FLUSH:
+    handle_flush(f);
+    return 0;
+  default:
+    alog(CM_LOG_DEBUG, "ignoring a %s frame (type %u) from the monitor",
+         cm_wire_type_name(f->type) ? cm_wire_type_name(f->type) : "unknown", f->type);
+    return 0;
+  }
+}
+
+/* ---- the control thread --------------------------------------------------------------------- */
+
+static void *control_main(void *arg) {
+  (void)arg;
+  sigset_t all;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, NULL);
+  uint8_t buf[65536];
+  bool reading = A.is_socket;
+  for (;;) {
+    if (atomic_load(&A.ctl_stop)) break;
+    if (atomic_load(&A.gone)) {
+      reading = false;
+      if (!atomic_load(&A.exiting)) tracing_off();
+    }
+    /* Frames the handshake (or the last read) left in the reader come first. */
+    while (reading) {
+      cm_wire_frame f;
+      int r = cm_wire_reader_next(A.reader, &f);
+      if (r == 1) {
+        apply_frame(&f, NULL);
+        continue;
+      }
+      if (r < 0) {
+        char why[320];
+        snprintf(why, sizeof why, "bad frame from the monitor: %s",
+                 cm_wire_reader_errmsg(A.reader));
+        monitor_gone(why);
+        reading = false;
+      }
+      break;
+    }
+    struct pollfd pf[2] = {{.fd = A.wake[0], .events = POLLIN},
+                           {.fd = reading ? A.fd : -1, .events = POLLIN}};
+    int pr = poll(pf, 2, -1);
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      alog(CM_LOG_ERROR, "control thread: poll failed: %s", strerror(errno));
+      break;
+    }
+    if (pf[0].revents) {
+      char tmp[64];
+      ssize_t r = read(A.wake[0], tmp, sizeof tmp);
+      (void)r;
+    }
+    if (reading && pf[1].revents) {
+      ssize_t r = recv(A.fd, buf, sizeof buf, MSG_DONTWAIT);
+      if (r < 0 && (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK)) continue;
+      if (r <= 0) {
+        char why[128];
+        snprintf(why, sizeof why, "%s", r == 0 ? "end of stream" : strerror(errno));
+        monitor_gone(why);
+        reading = false;
+        continue;
+      }
+      if (cm_wire_reader_feed(A.reader, buf, (size_t)r) != 0) {
+        monitor_gone("bad stream from the monitor");
+        reading = false;
+      }
+    }
+  }
+  return NULL;
+}
+
+/* ---- exit ----------------------------------------------------------------------------------- */
+
+static void join_with_deadline(pthread_t t, const char *name) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += JOIN_MS / 1000;
+  ts.tv_nsec += (long)(JOIN_MS % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  if (pthread_timedjoin_np(t, NULL, &ts) != 0)
+    alog(CM_LOG_WARN, "the %s thread did not stop within %d ms; leaving it", name, JOIN_MS);
+}
+
+/* The atexit handler: a final fence, the last batches, STATS and BYE, a bounded drain. Every
+ * step has a deadline, so a stuck monitor delays the exit by at most a few seconds. In a forked
+ * child (the agent's threads do not exist there) it does nothing. */
+static void agent_atexit(void) {
+  if (getpid() != A.pid || !atomic_load(&A.active)) return;
+  atomic_store(&A.exiting, true);
+  uint64_t t0 = mono_ms();
+  if (!atomic_load(&A.gone) && atomic_load(&A.tracing)) {
+    int rc = cm_flush(A.eng, CM_FLUSH_SYNC, EXIT_FLUSH_MS);
+    if (rc) alog(CM_LOG_WARN, "final flush: %s", cm_errmsg());
+  }
+  push_stats();
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, -1, "") == 0) q_push_buf(&b, false, 0);
+  cm_wire_buf_free(&b);
+
+  pthread_mutex_lock(&A.q_mu);
+  A.q_closed = true;
+  A.sender_stop = true;
+  pthread_cond_signal(&A.q_cv);
+  struct timespec ts;
+  abstime_in(&ts, EXIT_DRAIN_MS);
+  while ((A.head || A.sending) && !A.q_dead)
+    if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
+  size_t left = A.q_frames;
+  bool drained = !A.head && !A.sending;
+  pthread_mutex_unlock(&A.q_mu);
+  if (!drained && !atomic_load(&A.gone))
+    alog(CM_LOG_WARN,
+         "the %s did not take the last %zu frames within %d ms; closing without them",
+         A.is_socket ? "monitor" : "capture file", left, EXIT_DRAIN_MS);
+  /* A sender blocked in send() on a monitor that does not read is released by the shutdown. */
+  if (A.is_socket && A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
+  if (!drained) monitor_gone("closed at exit");
+  atomic_store(&A.ctl_stop, true);
+  wake_control();
+  if (A.sender_started) join_with_deadline(A.sender, "sender");
+  if (A.control_started) join_with_deadline(A.control, "control");
+  if (A.fd >= 0) close(A.fd);
+  A.fd = -1;
+  atomic_store(&A.active, false);
+  cm_stats st;
+  memset(&st, 0, sizeof st);
+  cm_stats_get(A.eng, &st);
+  int lvl = GET(batches_dropped) || st.records_dropped ? CM_LOG_WARN : CM_LOG_INFO;
+  alog(lvl,
+       "exit: %llu batches (%llu records) sent, %llu batches (%llu records) dropped by the "
+       "agent, %llu records dropped by CUPTI, %llu bytes, %llu ms",
+       (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
+       (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
+       (unsigned long long)st.records_dropped, (unsigned long long)GET(bytes_sent),
+       (unsigned long long)(mono_ms() - t0));
+  /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */
+}
+
+/* In a forked child the agent's threads are gone and the descriptor is the parent's: the child
+ * closes its copy (so the monitor still sees the parent's end) and stays silent. */
+static void atfork_child(void) {
+  atomic_store(&A.active, false);
+  atomic_store(&A.gone, true);
+  if (A.fd >= 0) close(A.fd);
+  if (A.wake[0] >= 0) close(A.wake[0]);
+  if (A.wake[1] >= 0) close(A.wake[1]);
+  A.fd = A.wake[0] = A.wake[1] = -1;
+}
+
+/* ---- start-up ------------------------------------------------------------------------------- */
+
+static int connect_monitor(const char *path, uint64_t deadline) {
+  struct sockaddr_un sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sun_family = AF_UNIX;
+  if (strlen(path) >= sizeof sa.sun_path) {
+    alog(CM_LOG_ERROR, "CUPTIMON_SOCKET '%s' is longer than a unix socket path may be", path);
+    return -1;
+  }
+  strcpy(sa.sun_path, path);
+  for (;;) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      alog(CM_LOG_ERROR, "socket: %s", strerror(errno));
+      return -1;
+    }
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
+    int err = errno;
+    close(fd);
+    /* A listener with a full backlog answers EAGAIN; anything else is final. */
+    if ((err != EAGAIN && err != EINTR) || mono_ms() >= deadline) {
+      alog(CM_LOG_ERROR, "cannot connect to the monitor at %s: %s", path, strerror(err));
+      return -1;
+    }
+    usleep(10000);
+  }
+}
+
+/* Reads monitor frames until HELLO_ACK or the deadline, applying CONFIGURE and SELECT in order.
+ * Returns the HELLO_ACK status, or CM_ETIMEDOUT / CM_EIO. */
+static int32_t await_ack(uint64_t deadline) {
+  uint8_t buf[16384];
+  for (;;) {
+    cm_wire_frame f;
+    int r;
+    while ((r = cm_wire_reader_next(A.reader, &f)) == 1) {
+      int32_t st = 0;
+      if (apply_frame(&f, &st)) return st;
+    }
+    if (r < 0) {
+      alog(CM_LOG_ERROR, "bad frame from the monitor during the handshake: %s",
+           cm_wire_reader_errmsg(A.reader));
+      return CM_EIO;
+    }
+    uint64_t now = mono_ms();
+    if (now >= deadline) {
+      alog(CM_LOG_ERROR, "no HELLO_ACK from the monitor within %u ms (CUPTIMON_HANDSHAKE_MS)",
+           A.handshake_ms);
+      return CM_ETIMEDOUT;
+    }
+    struct pollfd pf = {.fd = A.fd, .events = POLLIN};
+    int pr = poll(&pf, 1, (int)(deadline - now));
+    if (pr < 0 && errno == EINTR) continue;
+    if (pr <= 0) continue;
+    ssize_t n = recv(A.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    if (n <= 0) {
+      alog(CM_LOG_ERROR, "the monitor closed the connection during the handshake%s%s",
+           n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
+      return CM_EIO;
+    }
+    if (cm_wire_reader_feed(A.reader, buf, (size_t)n) != 0) {
+      alog(CM_LOG_ERROR, "bad stream from the monitor: %s", cm_wire_reader_errmsg(A.reader));
+      return CM_EIO;
+    }
+  }
+}
+
+/* Expands "%p" to the pid (and "%%" to "%") into out. */
+static void expand_path(const char *pat, char *out, size_t cap) {
+  size_t o = 0;
+  for (const char *p = pat; *p && o + 1 < cap; p++) {
+    if (p[0] == '%' && p[1] == 'p') {
+      int n = snprintf(out + o, cap - o, "%d", (int)getpid());
+      if (n > 0) o += (size_t)n < cap - o ? (size_t)n : cap - o - 1;
+      p++;
+    } else if (p[0] == '%' && p[1] == '%') {
+      out[o++] = '%';
+      p++;
+    } else {
+      out[o++] = *p;
+    }
+  }
+  out[o < cap ? o : cap - 1] = '\0';
+}
+
+/* Writes BYE(error) after HELLO and SCHEMA, so a monitor or a capture reader learns that this
+ * process exists but is not traced, and why. */
+static void report_failure(const char *token, const char *why, uint64_t deadline, bool capture) {
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  if ((!capture || cm_wire_write_file_header(&b, 0) == 0) && write_hello_schema(&b, token) == 0 &&
+      cm_wire_write_bye(&b, CM_WIRE_BYE_ERROR, -1, why) == 0)
+    write_all(A.fd, A.is_socket, b.data, b.len, deadline);
+  cm_wire_buf_free(&b);
+}
+
+static int start_threads(void) {
+  if (pipe2(A.wake, O_CLOEXEC) != 0) {
+    alog(CM_LOG_ERROR, "pipe2: %s", strerror(errno));
+    return -1;
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&A.q_cv, &ca);
+  pthread_cond_init(&A.idle_cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (pthread_create(&A.sender, NULL, sender_main, NULL) != 0) {
+    alog(CM_LOG_ERROR, "cannot start the sender thread");
+    return -1;
+  }
+  A.sender_started = true;
+  if (pthread_create(&A.control, NULL, control_main, NULL) != 0) {
+    alog(CM_LOG_ERROR, "cannot start the control thread");
+    return -1;
+  }
+  A.control_started = true;
+  return 0;
+}
+
+/* Everything InitializeInjection does, once. Returns with tracing on, or off after logging. */
+static void agent_init(void) {
+  A.pid = getpid();
+  if (!init_level())
+    alog(CM_LOG_WARN, "CUPTIMON_AGENT_LOG=%s is not one of error|warn|info|debug; using warn",
+         getenv("CUPTIMON_AGENT_LOG"));
+  const char *sock = getenv("CUPTIMON_SOCKET");
+  const char *cap = getenv("CUPTIMON_CAPTURE");
+  const char *token = getenv("CUPTIMON_TOKEN");
+  if (sock && !*sock) sock = NULL;
+  if (cap && !*cap) cap = NULL;
+  if (!sock && !cap) {
+    alog(CM_LOG_INFO, "neither CUPTIMON_SOCKET nor CUPTIMON_CAPTURE is set; not tracing");
+    return;
+  }
+  A.handshake_ms = (uint32_t)env_u64("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS, 3600000);
+  A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
+  A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
+  uint64_t deadline = mono_ms() + A.handshake_ms;
+  char path[4096];
+
+  if (sock) {
+    A.fd = connect_monitor(sock, deadline);
+    if (A.fd < 0) {
+      alog(CM_LOG_WARN, "tracing off");
+      return;
+    }
+    A.is_socket = true;
+  } else {
+    expand_path(cap, path, sizeof path);
+    A.fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (A.fd < 0) {
+      alog(CM_LOG_ERROR, "cannot create the capture file %s: %s; tracing off", path,
+           strerror(errno));
+      return;
+    }
+    alog(CM_LOG_INFO, "writing the capture %s", path);
+  }
+
+  cm_config_init(&A.cfg);
+  A.cfg.deliver_ms = DEFAULT_DELIVER_MS;
+  int rc = cm_engine_new(&A.eng, &A.cfg);
+  if (rc) {
+    char why[1024];
+    snprintf(why, sizeof why, "%s: %s", cm_err_name(rc), cm_errmsg());
+    alog(CM_LOG_ERROR, "cannot start the engine: %s; tracing off", why);
+    A.eng = NULL;
+    report_failure(sock ? token : "", why, deadline, !sock);
+    close(A.fd);
+    A.fd = -1;
+    return;
+  }
+  cm_set_log(A.eng, engine_log, NULL);
+
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  rc = (!sock ? cm_wire_write_file_header(&b, 0) : 0);
+  if (!rc) rc = write_hello_schema(&b, sock ? (token ? token : "") : "");
+  if (!rc) {
+    int err = write_all(A.fd, A.is_socket, b.data, b.len, deadline);
+    if (err) {
+      alog(CM_LOG_ERROR, "cannot send HELLO: %s; tracing off", strerror(err));
+      rc = CM_EIO;
+    } else {
+      INC(bytes_sent, b.len);
+      INC(frames_sent, 2);
+    }
+  }
+  cm_wire_buf_free(&b);
+  if (rc) goto off;
+
+  if (cm_wire_reader_new(&A.reader, 0) != 0) goto off;
+  if (sock) {
+    int32_t st = await_ack(deadline);
+    if (st != 0) {
+      alog(CM_LOG_WARN, "handshake failed (%s); tracing off, the application continues",
+           cm_err_name(st));
+      goto off;
+    }
+  } else {
+    const char *spec = getenv("CUPTIMON_SELECT");
+    cm_selection *sel = NULL;
+    if (cm_selection_new(&sel) != 0) goto off;
+    int dropped = parse_lenient(sel, spec && *spec ? spec : default_select,
+                                spec && *spec ? "CUPTIMON_SELECT" : "the default selection");
+    if (dropped)
+      alog(CM_LOG_WARN, "%d selection names were left out (see above)", dropped);
+    if (selection_empty(sel))
+      alog(CM_LOG_WARN, "the selection is empty: the capture will hold no records");
+    else
+      apply_selection(sel);
+    cm_selection_free(sel);
+  }
+  if (start_threads() != 0) goto off;
+  atomic_store(&A.active, true);
+  pthread_atfork(NULL, NULL, atfork_child);
+  atexit(agent_atexit);
+  alog(CM_LOG_INFO, "%s; tracing %s", sock ? "connected to the monitor" : "capture mode",
+       atomic_load(&A.tracing) ? "on" : "idle until a selection arrives");
+  return;
+
+off:
+  /* Nothing runs: observers go, the descriptor closes, the engine stays (idle) for the process. */
+  if (A.nobs) apply_selection(NULL);
+  if (A.sender_started || A.control_started) {
+    /* Threads that started keep no state worth a teardown here; they exit on the dead queue. */
+    monitor_gone("start-up failed");
+    atomic_store(&A.ctl_stop, true);
+    wake_control();
+  } else if (A.fd >= 0) {
+    close(A.fd);
+    A.fd = -1;
+  }
+}
+
+/* The CUDA driver calls this once, inside cuInit, when CUDA_INJECTION64_PATH names the agent.
+ * Idempotent: later calls return at once. It never fails the process: any failure is logged and
+ * leaves tracing off, and it returns 1 either way. */
+int InitializeInjection(void) {
+  pthread_mutex_lock(&A.init_mu);
+  if (!A.initialized) {
+    A.initialized = true;
+    agent_init();
+  }
+  pthread_mutex_unlock(&A.init_mu);
+  return 1;
+}
+
+/* NVTX calls this when NVTX_INJECTION64_PATH names the agent. NVTX ranges are recorded by CUPTI,
+ * so the call is forwarded to the loaded libcupti's InitializeInjectionNvtx2 (loading libcupti
+ * through the engine's binding if nothing has yet). Returns its result, or 0 (NVTX then runs
+ * without an injection) when libcupti or the symbol is missing. */
+int InitializeInjectionNvtx2(const void *getExportTable) {
+  static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  static cm__cupti cupti;
+  static bool loaded;
+  pthread_mutex_lock(&mu);
+  if (!loaded) init_level();
+  if (!loaded) {
+    int rc = cm__cupti_load(&cupti);
+    if (rc) {
+      pthread_mutex_unlock(&mu);
+      alog(CM_LOG_WARN, "NVTX injection: %s; NVTX ranges are not recorded", cm_errmsg());
+      return 0;
+    }
+    loaded = true;
+  }
+  pthread_mutex_unlock(&mu);
+  int (*fn)(const void *) = NULL;
+  *(void **)&fn = dlsym(cupti.lib, "InitializeInjectionNvtx2");
+  if (!fn) {
+    alog(CM_LOG_WARN, "NVTX injection: %s has no InitializeInjectionNvtx2; NVTX ranges are not "
+                      "recorded", cupti.path);
+    return 0;
+  }
+  return fn(getExportTable);
+}

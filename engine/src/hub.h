@@ -1,0 +1,149 @@
+/*
+ * hub.h: the internal interface between cuptimon-lua's command line (lua_main.c), the live-agent
+ * hub (hub.c), the capture replay (replay.c) and the wire source they share (hub_source.c).
+ *
+ * Design note. A "wire source" is one process seen through wire frames: a live agent connection
+ * or one process of a capture. It owns that process's string table (STRINGS), its schema
+ * (SCHEMA), its HELLO and its latest STATS, and turns each BATCH frame into one cm_batch per
+ * interested observer whose columns point into the frame (zero copy). The hub and the replay only
+ * move frames; everything about what a frame means is in hub_source.c, so a script sees the same
+ * batches and the same process tables live and on a replay.
+ *
+ * Everything here runs on the loop thread. The hub is a process-wide singleton (the command line
+ * has one loop and one host).
+ */
+#ifndef CM_HUB_H
+#define CM_HUB_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include <uv.h>
+
+#include "cuptimon.h"
+#include "cuptimon_host.h"
+#include "cuptimon_wire.h"
+
+/* What the command line asks for beyond running a script in-process. */
+typedef struct cm__main_request {
+  char **cmd;           /* argv of the command after `--`, or NULL */
+  int cmd_argc;
+  const char **replay;  /* --replay FILE (repeatable), NULL-terminated, or NULL */
+  int nreplay;
+  const char *record;   /* --record FILE */
+  const char *select;   /* --select SPEC: kinds traced in addition to the script's */
+  int has_script;       /* 0 for --record with no script */
+} cm__main_request;
+
+/* Attaches the sources that serve `req` (a socket and the command, or the captures). Prints its
+ * own message on failure and returns a CM_E* code; CM_EINVAL means a usage error. */
+int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req);
+/* Starts the command (on the loop's next turn); called once the script has loaded. */
+void cm__hub_start(void);
+/* A signal arrived. Returns 1 when the hub handles it (it forwards SIGINT/SIGTERM to the
+ * command and ends when the command does), 0 when the caller should end the script itself. */
+int cm__hub_signal(int signum);
+/* Whether the hub has finished (the command exited and its agents are done, or every capture was
+ * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
+int cm__hub_finished(int *status);
+/* Prints the --record summaries, removes the socket directory, frees the hub. Idempotent;
+ * safe when cm__main_attach was never called. */
+void cm__hub_free(void);
+
+/* ---- wire sources (hub_source.c) ---------------------------------------------------------------- */
+
+typedef struct cm__wsrc cm__wsrc;
+
+/* How a process ended, for the process_exit event. */
+enum { CM__END_NONE = 0, CM__END_BYE, CM__END_EOF, CM__END_ERROR, CM__END_TIMEOUT };
+
+/* Callbacks of the owner (an agent connection or a replay stream). */
+typedef struct cm__wsrc_ops {
+  /* The host's request to flush; live agents send FLUSH. May be NULL (done at once). */
+  int (*flush)(cm__wsrc *w, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud);
+  /* The union selection changed (text form); live agents send SELECT. May be NULL. */
+  void (*select)(cm__wsrc *w, const char *spec);
+  void (*configure)(cm__wsrc *w, uint32_t flush_ms, uint32_t deliver_ms);
+  /* The host detached the source (shutdown, or our own cm_host_remove_source): release the
+   * owner's side. The wsrc itself is freed by cm__wsrc_free afterwards by the owner. */
+  void (*detached)(cm__wsrc *w);
+} cm__wsrc_ops;
+
+struct cm__wsrc {
+  cm_source base;       /* first: the host sees a cm_source */
+  const cm__wsrc_ops *ops;
+  void *owner;
+  const char *origin;   /* "agent" or "replay" */
+  int attached;         /* between cm_host_add_source and the detach */
+
+  /* HELLO: the process. */
+  int have_hello;
+  uint32_t pid, ppid;
+  char *host, *exe;
+  char **argv;
+  uint32_t argc;
+  char **dev_names;
+  uint32_t *dev_index;
+  uint32_t ndevices;
+  uint32_t cupti_version;
+
+  /* SCHEMA, merged per kind (the latest wins). */
+  struct cm__wkind *kinds;
+  uint32_t nkinds;
+  cm_wire_schema schema; /* a view over kinds, rebuilt on each SCHEMA */
+
+  /* STRINGS: id -> bytes. */
+  char **str;
+  uint32_t *str_len;
+  uint32_t nstr;
+
+  /* STATS: the latest counters, and the end. */
+  cm_wire_kv *stats;
+  uint32_t nstats;
+  int end;              /* CM__END_* */
+  int32_t exit_code;
+  uint32_t bye_reason;
+  char *end_message;
+
+  /* Observers (host ids and selections, which the host owns until unobserve). */
+  struct cm__wobs *obs;
+  int nobs, cap_obs;
+  char *union_spec;     /* the last union sent (or computed) */
+  const cm_selection *extra; /* the hub's --select, may be NULL */
+
+  /* Counters of what reached us. */
+  uint64_t frames, batches, records, bytes;
+  uint64_t records_by_kind[CM_KIND_MAX];
+  uint64_t seq;
+  int warned_missing;
+};
+
+/* Initializes `w` (zeroed by the caller) for an owner. */
+void cm__wsrc_init(cm__wsrc *w, const cm__wsrc_ops *ops, void *owner, const char *origin);
+/* Handles one verified frame from the process. Returns 0, or a negative code with a message in
+ * `err` (a corrupt payload: the caller closes the stream). A HELLO is only recorded; the owner
+ * decides when to attach. A BATCH is delivered to the observers when the source is attached. */
+int cm__wsrc_frame(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen);
+/* Attaches to the host (process_start runs) / detaches (process_exit runs). */
+int cm__wsrc_attach(cm__wsrc *w, cm_host *h);
+void cm__wsrc_detach(cm__wsrc *w);
+/* The union of the observers' selections (and the extra), in cm_selection_parse's text form;
+ * the caller frees it. "" when nothing is selected. */
+char *cm__wsrc_union(cm__wsrc *w);
+/* The smallest value of the kind's "start" (or "timestamp") column of a batch frame, for the
+ * replay's merge; UINT64_MAX when the batch has none. */
+uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);
+/* The latest value of a STATS counter, or 0. */
+uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name);
+/* Frees what the wsrc holds (not the struct). */
+void cm__wsrc_release(cm__wsrc *w);
+
+/* ---- replay (replay.c) ---------------------------------------------------------------------- */
+
+/* Opens the captures and starts replaying them from an idle handle. Returns 0 or a CM_E* code
+ * after printing why (an unreadable file). `finished` runs once every capture is done. */
+int cm__replay_start(cm_host *h, uv_loop_t *loop, const char *const *paths, int n,
+                     void (*finished)(void *ud), void *ud);
+void cm__replay_free(void);
+
+#endif /* CM_HUB_H */

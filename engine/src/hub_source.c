@@ -1,0 +1,586 @@
+/*
+ * hub_source.c: one process seen through wire frames (a live agent or a process of a capture),
+ * as a source of the host.
+ *
+ * Design note. The frames of a process arrive in order: HELLO, SCHEMA, then STRINGS, BATCH and
+ * STATS, and BYE at the end. This file keeps what later frames need: the schema, merged per kind
+ * with the latest winning and with its names copied (a decoded schema points into its frame,
+ * which the reader reuses), the string table (copied: ids are resolved long after their frame),
+ * the HELLO (for the process table) and the latest STATS. A BATCH is decoded in place and, for
+ * each observer that selected its kind, handed to cm_host_deliver as a cm_batch that carries
+ * only that observer's columns: the column descriptors are rebuilt on the stack, the data stays
+ * in the frame. An observer never receives a kind with one of its fields missing; such a batch
+ * is skipped for that observer and reported once.
+ *
+ * Ownership: a wsrc owns its copies; the host owns the observers' selections until it calls
+ * unobserve, which happens before the selection is freed. Loop thread only.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <lauxlib.h>
+#include <lua.h>
+
+#include "hub.h"
+
+typedef struct cm__wkind {
+  uint32_t kind;
+  char *name;
+  uint32_t nfields;
+  cm_wire_field *fields; /* names owned */
+  int start;             /* index of the "start" (or "timestamp") field, or -1 */
+} cm__wkind;
+
+typedef struct cm__wobs {
+  uint32_t id;
+  const cm_selection *sel;
+} cm__wobs;
+
+/* Strings ids are dense from 1 in the agent's table; this caps what a hostile peer can make us
+ * allocate for the index (the bytes themselves are bounded by the frames it sent). */
+#define MAX_STRING_ID (1u << 26)
+
+static char *xstrdup(const char *s) { return strdup(s ? s : ""); }
+
+/* ---- the source vtable ---------------------------------------------------------------------------- */
+
+static int ws_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const char *spec) {
+  (void)spec;
+  cm__wsrc *w = (cm__wsrc *)s;
+  if (w->nobs == w->cap_obs) {
+    int cap = w->cap_obs ? w->cap_obs * 2 : 8;
+    cm__wobs *p = realloc(w->obs, (size_t)cap * sizeof *p);
+    if (!p) return CM_ENOMEM;
+    w->obs = p;
+    w->cap_obs = cap;
+  }
+  w->obs[w->nobs].id = obs;
+  w->obs[w->nobs].sel = sel;
+  w->nobs++;
+  if (w->ops->select) {
+    char *u = cm__wsrc_union(w);
+    if (u && (!w->union_spec || strcmp(u, w->union_spec) != 0)) {
+      free(w->union_spec);
+      w->union_spec = u;
+      w->ops->select(w, u);
+    } else {
+      free(u);
+    }
+  }
+  return 0;
+}
+
+static int ws_unobserve(cm_source *s, uint32_t obs) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  for (int i = 0; i < w->nobs; i++) {
+    if (w->obs[i].id != obs) continue;
+    memmove(&w->obs[i], &w->obs[i + 1], (size_t)(w->nobs - i - 1) * sizeof w->obs[0]);
+    w->nobs--;
+    if (w->ops->select && w->attached) {
+      char *u = cm__wsrc_union(w);
+      if (u && (!w->union_spec || strcmp(u, w->union_spec) != 0)) {
+        free(w->union_spec);
+        w->union_spec = u;
+        w->ops->select(w, u);
+      } else {
+        free(u);
+      }
+    }
+    return 0;
+  }
+  return CM_ENOENT;
+}
+
+static int ws_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  if (w->ops->flush) return w->ops->flush(w, mode, timeout_ms, done, ud);
+  if (done) done(ud, 0);
+  return 0;
+}
+
+static int ws_configure(cm_source *s, uint32_t flush_ms, uint32_t deliver_ms) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  if (w->ops->configure) w->ops->configure(w, flush_ms, deliver_ms);
+  return 0;
+}
+
+static const struct {
+  const char *name;
+  size_t off;
+} stat_map[] = {
+    {"buffers_allocated", offsetof(cm_stats, buffers_allocated)},
+    {"buffers_outstanding", offsetof(cm_stats, buffers_outstanding)},
+    {"buffers_decoded", offsetof(cm_stats, buffers_decoded)},
+    {"buffers_refused", offsetof(cm_stats, buffers_refused)},
+    {"records_decoded", offsetof(cm_stats, records_decoded)},
+    {"records_dropped", offsetof(cm_stats, records_dropped)},
+};
+
+static int ws_stats(cm_source *s, cm_stats *out) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  memset(out, 0, sizeof *out);
+  for (size_t i = 0; i < sizeof stat_map / sizeof stat_map[0]; i++)
+    *(uint64_t *)((char *)out + stat_map[i].off) = cm__wsrc_stat(w, stat_map[i].name);
+  /* What reached the monitor is counted here, whatever the agent says it sent. */
+  out->records_delivered = w->records;
+  out->strings = w->nstr;
+  memcpy(out->records_by_kind, w->records_by_kind, sizeof out->records_by_kind);
+  return 0;
+}
+
+static const char *ws_string(cm_source *s, uint32_t id, size_t *len) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  if (id == 0) {
+    if (len) *len = 0;
+    return "";
+  }
+  if (id >= w->nstr || !w->str[id]) return NULL;
+  if (len) *len = w->str_len[id];
+  return w->str[id];
+}
+
+static void ws_free(cm_source *s) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  w->attached = 0;
+  w->nobs = 0;
+  if (w->ops->detached) w->ops->detached(w);
+}
+
+static const char *end_name(int end) {
+  switch (end) {
+  case CM__END_BYE: return "exit";
+  case CM__END_EOF: return "disconnected";
+  case CM__END_ERROR: return "error";
+  case CM__END_TIMEOUT: return "timeout";
+  default: return "running";
+  }
+}
+
+static void ws_describe(cm_source *s, lua_State *L, int exiting) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  lua_pushstring(L, w->origin);
+  lua_setfield(L, -2, "kind");
+  if (w->have_hello) {
+    lua_pushinteger(L, w->ppid);
+    lua_setfield(L, -2, "ppid");
+    if (w->host && *w->host) {
+      lua_pushstring(L, w->host);
+      lua_setfield(L, -2, "host");
+    }
+    lua_pushstring(L, w->exe);
+    lua_setfield(L, -2, "exe");
+    lua_pushinteger(L, w->cupti_version);
+    lua_setfield(L, -2, "cupti_version");
+  }
+  lua_createtable(L, (int)w->argc, 0);
+  for (uint32_t i = 0; i < w->argc; i++) {
+    lua_pushstring(L, w->argv[i]);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  lua_setfield(L, -2, "argv");
+  lua_createtable(L, (int)w->ndevices, 0);
+  for (uint32_t i = 0; i < w->ndevices; i++) {
+    lua_createtable(L, 0, 2);
+    lua_pushinteger(L, w->dev_index[i]);
+    lua_setfield(L, -2, "index");
+    lua_pushstring(L, w->dev_names[i]);
+    lua_setfield(L, -2, "name");
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  lua_setfield(L, -2, "devices");
+  if (!exiting) return;
+  lua_pushstring(L, end_name(w->end));
+  lua_setfield(L, -2, "status");
+  if (w->end == CM__END_BYE) {
+    lua_pushinteger(L, w->exit_code);
+    lua_setfield(L, -2, "exit_code");
+  }
+  lua_pushstring(L, w->end_message ? w->end_message : "");
+  lua_setfield(L, -2, "message");
+  lua_createtable(L, 0, (int)w->nstats + 3);
+  for (uint32_t i = 0; i < w->nstats; i++) {
+    lua_pushnumber(L, (lua_Number)w->stats[i].value);
+    lua_setfield(L, -2, w->stats[i].name);
+  }
+  lua_pushnumber(L, (lua_Number)w->batches);
+  lua_setfield(L, -2, "batches_received");
+  lua_pushnumber(L, (lua_Number)w->records);
+  lua_setfield(L, -2, "records_received");
+  lua_setfield(L, -2, "stats");
+  lua_pushnumber(L, (lua_Number)(cm__wsrc_stat(w, "records_dropped") +
+                                 cm__wsrc_stat(w, "batches_dropped")));
+  lua_setfield(L, -2, "dropped");
+}
+
+static const cm_source_vtable agent_vt = {
+    .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
+    .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
+    .describe = ws_describe,
+};
+static const cm_source_vtable replay_vt = {
+    .name = "replay", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
+    .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
+    .describe = ws_describe,
+};
+
+/* ---- frames ---------------------------------------------------------------------------------------- */
+
+void cm__wsrc_init(cm__wsrc *w, const cm__wsrc_ops *ops, void *owner, const char *origin) {
+  w->base.vt = strcmp(origin, "replay") == 0 ? &replay_vt : &agent_vt;
+  w->ops = ops;
+  w->owner = owner;
+  w->origin = origin;
+  w->exit_code = -1;
+}
+
+int cm__wsrc_attach(cm__wsrc *w, cm_host *h) {
+  w->base.pid = (int)w->pid;
+  w->attached = 1;
+  int rc = cm_host_add_source(h, &w->base);
+  if (rc < 0) w->attached = 0;
+  return rc < 0 ? rc : 0;
+}
+
+void cm__wsrc_detach(cm__wsrc *w) {
+  if (w->attached) cm_host_remove_source(w->base.host, &w->base);
+}
+
+static void free_hello(cm__wsrc *w) {
+  free(w->host);
+  free(w->exe);
+  for (uint32_t i = 0; i < w->argc; i++) free(w->argv[i]);
+  free(w->argv);
+  for (uint32_t i = 0; i < w->ndevices; i++) free(w->dev_names[i]);
+  free(w->dev_names);
+  free(w->dev_index);
+  w->host = w->exe = NULL;
+  w->argv = w->dev_names = NULL;
+  w->dev_index = NULL;
+  w->argc = w->ndevices = 0;
+}
+
+static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  cm_wire_hello hl;
+  int rc = cm_wire_decode_hello(f, &hl);
+  if (rc) {
+    snprintf(err, errlen, "bad HELLO: %s", cm_wire_reader_errmsg(f->reader));
+    cm_wire_hello_release(&hl);
+    return rc;
+  }
+  free_hello(w);
+  w->have_hello = 1;
+  w->pid = hl.pid;
+  w->ppid = hl.ppid;
+  w->cupti_version = hl.cupti_version;
+  w->host = xstrdup(hl.host);
+  w->exe = xstrdup(hl.exe);
+  w->argv = calloc(hl.argc + 1, sizeof *w->argv);
+  w->dev_names = calloc(hl.ndevices + 1, sizeof *w->dev_names);
+  w->dev_index = calloc(hl.ndevices + 1, sizeof *w->dev_index);
+  if (!w->argv || !w->dev_names || !w->dev_index) {
+    cm_wire_hello_release(&hl);
+    snprintf(err, errlen, "out of memory");
+    return CM_ENOMEM;
+  }
+  for (uint32_t i = 0; i < hl.argc; i++) w->argv[w->argc++] = xstrdup(hl.argv[i]);
+  for (uint32_t i = 0; i < hl.ndevices; i++) {
+    w->dev_names[i] = xstrdup(hl.devices[i].name);
+    w->dev_index[i] = hl.devices[i].index;
+    w->ndevices++;
+  }
+  cm_wire_hello_release(&hl);
+  return 0;
+}
+
+static void rebuild_schema_view(cm__wsrc *w) {
+  free((void *)w->schema.kinds);
+  cm_wire_kind *k = calloc(w->nkinds ? w->nkinds : 1, sizeof *k);
+  w->schema.kinds = k;
+  w->schema.nkinds = k ? w->nkinds : 0;
+  for (uint32_t i = 0; k && i < w->nkinds; i++) {
+    k[i].kind = w->kinds[i].kind;
+    k[i].nfields = w->kinds[i].nfields;
+    k[i].name = w->kinds[i].name;
+    k[i].fields = w->kinds[i].fields;
+  }
+}
+
+static void free_kind(cm__wkind *k) {
+  for (uint32_t i = 0; i < k->nfields; i++) free((void *)k->fields[i].name);
+  free(k->fields);
+  free(k->name);
+  memset(k, 0, sizeof *k);
+}
+
+static int on_schema(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  cm_wire_schema s;
+  int rc = cm_wire_decode_schema(f, &s);
+  if (rc) {
+    snprintf(err, errlen, "bad SCHEMA: %s", cm_wire_reader_errmsg(f->reader));
+    return rc;
+  }
+  for (uint32_t i = 0; i < s.nkinds; i++) {
+    const cm_wire_kind *src = &s.kinds[i];
+    cm__wkind *dst = NULL;
+    for (uint32_t j = 0; j < w->nkinds; j++)
+      if (w->kinds[j].kind == src->kind) dst = &w->kinds[j];
+    if (!dst) {
+      cm__wkind *p = realloc(w->kinds, (w->nkinds + 1) * sizeof *p);
+      if (!p) break;
+      w->kinds = p;
+      dst = &w->kinds[w->nkinds++];
+      memset(dst, 0, sizeof *dst);
+    } else {
+      free_kind(dst);
+    }
+    dst->kind = src->kind;
+    dst->name = xstrdup(src->name);
+    dst->fields = calloc(src->nfields ? src->nfields : 1, sizeof *dst->fields);
+    dst->start = -1;
+    for (uint32_t j = 0; dst->fields && j < src->nfields; j++) {
+      dst->fields[j] = src->fields[j];
+      dst->fields[j].name = xstrdup(src->fields[j].name);
+      dst->nfields++;
+      if (src->fields[j].type == CM_TYPE_U64 &&
+          (strcmp(src->fields[j].name, "start") == 0 ||
+           (dst->start < 0 && strcmp(src->fields[j].name, "timestamp") == 0)))
+        dst->start = (int)j;
+    }
+  }
+  cm_wire_schema_release(&s);
+  rebuild_schema_view(w);
+  return 0;
+}
+
+static int on_strings(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  cm_wire_strings s;
+  int rc = cm_wire_decode_strings(f, &s);
+  if (rc) {
+    snprintf(err, errlen, "bad STRINGS: %s", cm_wire_reader_errmsg(f->reader));
+    return rc;
+  }
+  for (uint32_t i = 0; i < s.count; i++) {
+    uint32_t id = s.entries[i].id;
+    if (id == 0 || id >= MAX_STRING_ID) continue;
+    if (id >= w->nstr) {
+      uint32_t n = w->nstr ? w->nstr : 256;
+      while (n <= id) n *= 2;
+      char **p = realloc(w->str, n * sizeof *p);
+      if (!p) break;
+      w->str = p;
+      uint32_t *l = realloc(w->str_len, n * sizeof *l);
+      if (!l) break;
+      w->str_len = l;
+      memset(w->str + w->nstr, 0, (n - w->nstr) * sizeof *p);
+      memset(w->str_len + w->nstr, 0, (n - w->nstr) * sizeof *l);
+      w->nstr = n;
+    }
+    char *b = malloc((size_t)s.entries[i].len + 1);
+    if (!b) break;
+    memcpy(b, s.entries[i].bytes, s.entries[i].len);
+    b[s.entries[i].len] = 0;
+    free(w->str[id]);
+    w->str[id] = b;
+    w->str_len[id] = s.entries[i].len;
+  }
+  cm_wire_strings_release(&s);
+  return 0;
+}
+
+static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  cm_wire_kvlist l;
+  int rc = cm_wire_decode_kvlist(f, &l);
+  if (rc) {
+    snprintf(err, errlen, "bad STATS: %s", cm_wire_reader_errmsg(f->reader));
+    return rc;
+  }
+  /* Running totals: a counter's latest value replaces the previous one. */
+  for (uint32_t i = 0; i < l.count; i++) {
+    uint32_t j = 0;
+    while (j < w->nstats && strcmp(w->stats[j].name, l.items[i].name) != 0) j++;
+    if (j == w->nstats) {
+      cm_wire_kv *p = realloc(w->stats, (w->nstats + 1) * sizeof *p);
+      if (!p) break;
+      w->stats = p;
+      w->stats[j].name = xstrdup(l.items[i].name);
+      w->nstats++;
+    }
+    w->stats[j].value = l.items[i].value;
+  }
+  cm_wire_kvlist_release(&l);
+  return 0;
+}
+
+static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  static cm_wire_batch wb; /* large (128 columns); loop thread only, never re-entered */
+  int rc = cm_wire_decode_batch(f, &w->schema, &wb);
+  if (rc) {
+    snprintf(err, errlen, "bad BATCH: %s", cm_wire_reader_errmsg(f->reader));
+    return rc;
+  }
+  int kind = wb.batch.kind;
+  w->batches++;
+  w->records += wb.batch.n;
+  if (kind >= 0 && kind < CM_KIND_MAX) w->records_by_kind[kind] += wb.batch.n;
+  if (!w->attached || wb.batch.n == 0) return 0;
+  /* Columns the schema does not name get the registry's name, else a placeholder, so Lua
+   * never reads a NULL name. */
+  for (uint32_t i = 0; i < wb.batch.ncols; i++) {
+    if (wb.cols[i].name) continue;
+    cm_field_info fi;
+    wb.cols[i].name = cm_field_info_get(kind, wb.cols[i].field, &fi) == 0 ? fi.name : "?";
+  }
+  cm_column cols[CM_WIRE_MAX_COLS];
+  cm_batch b = wb.batch;
+  b.cols = cols;
+  b.seq = ++w->seq;
+  /* An observer may close (deferred) while we deliver; iterate over a snapshot of the ids. */
+  uint32_t ids[64];
+  int nids = 0;
+  for (int i = 0; i < w->nobs && nids < 64; i++) ids[nids++] = w->obs[i].id;
+  for (int k = 0; k < nids; k++) {
+    const cm_selection *sel = NULL;
+    for (int i = 0; i < w->nobs; i++)
+      if (w->obs[i].id == ids[k]) sel = w->obs[i].sel;
+    if (!sel) continue;
+    int want = cm_selection_count(sel, kind);
+    if (want <= 0) continue;
+    uint32_t nc = 0;
+    for (uint32_t i = 0; i < wb.batch.ncols; i++)
+      if (cm_selection_has(sel, kind, wb.cols[i].field)) cols[nc++] = wb.cols[i];
+    if ((int)nc < want) {
+      if (!w->warned_missing++)
+        fprintf(stderr,
+                "cuptimon-lua: warning: %s pid %u: a %s batch lacks %d of the fields an observer "
+                "selected; such batches are skipped for that observer\n",
+                w->origin, w->pid, cm_kind_name(kind) ? cm_kind_name(kind) : "?", want - (int)nc);
+      continue;
+    }
+    b.ncols = nc;
+    cm_host_deliver(w->base.host, &w->base, ids[k], &b);
+  }
+  return 0;
+}
+
+static int on_bye(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  cm_wire_bye bye;
+  int rc = cm_wire_decode_bye(f, &bye);
+  if (rc) {
+    snprintf(err, errlen, "bad BYE: %s", cm_wire_reader_errmsg(f->reader));
+    return rc;
+  }
+  w->end = CM__END_BYE;
+  w->exit_code = bye.exit_code;
+  w->bye_reason = bye.reason;
+  free(w->end_message);
+  w->end_message = xstrdup(bye.message);
+  return 0;
+}
+
+int cm__wsrc_frame(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  w->frames++;
+  w->bytes += CM_WIRE_FRAME_HEADER_SIZE + f->len;
+  switch (f->type) {
+  case CM_WIRE_HELLO: return on_hello(w, f, err, errlen);
+  case CM_WIRE_SCHEMA: return on_schema(w, f, err, errlen);
+  case CM_WIRE_STRINGS: return on_strings(w, f, err, errlen);
+  case CM_WIRE_BATCH: return on_batch(w, f, err, errlen);
+  case CM_WIRE_STATS: return on_stats(w, f, err, errlen);
+  case CM_WIRE_BYE: return on_bye(w, f, err, errlen);
+  default: return 0; /* FLUSH_DONE is the owner's; control frames do not come this way */
+  }
+}
+
+uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f) {
+  static cm_wire_batch wb;
+  if (cm_wire_decode_batch(f, NULL, &wb) != 0) return 0; /* delivered at once; fails there */
+  const cm__wkind *k = NULL;
+  for (uint32_t i = 0; i < w->nkinds; i++)
+    if ((int)w->kinds[i].kind == wb.batch.kind) k = &w->kinds[i];
+  if (!k || k->start < 0) return UINT64_MAX;
+  int32_t field = (int32_t)k->fields[k->start].id;
+  for (uint32_t i = 0; i < wb.batch.ncols; i++) {
+    if (wb.cols[i].field != field || wb.cols[i].type != CM_TYPE_U64) continue;
+    const uint64_t *v = wb.cols[i].data;
+    uint64_t m = UINT64_MAX;
+    for (uint32_t r = 0; r < wb.batch.n; r++)
+      if (v[r] && v[r] < m) m = v[r];
+    return m;
+  }
+  return UINT64_MAX;
+}
+
+uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name) {
+  for (uint32_t i = 0; i < w->nstats; i++)
+    if (strcmp(w->stats[i].name, name) == 0) return w->stats[i].value;
+  return 0;
+}
+
+/* Appends to a growable string; returns 0 or -1 on allocation failure. */
+static int sb_add(char **s, size_t *len, size_t *cap, const char *t) {
+  size_t n = strlen(t);
+  if (*len + n + 1 > *cap) {
+    size_t c = *cap ? *cap * 2 : 256;
+    while (c < *len + n + 1) c *= 2;
+    char *p = realloc(*s, c);
+    if (!p) return -1;
+    *s = p;
+    *cap = c;
+  }
+  memcpy(*s + *len, t, n + 1);
+  *len += n;
+  return 0;
+}
+
+char *cm__wsrc_union(cm__wsrc *w) {
+  char *s = NULL;
+  size_t len = 0, cap = 0;
+  if (sb_add(&s, &len, &cap, "")) return NULL;
+  for (int ki = 0; ki < cm_kind_count(); ki++) {
+    int kind = cm_kind_at(ki);
+    int nf = cm_field_count(kind);
+    int first = 1;
+    for (int fid = 0; fid < nf; fid++) {
+      int has = w->extra && cm_selection_has(w->extra, kind, fid);
+      for (int i = 0; i < w->nobs && !has; i++) has = cm_selection_has(w->obs[i].sel, kind, fid);
+      if (!has) continue;
+      cm_field_info fi;
+      if (cm_field_info_get(kind, fid, &fi)) continue;
+      if (first) {
+        if (len) sb_add(&s, &len, &cap, ";");
+        sb_add(&s, &len, &cap, cm_kind_name(kind));
+        sb_add(&s, &len, &cap, ":");
+        first = 0;
+      } else {
+        sb_add(&s, &len, &cap, ",");
+      }
+      if (sb_add(&s, &len, &cap, fi.name)) {
+        free(s);
+        return NULL;
+      }
+    }
+  }
+  return s;
+}
+
+void cm__wsrc_release(cm__wsrc *w) {
+  free_hello(w);
+  for (uint32_t i = 0; i < w->nkinds; i++) free_kind(&w->kinds[i]);
+  free(w->kinds);
+  free((void *)w->schema.kinds);
+  for (uint32_t i = 0; i < w->nstr; i++) free(w->str[i]);
+  free(w->str);
+  free(w->str_len);
+  for (uint32_t i = 0; i < w->nstats; i++) free((void *)w->stats[i].name);
+  free(w->stats);
+  free(w->end_message);
+  free(w->obs);
+  free(w->union_spec);
+  w->kinds = NULL;
+  w->str = NULL;
+  w->stats = NULL;
+  w->obs = NULL;
+  w->nkinds = w->nstr = w->nstats = 0;
+  w->nobs = 0;
+}

@@ -1,0 +1,211 @@
+/*
+ * fake_cuda_app.c: a stand-in for a CUDA program, for the agent's end-to-end tests.
+ *
+ * It does what the CUDA driver does with CUDA_INJECTION64_PATH: dlopen the named library and call
+ * its InitializeInjection() (twice, to check that the second call is harmless). Then it runs a
+ * scripted workload through the fake CUPTI (linked in, and the same copy the agent's engine loads
+ * through CUPTIMON_LIBCUPTI) and prints what it wrote as one line of key=value pairs, which the
+ * tests compare with what reached the monitor or the capture:
+ *
+ *   fake_cuda_app: pid=1234 init=1 records=1000000 concurrent_kernel=250000 memcpy=250000 ...
+ *
+ * Workload: producer t (of --threads) writes records 0..per_thread-1, record j having kind
+ * kinds[j % nkinds] and content fake_gen_record(kind, t, j), exactly like fake_run_workload, so a
+ * test can regenerate every record. This loop is the fake's own producer loop, repeated here so
+ * that the records actually written are counted per kind (a record of a kind that is not enabled
+ * is not written and not counted). --rounds repeats the workload with --pause-ms between rounds,
+ * so that a monitor can act in the middle of a run.
+ *
+ * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
+ *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
+ *          --crash (abort() after the workload: no atexit handlers run)
+ *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake_cupti.h"
+
+static const struct {
+  const char *name;
+  int kind;
+} kind_names[] = {
+    {"concurrent_kernel", 10}, {"kernel", 10},       {"memcpy", 1},           {"memset", 2},
+    {"runtime", 5},            {"driver", 4},        {"synchronization", 38}, {"marker", 12},
+    {"marker_data", 13},       {"memcpy2", 22},      {"cuda_event", 36},      {"overhead", 17},
+    {"external_correlation", 39}, {"graph_trace", 51}, {"memory2", 49},       {"memory_pool", 50},
+    {"device", 8},             {"context", 9},       {"name", 11},            {"stream", 37},
+    {"environment", 20},
+};
+
+static int kind_by_name(const char *s) {
+  for (size_t i = 0; i < sizeof kind_names / sizeof kind_names[0]; i++)
+    if (strcmp(kind_names[i].name, s) == 0) return kind_names[i].kind;
+  char *end;
+  long v = strtol(s, &end, 10);
+  return (*s && !*end && v > 0 && v < 64) ? (int)v : -1;
+}
+
+static const char *kind_name(int kind) {
+  for (size_t i = 0; i < sizeof kind_names / sizeof kind_names[0]; i++)
+    if (kind_names[i].kind == kind) return kind_names[i].name;
+  return "unknown";
+}
+
+typedef struct producer {
+  pthread_t tid;
+  uint32_t thread;
+  uint64_t n;
+  const int *kinds;
+  int nkinds;
+  uint64_t written[64];
+  int failed;
+} producer;
+
+static void *produce(void *arg) {
+  producer *p = arg;
+  uint64_t buf[64];
+  for (uint64_t j = 0; j < p->n; j++) {
+    int kind = p->kinds[j % (uint64_t)p->nkinds];
+    size_t sz = fake_gen_record(kind, p->thread, j, buf);
+    if (!sz) {
+      p->failed = 1;
+      return NULL;
+    }
+    if (fake_emit(buf, sz, 0) == 0) p->written[kind]++;
+  }
+  return NULL;
+}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void usage(void) {
+  fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C]\n");
+  exit(2);
+}
+
+int main(int argc, char **argv) {
+  uint64_t records = 1000;
+  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  int kinds[64], nkinds = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (strcmp(a, "--crash") == 0) {
+      crash = 1;
+      continue;
+    }
+    if (!v) usage();
+    i++;
+    if (strcmp(a, "--records") == 0) {
+      records = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--threads") == 0) {
+      threads = atoi(v);
+    } else if (strcmp(a, "--rounds") == 0) {
+      rounds = atoi(v);
+    } else if (strcmp(a, "--pause-ms") == 0) {
+      pause_ms = atoi(v);
+    } else if (strcmp(a, "--linger-ms") == 0) {
+      linger_ms = atoi(v);
+    } else if (strcmp(a, "--exit-code") == 0) {
+      exit_code = atoi(v);
+    } else if (strcmp(a, "--kinds") == 0) {
+      char *copy = strdup(v), *save = NULL;
+      for (char *t = strtok_r(copy, ",", &save); t && nkinds < 64; t = strtok_r(NULL, ",", &save)) {
+        int k = kind_by_name(t);
+        if (k < 0) {
+          fprintf(stderr, "fake_cuda_app: unknown kind '%s'\n", t);
+          return 2;
+        }
+        kinds[nkinds++] = k;
+      }
+      free(copy);
+    } else {
+      usage();
+    }
+  }
+  if (threads < 1 || threads > 256 || rounds < 1) usage();
+  if (nkinds == 0) {
+    kinds[0] = 10;
+    kinds[1] = 1;
+    kinds[2] = 5;
+    nkinds = 3;
+  }
+
+  /* What the driver does inside cuInit. */
+  int init = -1;
+  const char *inj = getenv("CUDA_INJECTION64_PATH");
+  if (inj && *inj) {
+    void *h = dlopen(inj, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+      fprintf(stderr, "fake_cuda_app: dlopen %s: %s\n", inj, dlerror());
+      return 3;
+    }
+    int (*fn)(void) = NULL;
+    *(void **)&fn = dlsym(h, "InitializeInjection");
+    if (!fn) {
+      fprintf(stderr, "fake_cuda_app: no InitializeInjection in %s\n", inj);
+      return 3;
+    }
+    init = fn();
+    if (fn() != init) {
+      fprintf(stderr, "fake_cuda_app: a second InitializeInjection returned something else\n");
+      return 3;
+    }
+  }
+
+  uint64_t per_kind[64] = {0}, total = 0;
+  double t0 = now_ms();
+  for (int r = 0; r < rounds; r++) {
+    if (r && pause_ms) usleep((useconds_t)pause_ms * 1000);
+    producer *ps = calloc((size_t)threads, sizeof *ps);
+    for (int t = 0; t < threads; t++) {
+      ps[t].thread = (uint32_t)t;
+      ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
+      ps[t].kinds = kinds;
+      ps[t].nkinds = nkinds;
+      if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
+        fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
+        return 3;
+      }
+    }
+    for (int t = 0; t < threads; t++) {
+      pthread_join(ps[t].tid, NULL);
+      if (ps[t].failed) {
+        fprintf(stderr, "fake_cuda_app: the generator does not know a kind\n");
+        return 3;
+      }
+      for (int k = 0; k < 64; k++) {
+        per_kind[k] += ps[t].written[k];
+        total += ps[t].written[k];
+      }
+    }
+    free(ps);
+  }
+  double t1 = now_ms();
+
+  printf("fake_cuda_app: pid=%d init=%d records=%llu", (int)getpid(), init,
+         (unsigned long long)total);
+  for (int k = 0; k < 64; k++) {
+    bool listed = false;
+    for (int i = 0; i < nkinds; i++) listed |= kinds[i] == k;
+    if (listed) printf(" %s=%llu", kind_name(k), (unsigned long long)per_kind[k]);
+  }
+  printf(" workload_ms=%.0f\n", t1 - t0);
+  fflush(stdout);
+  if (linger_ms) usleep((useconds_t)linger_ms * 1000);
+  if (crash) abort();
+  exit(exit_code);
+}

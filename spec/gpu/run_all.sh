@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The GPU verification batch, run on the device machine from the repository root with a build
+# folder made on a Debian machine (static LuaJIT, libuv and luv, so nothing else is needed there):
+#   bash spec/gpu/run_all.sh BUILD_DIR
+# Logs and captures are written to $LOGS (default /tmp/cuptimon-gpu). When $OUT is set (the device
+# tool's output folder) they are packed into $OUT/gpu_logs.tgz, and the demo capture is copied to
+# $OUT/demo.cmcap. Each step prints its exit status and the end of its log; a summary closes the run.
+set -u
+B=$(cd "${1:-.devbuild}" && pwd)
+RESULTS=${OUT:-}
+OUT=${LOGS:-/tmp/cuptimon-gpu}
+mkdir -p "$OUT"
+LUA=$B/cuptimon-lua
+AGENT=$B/libcuptimon-agent.so
+G=$B/gpu
+unset CUPTIMON_LIBCUPTI CUPTIMON_LIBCUDA
+summary=()
+
+step() {
+  local name=$1
+  shift
+  echo "=== $name: $*"
+  timeout "${STEP_TIMEOUT:-240}" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "rc=$rc"
+  tail -n "${TAIL:-12}" "$OUT/$name.log"
+  summary+=("$name rc=$rc")
+  return $rc
+}
+
+nvidia-smi -L
+# 1. The engine suites, embedded in CUDA programs.
+step gpu_workload "$G/gpu_workload"
+step gpu_correlation "$G/gpu_correlation"
+
+# 2. The agent, live under cuptimon-lua and in capture mode, on the plain workload.
+step plain_live "$LUA" spec/gpu/workload_counts.lua -- "$G/gpu_plain_workload"
+step plain_live_cmp python3 spec/gpu/compare.py "$OUT/plain_live.log"
+step plain_capture env CUDA_INJECTION64_PATH="$AGENT" CUPTIMON_CAPTURE="$OUT/plain.cmcap" "$G/gpu_plain_workload"
+step plain_replay "$LUA" --replay "$OUT/plain.cmcap" spec/gpu/workload_counts.lua
+step plain_replay_cmp python3 spec/gpu/compare.py "$OUT/plain_capture.log" "$OUT/plain_replay.log"
+
+# 3. PyTorch: torch.profiler's kernel counts against cuptimon's, live and from a capture.
+step torch_profiler python3 bench/torch_workload.py train profiler
+step torch_live "$LUA" spec/gpu/workload_counts.lua -- python3 bench/torch_workload.py train
+step torch_live_cmp python3 spec/gpu/compare_torch.py "$OUT/torch_profiler.log" "$OUT/torch_live.log"
+step torch_capture env CUDA_INJECTION64_PATH="$AGENT" CUPTIMON_CAPTURE="$OUT/torch.cmcap" python3 bench/torch_workload.py train
+step torch_replay "$LUA" --replay "$OUT/torch.cmcap" spec/gpu/workload_counts.lua
+step torch_replay_cmp python3 spec/gpu/compare_torch.py "$OUT/torch_profiler.log" "$OUT/torch_replay.log"
+
+# 4. The demo capture for examples/, and a recipe over it.
+step demo_record "$LUA" --record "$OUT/demo.cmcap" -- "$G/cuptimon_demo_cuda" 30
+step demo_top "$LUA" --replay "$OUT/demo.cmcap" scripts/top_kernels.lua
+ls -la "$OUT"/*.cmcap
+
+# 5. Overhead per launch: untraced, torch.profiler, cuptimon (kernels + runtime), interleaved.
+for r in 1 2 3; do
+  step "micro_none_$r" python3 bench/torch_workload.py micro none 20000
+  step "micro_prof_cuda_$r" python3 bench/torch_workload.py micro profiler_cuda 20000
+  step "micro_prof_cpu_cuda_$r" python3 bench/torch_workload.py micro profiler_cpu_cuda 20000
+  step "micro_cuptimon_$r" "$LUA" spec/gpu/kernels_runtime.lua -- python3 bench/torch_workload.py micro none 20000
+done
+grep -h "RESULT micro\|GOT traced" "$OUT"/micro_*.log
+
+# 6. Memory under sustained load: 600k traced launches; the RSS of the target and of the monitor
+# sampled every half second.
+(
+  "$LUA" spec/gpu/kernels_runtime.lua -- python3 bench/torch_workload.py micro none 600000 >"$OUT/sustained.log" 2>&1 &
+  mon=$!
+  while kill -0 $mon 2>/dev/null; do
+    t=$(pgrep -f "torch_workload.py micro none 600000" | head -1)
+    echo "$(date +%s.%N | cut -c1-14) monitor_rss_kb=$(ps -o rss= -p $mon | tr -d ' ') target_rss_kb=$( [ -n "$t" ] && ps -o rss= -p $t | tr -d ' ')"
+    sleep 0.5
+  done >"$OUT/sustained_rss.log"
+  wait $mon
+  echo "sustained rc=$?"
+)
+tail -n 3 "$OUT/sustained.log"
+awk 'NR%6==1' "$OUT/sustained_rss.log"
+
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+if [ -n "$RESULTS" ]; then
+  tar czf "$RESULTS/gpu_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log)
+  cp "$OUT/demo.cmcap" "$RESULTS/" 2>/dev/null
+  cp "$OUT/plain.cmcap" "$RESULTS/" 2>/dev/null
+fi

@@ -1,0 +1,282 @@
+/*
+ * wire_gen.c: a test helper that speaks the cuptimon wire format without CUPTI: it writes
+ * synthetic captures, and it plays a minimal agent against a live cuptimon-lua hub.
+ *
+ *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
+ *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
+ *
+ * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
+ * stop = start + 500 + (i % 7) * 100 (end, completed likewise), string fields cycle over three
+ * names, other fields hold i. Every field of the registry is carried (a capture) or every field
+ * of the monitor's SELECT (an agent), so a test can compute exact counts and sums.
+ *
+ * The agent mode follows docs/wire.md: HELLO (with CUPTIMON_TOKEN, or --token) and SCHEMA, then
+ * it waits for HELLO_ACK, applying SELECT; it sends the records of the selected kinds that are in
+ * --kinds, answers FLUSH with FLUSH_DONE, and ends with STATS and BYE. --garbage sends a corrupt
+ * frame after the first batch. It exits with --exit-code. Single-threaded, blocking I/O.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "cuptimon.h"
+#include "cuptimon_wire.h"
+
+#define MAXK 16
+static int kinds[MAXK], nkinds;
+static uint64_t nrec = 1000;
+static uint32_t pid;
+static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
+
+static void parse_kinds(const char *s) {
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", s);
+  for (char *t = strtok(buf, ","); t && nkinds < MAXK; t = strtok(NULL, ",")) {
+    int k = cm_kind_by_name(t);
+    if (k < 0) {
+      fprintf(stderr, "wire_gen: unknown kind %s\n", t);
+      exit(2);
+    }
+    kinds[nkinds++] = k;
+  }
+}
+
+static void hello(cm_wire_buf *b, const char *token) {
+  const char *argv[] = {"wire_gen", "--synthetic"};
+  cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = "Fake GPU"};
+  cm_wire_hello h = {.pid = pid, .ppid = (uint32_t)getppid(), .cupti_version = 130000,
+                     .clock_realtime_ns = 1, .clock_cupti_ns = 1, .token = token,
+                     .host = "testhost", .exe = "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
+                     .argv = argv, .devices = &dev};
+  cm_wire_write_hello(b, &h);
+}
+
+static void schema(cm_wire_buf *b) {
+  cm_wire_kind wk[MAXK];
+  static cm_wire_field wf[MAXK][CM_WIRE_MAX_COLS];
+  for (int i = 0; i < nkinds; i++) {
+    int nf = cm_field_count(kinds[i]);
+    for (int f = 0; f < nf; f++) {
+      cm_field_info fi;
+      cm_field_info_get(kinds[i], f, &fi);
+      wf[i][f] = (cm_wire_field){.id = (uint32_t)f, .type = (uint32_t)fi.type, .width = fi.width,
+                                 .name = fi.name};
+    }
+    wk[i] = (cm_wire_kind){.kind = (uint32_t)kinds[i], .nfields = (uint32_t)nf,
+                           .name = cm_kind_name(kinds[i]), .fields = wf[i]};
+  }
+  cm_wire_schema s = {.nkinds = (uint32_t)nkinds, .kinds = wk};
+  cm_wire_write_schema(b, &s);
+}
+
+static void strings(cm_wire_buf *b) {
+  cm_wire_string e[3];
+  for (int i = 0; i < 3; i++)
+    e[i] = (cm_wire_string){.id = (uint32_t)i + 1, .len = (uint32_t)strlen(names[i]), .bytes = names[i]};
+  cm_wire_write_strings(b, e, 3);
+}
+
+/* Writes the records [from, to) of `kind` as one batch with the fields `sel` selects (NULL: all). */
+static void batch(cm_wire_buf *b, int kind, uint64_t from, uint64_t to, const cm_selection *sel,
+                  uint64_t seq) {
+  static uint64_t data[CM_WIRE_MAX_COLS][4096];
+  cm_column cols[CM_WIRE_MAX_COLS];
+  uint32_t nc = 0, n = (uint32_t)(to - from);
+  uint64_t base = 1700000000000000000ull + (uint64_t)pid * 1000;
+  for (int f = 0; f < cm_field_count(kind); f++) {
+    if (sel && !cm_selection_has(sel, kind, f)) continue;
+    cm_field_info fi;
+    cm_field_info_get(kind, f, &fi);
+    for (uint32_t r = 0; r < n; r++) {
+      uint64_t i = from + r, start = base + i * 1000, v = i;
+      if (!strcmp(fi.name, "start") || !strcmp(fi.name, "timestamp")) v = start;
+      else if (!strcmp(fi.name, "stop") || !strcmp(fi.name, "end") || !strcmp(fi.name, "completed"))
+        v = start + 500 + (i % 7) * 100;
+      else if (fi.type == CM_TYPE_STR) v = 1 + i % 3;
+      else if (!strcmp(fi.name, "bytes")) v = 1024u << (i % 5);
+      else if (!strcmp(fi.name, "copy_kind")) v = 1 + i % 2;
+      else if (!strcmp(fi.name, "cbid")) v = i % 3 == 0 ? 211 : i % 3 == 1 ? 31 : 13;
+      else if (!strcmp(fi.name, "stream") || !strcmp(fi.name, "stream_id")) v = i % 2;
+      uint8_t *p = (uint8_t *)data[nc] + r * fi.width;
+      memcpy(p, &v, fi.width); /* little-endian host */
+    }
+    cols[nc] = (cm_column){.field = f, .type = fi.type, .width = fi.width, .name = fi.name,
+                           .data = data[nc]};
+    nc++;
+  }
+  cm_batch bt = {.kind = kind, .n = n, .ncols = nc, .cols = cols, .seq = seq};
+  cm_wire_write_batch(b, &bt);
+}
+
+static int capture(const char *path, long truncate_at, long corrupt_at) {
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  cm_wire_write_file_header(&b, 0);
+  hello(&b, "");
+  schema(&b);
+  strings(&b);
+  uint64_t seq = 0;
+  for (uint64_t from = 0; from < nrec; from += 1000)
+    for (int k = 0; k < nkinds; k++) batch(&b, kinds[k], from, from + 1000 < nrec ? from + 1000 : nrec, NULL, ++seq);
+  cm_wire_kv st[] = {{"records_decoded", nrec * (uint64_t)nkinds}, {"records_dropped", 0}};
+  cm_wire_write_stats(&b, st, 2);
+  cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, 0, "");
+  size_t len = b.len;
+  if (truncate_at >= 0 && (size_t)truncate_at < len) len = (size_t)truncate_at;
+  if (corrupt_at >= 0 && (size_t)corrupt_at < len) b.data[corrupt_at] ^= 0x5a;
+  FILE *fp = fopen(path, "wb");
+  if (!fp || fwrite(b.data, 1, len, fp) != len || fclose(fp)) {
+    perror(path);
+    return 1;
+  }
+  cm_wire_buf_free(&b);
+  return 0;
+}
+
+static int sock_fd;
+static cm_wire_reader *rd;
+
+static void send_buf(cm_wire_buf *b) {
+  size_t off = 0;
+  while (off < b->len) {
+    ssize_t w = write(sock_fd, b->data + off, b->len - off);
+    if (w <= 0) {
+      perror("wire_gen: write");
+      exit(3);
+    }
+    off += (size_t)w;
+  }
+  cm_wire_buf_clear(b);
+}
+
+/* Blocks for the next control frame; returns 0 at EOF. */
+static int next_frame(cm_wire_frame *f) {
+  for (;;) {
+    int rc = cm_wire_reader_next(rd, f);
+    if (rc == 1) return 1;
+    if (rc < 0) {
+      fprintf(stderr, "wire_gen: bad control stream: %s\n", cm_wire_reader_errmsg(rd));
+      exit(3);
+    }
+    char buf[65536];
+    ssize_t n = read(sock_fd, buf, sizeof buf);
+    if (n <= 0) return 0;
+    cm_wire_reader_feed(rd, buf, (size_t)n);
+  }
+}
+
+static cm_selection *sel;
+
+static void apply_select(const cm_wire_frame *f) {
+  const char *spec;
+  uint32_t len;
+  cm_wire_decode_select(f, &spec, &len);
+  cm_selection_free(sel);
+  cm_selection_new(&sel);
+  if (cm_selection_parse(sel, spec)) fprintf(stderr, "wire_gen: bad SELECT %s\n", spec);
+  fprintf(stderr, "wire_gen: pid %u SELECT %s\n", pid, spec);
+}
+
+static int agent(const char *token, int garbage, int exit_code) {
+  const char *path = getenv("CUPTIMON_SOCKET");
+  if (!token) token = getenv("CUPTIMON_TOKEN");
+  if (!path || !token) {
+    fprintf(stderr, "wire_gen: CUPTIMON_SOCKET and CUPTIMON_TOKEN are not set\n");
+    return 2;
+  }
+  sock_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  if (connect(sock_fd, (struct sockaddr *)&sa, sizeof sa)) {
+    perror("wire_gen: connect");
+    return 3;
+  }
+  cm_wire_reader_new(&rd, 0);
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  hello(&b, token);
+  schema(&b);
+  send_buf(&b);
+  cm_wire_frame f;
+  int32_t status = 1;
+  while (next_frame(&f)) {
+    if (f.type == CM_WIRE_SELECT) apply_select(&f);
+    if (f.type == CM_WIRE_HELLO_ACK) {
+      const char *msg;
+      cm_wire_decode_hello_ack(&f, &status, &msg);
+      if (status) fprintf(stderr, "wire_gen: refused: %s\n", msg);
+      break;
+    }
+  }
+  if (status) return 4;
+  strings(&b);
+  send_buf(&b);
+  uint64_t seq = 0, sent = 0;
+  for (uint64_t from = 0; from < nrec; from += 1000)
+    for (int k = 0; k < nkinds; k++) {
+      if (!sel || cm_selection_count(sel, kinds[k]) == 0) continue;
+      uint64_t to = from + 1000 < nrec ? from + 1000 : nrec;
+      batch(&b, kinds[k], from, to, sel, ++seq);
+      sent += to - from;
+      send_buf(&b);
+      if (garbage) {
+        static const char junk[64] = "CM this is not a frame header at all..........";
+        if (write(sock_fd, junk, sizeof junk) < 0) return 3;
+        garbage = 0;
+      }
+    }
+  cm_wire_kv st[] = {{"records_decoded", sent}, {"records_dropped", 7}, {"batches_dropped", 0}};
+  cm_wire_write_stats(&b, st, 3);
+  /* Answer a flush that arrives while we are still connected (non-blocking peek). */
+  struct timeval tv = {0, 200000};
+  setsockopt(sock_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  send_buf(&b);
+  while (next_frame(&f)) {
+    if (f.type == CM_WIRE_FLUSH) {
+      uint64_t id;
+      cm_wire_decode_flush(&f, &id, NULL, NULL);
+      cm_wire_write_flush_done(&b, id, 0);
+      send_buf(&b);
+    } else if (f.type == CM_WIRE_SELECT) {
+      apply_select(&f);
+    }
+  }
+  cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, "");
+  send_buf(&b);
+  close(sock_fd);
+  printf("wire_gen: pid=%u sent=%llu\n", pid, (unsigned long long)sent);
+  return exit_code;
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    fprintf(stderr, "usage: wire_gen capture PATH [opts] | wire_gen agent [opts]\n");
+    return 2;
+  }
+  pid = (uint32_t)getpid();
+  const char *path = NULL, *token = NULL;
+  long truncate_at = -1, corrupt_at = -1;
+  int garbage = 0, exit_code = 0, i = 2;
+  if (!strcmp(argv[1], "capture")) path = argv[i++];
+  for (; i < argc; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+    if (!strcmp(a, "--pid")) pid = (uint32_t)atoi(v), i++;
+    else if (!strcmp(a, "--records")) nrec = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--kinds")) parse_kinds(v), i++;
+    else if (!strcmp(a, "--truncate")) truncate_at = atol(v), i++;
+    else if (!strcmp(a, "--corrupt")) corrupt_at = atol(v), i++;
+    else if (!strcmp(a, "--token")) token = v, i++;
+    else if (!strcmp(a, "--exit-code")) exit_code = atoi(v), i++;
+    else if (!strcmp(a, "--garbage")) garbage = 1;
+    else {
+      fprintf(stderr, "wire_gen: unknown option %s\n", a);
+      return 2;
+    }
+  }
+  if (!nkinds) parse_kinds("kernel,memcpy");
+  if (path) return capture(path, truncate_at, corrupt_at);
+  return agent(token, garbage, exit_code);
+}
