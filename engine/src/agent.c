@@ -106,6 +106,8 @@ static struct agent {
   pthread_t sender, control;
   bool sender_started, control_started;
   uint32_t handshake_ms;
+  uint32_t exit_flush_ms; /* CUPTIMON_EXIT_FLUSH_MS: the final fence's deadline */
+  uint32_t exit_drain_ms; /* CUPTIMON_EXIT_DRAIN_MS: how long the queue may drain at exit */
 
   /* Control thread only (the init thread before it starts): the engine configuration and the
    * agent's observers. */
@@ -926,7 +928,7 @@ static void agent_atexit(void) {
   atomic_store(&A.exiting, true);
   uint64_t t0 = mono_ms();
   if (!atomic_load(&A.gone) && atomic_load(&A.tracing)) {
-    int rc = cm_flush(A.eng, CM_FLUSH_SYNC, EXIT_FLUSH_MS);
+    int rc = cm_flush(A.eng, CM_FLUSH_SYNC, A.exit_flush_ms);
     if (rc) alog(CM_LOG_WARN, "final flush: %s", cm_errmsg());
   }
   push_stats();
@@ -940,7 +942,7 @@ static void agent_atexit(void) {
   A.sender_stop = true;
   pthread_cond_signal(&A.q_cv);
   struct timespec ts;
-  abstime_in(&ts, EXIT_DRAIN_MS);
+  abstime_in(&ts, A.exit_drain_ms);
   while ((A.head || A.sending) && !A.q_dead)
     if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
   size_t left = A.q_frames;
@@ -949,7 +951,7 @@ static void agent_atexit(void) {
   if (!drained && !atomic_load(&A.gone))
     alog(CM_LOG_WARN,
          "the %s did not take the last %zu frames within %d ms; closing without them",
-         A.is_socket ? "monitor" : "capture file", left, EXIT_DRAIN_MS);
+         A.is_socket ? "monitor" : "capture file", left, (int)A.exit_drain_ms);
   /* A sender blocked in send() on a monitor that does not read is released by the shutdown. */
   if (A.is_socket && A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
   if (!drained) monitor_gone("closed at exit");
@@ -1123,6 +1125,10 @@ static void agent_init(void) {
     return;
   }
   A.handshake_ms = (uint32_t)env_u64("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS, 3600000);
+  A.exit_flush_ms = (uint32_t)env_u64("CUPTIMON_EXIT_FLUSH_MS", EXIT_FLUSH_MS, 3600000);
+  /* A capture file does not stall the way a monitor that stopped reading does, so its queue gets
+   * longer to drain by default: dropping the tail of a capture would lose records for no reason. */
+  A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", sock ? EXIT_DRAIN_MS : 30000, 3600000);
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
   uint64_t deadline = mono_ms() + A.handshake_ms;

@@ -23,8 +23,12 @@ static void test_million(void) {
   snprintf(path, sizeof path, "/tmp/cmt-agent-%d-million.cap", (int)getpid());
   snprintf(env_cap, sizeof env_cap, "CUPTIMON_CAPTURE=%s", path);
   snprintf(env_sel, sizeof env_sel, "CUPTIMON_SELECT=%s", spec);
+  /* Generous exit deadlines: under ThreadSanitizer the final fence and the drain of a million
+   * records take several times their release-build time, and this test checks completeness, not
+   * speed. */
   const char *env[] = {env_cap, env_sel, "CUPTIMON_AGENT_QUEUE_MB=2048",
-                       "CUPTIMON_AGENT_QUEUE_FRAMES=100000", NULL};
+                       "CUPTIMON_AGENT_QUEUE_FRAMES=100000", "CUPTIMON_EXIT_FLUSH_MS=60000",
+                       "CUPTIMON_EXIT_DRAIN_MS=60000", NULL};
   app a;
   app_start(&a, env, "--records 1000000 --threads 4 --kinds kernel,memcpy,memset,runtime,marker");
   int st = app_wait(&a, 120000);

@@ -62,7 +62,12 @@ for r in 1 2 3; do
 done
 grep -h "RESULT micro\|GOT traced" "$OUT"/micro_*.log
 
-# 6. Memory under sustained load: 600k traced launches; the RSS of the target and of the monitor
+# 6. The Lua column loop against the same loop in C, on this quieter machine's CPU.
+F=$B/engine/tests/libfake_cupti.so
+step lua_vs_c env CUPTIMON_LIBCUPTI="$F" CUPTIMON_LIBCUDA="$F" LUA_VS_C_LIB="$B/lua/liblua_vs_c.so" \
+  taskset -c 3 "$LUA" bench/lua_vs_c.lua 2000000 20
+
+# 7. Memory under sustained load: 600k traced launches; the RSS of the target and of the monitor
 # sampled every half second.
 (
   "$LUA" spec/gpu/kernels_runtime.lua -- python3 bench/torch_workload.py micro none 600000 >"$OUT/sustained.log" 2>&1 &
