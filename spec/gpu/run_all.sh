@@ -67,21 +67,8 @@ F=$B/engine/tests/libfake_cupti.so
 step lua_vs_c env CUPTIMON_LIBCUPTI="$F" CUPTIMON_LIBCUDA="$F" LUA_VS_C_LIB="$B/lua/liblua_vs_c.so" \
   taskset -c 3 "$LUA" bench/lua_vs_c.lua 2000000 20
 
-# 7. Memory under sustained load: 600k traced launches; the RSS of the target and of the monitor
-# sampled every half second.
-(
-  "$LUA" spec/gpu/kernels_runtime.lua -- python3 bench/torch_workload.py micro none 600000 >"$OUT/sustained.log" 2>&1 &
-  mon=$!
-  while kill -0 $mon 2>/dev/null; do
-    t=$(pgrep -f "torch_workload.py micro none 600000" | head -1)
-    echo "$(date +%s.%N | cut -c1-14) monitor_rss_kb=$(ps -o rss= -p $mon | tr -d ' ') target_rss_kb=$( [ -n "$t" ] && ps -o rss= -p $t | tr -d ' ')"
-    sleep 0.5
-  done >"$OUT/sustained_rss.log"
-  wait $mon
-  echo "sustained rc=$?"
-)
-tail -n 3 "$OUT/sustained.log"
-awk 'NR%6==1' "$OUT/sustained_rss.log"
+# 7. Memory under sustained load: the monitor's and the target's resident sets, sampled.
+step sustained bash spec/gpu/sustained.sh "$B" 600000
 
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
