@@ -155,27 +155,8 @@ static struct agent {
 
 /* ---- time and logging ----------------------------------------------------------------------- */
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
-static uint64_t realtime_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
-static void abstime_in(struct timespec *ts, uint64_t ms) {
-  clock_gettime(CLOCK_MONOTONIC, ts);
-  ts->tv_sec += (time_t)(ms / 1000);
-  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts->tv_nsec >= 1000000000L) {
-    ts->tv_sec++;
-    ts->tv_nsec -= 1000000000L;
-  }
-}
 
 static const char *level_names[] = {"error", "warn", "info", "debug"};
 
@@ -243,7 +224,7 @@ static uint64_t env_u64(const char *name, uint64_t def, uint64_t max) {
 static int write_all(int fd, bool sock, const uint8_t *p, size_t n, uint64_t deadline) {
   while (n) {
     if (deadline) {
-      uint64_t now = mono_ms();
+      uint64_t now = cm__mono_ms();
       if (now >= deadline) return ETIMEDOUT;
       struct pollfd pf = {.fd = fd, .events = POLLOUT};
       int pr = poll(&pf, 1, (int)(deadline - now));
@@ -592,8 +573,8 @@ static int write_hello_schema(cm_wire_buf *b, const char *token) {
   char *block;
   const char **argv;
   uint32_t argc = read_cmdline(&block, &argv);
-  uint64_t t0 = realtime_ns();
-  uint64_t t1 = realtime_ns();
+  uint64_t t0 = cm__realtime_ns();
+  uint64_t t1 = cm__realtime_ns();
   cm_wire_hello h = {
       .pid = (uint32_t)getpid(),
       .ppid = (uint32_t)getppid(),
@@ -926,7 +907,7 @@ static void join_with_deadline(pthread_t t, const char *name) {
 static void agent_atexit(void) {
   if (getpid() != A.pid || !atomic_load(&A.active)) return;
   atomic_store(&A.exiting, true);
-  uint64_t t0 = mono_ms();
+  uint64_t t0 = cm__mono_ms();
   if (!atomic_load(&A.gone) && atomic_load(&A.tracing)) {
     int rc = cm_flush(A.eng, CM_FLUSH_SYNC, A.exit_flush_ms);
     if (rc) alog(CM_LOG_WARN, "final flush: %s", cm_errmsg());
@@ -942,7 +923,7 @@ static void agent_atexit(void) {
   A.sender_stop = true;
   pthread_cond_signal(&A.q_cv);
   struct timespec ts;
-  abstime_in(&ts, A.exit_drain_ms);
+  cm__abstime_in(&ts, A.exit_drain_ms);
   while ((A.head || A.sending) && !A.q_dead)
     if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
   size_t left = A.q_frames;
@@ -972,7 +953,7 @@ static void agent_atexit(void) {
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
        (unsigned long long)st.records_dropped, (unsigned long long)GET(bytes_sent),
-       (unsigned long long)(mono_ms() - t0));
+       (unsigned long long)(cm__mono_ms() - t0));
   /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */
 }
 
@@ -1008,7 +989,7 @@ static int connect_monitor(const char *path, uint64_t deadline) {
     int err = errno;
     close(fd);
     /* A listener with a full backlog answers EAGAIN; anything else is final. */
-    if ((err != EAGAIN && err != EINTR) || mono_ms() >= deadline) {
+    if ((err != EAGAIN && err != EINTR) || cm__mono_ms() >= deadline) {
       alog(CM_LOG_ERROR, "cannot connect to the monitor at %s: %s", path, strerror(err));
       return -1;
     }
@@ -1032,7 +1013,7 @@ static int32_t await_ack(uint64_t deadline) {
            cm_wire_reader_errmsg(A.reader));
       return CM_EIO;
     }
-    uint64_t now = mono_ms();
+    uint64_t now = cm__mono_ms();
     if (now >= deadline) {
       alog(CM_LOG_ERROR, "no HELLO_ACK from the monitor within %u ms (CUPTIMON_HANDSHAKE_MS)",
            A.handshake_ms);
@@ -1131,7 +1112,7 @@ static void agent_init(void) {
   A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", sock ? EXIT_DRAIN_MS : 30000, 3600000);
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
-  uint64_t deadline = mono_ms() + A.handshake_ms;
+  uint64_t deadline = cm__mono_ms() + A.handshake_ms;
   char path[4096];
 
   if (sock) {

@@ -315,11 +315,6 @@ void cm__callbacks_free(cm__callbacks *cb) {
 
 /* ---- dispatch ------------------------------------------------------------------------------ */
 
-static uint64_t realtime_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* The built-in RESOURCE handler: one record per context, stream or module event. */
 static void record_resource(cm__callbacks *cb, uint32_t cbid, const void *data) {
@@ -332,7 +327,7 @@ static void record_resource(cm__callbacks *cb, uint32_t cbid, const void *data) 
   memset(&r, 0, sizeof r);
   r.kind = CM_KIND_RESOURCE;
   r.event = cbid;
-  r.timestamp = realtime_ns();
+  r.timestamp = cm__realtime_ns();
   r.context = (uint64_t)(uintptr_t)rd->context;
   r.device = UINT32_MAX;
   r.tid = (uint32_t)syscall(SYS_gettid);

@@ -29,6 +29,17 @@
 int cm__seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cm__clearerr(void);
 
+/* ---- clock.c ------------------------------------------------------------------------------ */
+
+struct timespec;
+/* CLOCK_REALTIME in nanoseconds, the timebase of every record. Thread-safe. */
+uint64_t cm__realtime_ns(void);
+/* CLOCK_MONOTONIC in milliseconds, for deadlines and cadences. Thread-safe. */
+uint64_t cm__mono_ms(void);
+/* Fills *ts with the CLOCK_MONOTONIC time `ms` from now, for pthread_cond_timedwait on a
+ * condition variable created with CLOCK_MONOTONIC. Thread-safe. */
+void cm__abstime_in(struct timespec *ts, uint64_t ms);
+
 /* ---- fields.c ---------------------------------------------------------------------------- */
 
 #define CM__MAX_FIELDS 128 /* per kind; selections are 128-bit sets */

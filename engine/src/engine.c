@@ -118,27 +118,8 @@ static void release_slot(void) {
 #define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
 #define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)
 
-static uint64_t realtime_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
 
-static void abstime_in(struct timespec *ts, uint64_t ms) {
-  clock_gettime(CLOCK_MONOTONIC, ts);
-  ts->tv_sec += (time_t)(ms / 1000);
-  ts->tv_nsec += (long)(ms % 1000) * 1000000L;
-  if (ts->tv_nsec >= 1000000000L) {
-    ts->tv_sec++;
-    ts->tv_nsec -= 1000000000L;
-  }
-}
 
 static void elog(cm_engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void elog(cm_engine *e, int level, const char *fmt, ...) {
@@ -152,7 +133,7 @@ static void elog(cm_engine *e, int level, const char *fmt, ...) {
   pthread_mutex_unlock(&e->log_mu);
 }
 
-static uint64_t CUPTIAPI realtime_timestamp_cb(void) { return realtime_ns(); }
+static uint64_t CUPTIAPI realtime_timestamp_cb(void) { return cm__realtime_ns(); }
 
 /* ---- CUPTI callbacks ------------------------------------------------------------------------ */
 
@@ -280,7 +261,7 @@ static void *worker_main(void *arg) {
   pthread_mutex_lock(&e->q_mu);
   for (;;) {
     /* Cadences first, so a queue that never runs empty cannot starve delivery. */
-    uint64_t now = mono_ms();
+    uint64_t now = cm__mono_ms();
     uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
     if (fl && now >= next_flush) {
       next_flush = now + fl;
@@ -331,7 +312,7 @@ static void *worker_main(void *arg) {
       pthread_cond_wait(&e->q_cv, &e->q_mu);
     } else {
       struct timespec ts;
-      abstime_in(&ts, wake > now ? wake - now : 0);
+      cm__abstime_in(&ts, wake > now ? wake - now : 0);
       pthread_cond_timedwait(&e->q_cv, &e->q_mu, &ts);
     }
   }
@@ -345,13 +326,13 @@ static bool wait_decoded(cm_engine *e, uint64_t deadline) {
   pthread_mutex_lock(&e->q_mu);
   uint64_t target = e->enqueued;
   while (e->decoded < target) {
-    uint64_t now = mono_ms();
+    uint64_t now = cm__mono_ms();
     if (now >= deadline) {
       ok = false;
       break;
     }
     struct timespec ts;
-    abstime_in(&ts, deadline - now);
+    cm__abstime_in(&ts, deadline - now);
     pthread_cond_timedwait(&e->done_cv, &e->q_mu, &ts);
   }
   pthread_mutex_unlock(&e->q_mu);
@@ -514,14 +495,14 @@ static bool fence(cm_engine *e, uint64_t deadline) {
   if (synced == 0) {
     ok = plain_flush(e, deadline, 0);
   } else {
-    uint64_t last_sync = mono_ms();
+    uint64_t last_sync = cm__mono_ms();
     for (;;) {
       ok = plain_flush(e, deadline, 0);
       pthread_mutex_lock(&e->dec_mu);
       uint64_t seen = cm__decoder_sync_end(e->dec);
       pthread_mutex_unlock(&e->dec_mu);
       if (seen >= mark) break;
-      uint64_t now = mono_ms();
+      uint64_t now = cm__mono_ms();
       if (now >= deadline) {
         ok = false;
         break;
@@ -542,7 +523,7 @@ static bool fence(cm_engine *e, uint64_t deadline) {
 }
 
 static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
-  return mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
+  return cm__mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
 }
 
 /* Ends the activity session: device sync, forced flush, delivery, every kind disabled. Called with
@@ -578,12 +559,25 @@ static int check_config(const cm_config *cfg) {
 }
 
 static void check_clock(cm_engine *e) {
-  uint64_t t0 = realtime_ns(), ts = 0;
+  uint64_t t0 = cm__realtime_ns(), ts = 0;
   e->cupti.GetTimestamp(&ts);
-  uint64_t t1 = realtime_ns();
+  uint64_t t1 = cm__realtime_ns();
   /* A small slack absorbs the two reads' granularity. */
   e->clock_realtime = ts + 1000 >= t0 && ts <= t1 + 1000;
   e->clock_offset_ns = (int64_t)(ts - (t0 + (t1 - t0) / 2));
+}
+
+/* Frees the engine's memory and locks, and gives the process's engine slot back. The modules it
+ * owned must have been freed already. */
+static void destroy(cm_engine *e) {
+  pthread_mutex_destroy(&e->log_mu);
+  pthread_mutex_destroy(&e->api_mu);
+  pthread_mutex_destroy(&e->dec_mu);
+  pthread_mutex_destroy(&e->q_mu);
+  pthread_cond_destroy(&e->q_cv);
+  pthread_cond_destroy(&e->done_cv);
+  free(e);
+  release_slot();
 }
 
 int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
@@ -706,14 +700,7 @@ fail_intern:
 fail_pool:
   cm__pool_destroy(&e->pool);
 fail_locks:
-  pthread_mutex_destroy(&e->log_mu);
-  pthread_mutex_destroy(&e->api_mu);
-  pthread_mutex_destroy(&e->dec_mu);
-  pthread_mutex_destroy(&e->q_mu);
-  pthread_cond_destroy(&e->q_cv);
-  pthread_cond_destroy(&e->done_cv);
-  free(e);
-  release_slot();
+  destroy(e);
   return rc;
 }
 
@@ -758,14 +745,7 @@ void cm_engine_free(cm_engine *e) {
   cm__intern_free(e->strings);
   cm__pool_destroy(&e->pool);
   free(e->obs);
-  pthread_mutex_destroy(&e->log_mu);
-  pthread_mutex_destroy(&e->api_mu);
-  pthread_mutex_destroy(&e->dec_mu);
-  pthread_mutex_destroy(&e->q_mu);
-  pthread_cond_destroy(&e->q_cv);
-  pthread_cond_destroy(&e->done_cv);
-  free(e);
-  release_slot();
+  destroy(e);
 }
 
 int cm_configure(cm_engine *e, const cm_config *cfg) {
@@ -850,7 +830,7 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
   apply_toggles(e, next);
   if (!e->active) {
     e->active = true;
-    e->session_start_ns = realtime_ns();
+    e->session_start_ns = cm__realtime_ns();
     ADD(e, st_sessions, 1);
   }
   if (id) *id = ob->id;
