@@ -571,10 +571,7 @@ static int find_agent(hub *hb) {
             "%s); set CUPTIMON_AGENT to its path\n", a, b);
     return CM_ENOENT;
   }
-  if (!realpath(found, hb->agent)) {
-    strncpy(hb->agent, found, sizeof hb->agent - 1);
-    hb->agent[sizeof hb->agent - 1] = 0;
-  }
+  if (!realpath(found, hb->agent)) snprintf(hb->agent, sizeof hb->agent, "%s", found);
   return 0;
 }
 

@@ -34,6 +34,7 @@
 #include <unistd.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "cuptimon_wire.h"
 #include "fake_cupti.h"
@@ -44,66 +45,6 @@
 #ifndef CM_TEST_APP
 #error "CM_TEST_APP (the path of fake_cuda_app) must be defined by the build"
 #endif
-
-#define ODD_MUL 0x9E3779B97F4A7C15ull
-
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* ---- values -------------------------------------------------------------------------------- */
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
-static int type_signed(int type) {
-  return type == CM_TYPE_I8 || type == CM_TYPE_I16 || type == CM_TYPE_I32 || type == CM_TYPE_I64;
-}
-
-static uint64_t normalize(uint64_t raw, unsigned bytes, int sgn) {
-  if (bytes >= 8) return raw;
-  uint64_t mask = ((uint64_t)1 << (bytes * 8)) - 1;
-  raw &= mask;
-  if (sgn && ((raw >> (bytes * 8 - 1)) & 1)) raw |= ~mask;
-  return raw;
-}
-
-static uint64_t load_le(const void *p, unsigned bytes) {
-  uint64_t v = 0;
-  memcpy(&v, p, bytes);
-  return v;
-}
-
-static uint64_t field_mix(int field, uint64_t v) { return mix64(v ^ ((uint64_t)(field + 1) * ODD_MUL)); }
-
-/* The value field `f` of a generated record must have in a column. */
-static uint64_t record_value(const void *rec, const cm_field_info *f) {
-  const unsigned char *p = (const unsigned char *)rec + f->offset;
-  if (f->type == CM_TYPE_STR) {
-    const char *s = NULL;
-    memcpy(&s, p, sizeof s);
-    return s ? fnv1a(s, strlen(s)) : fnv1a("", 0);
-  }
-  int sgn = type_signed(f->type);
-  return normalize(normalize(load_le(p, f->src_width), f->src_width, sgn), f->width, sgn);
-}
 
 /* ---- accumulated checksums ----------------------------------------------------------------- */
 
@@ -164,8 +105,7 @@ static void fold_batch(checker *c, const cm_batch *b) {
       } else {
         v = normalize(raw, col->width, type_signed(col->type));
       }
-      ka->sum[col->field] += v * ODD_MUL;
-      ka->xr[col->field] ^= field_mix(col->field, v);
+      fold_value(&ka->sum[col->field], &ka->xr[col->field], col->field, v);
     }
   }
   ka->count += b->n;
@@ -298,12 +238,11 @@ static void expect_workload(kacc *exp, uint64_t records, int threads, const int 
     for (uint64_t j = 0; j < n; j++) {
       int k = kinds[j % (uint64_t)nk];
       memset(rec.b, 0, sizeof rec.b);
-      CMT_GT(fake_gen_record(k, (uint32_t)t, j, rec.b), 0);
+      size_t size = fake_gen_record(k, (uint32_t)t, j, rec.b);
+      CMT_GT(size, 0);
       for (int f = 0; f < nf[k]; f++) {
         if (!cm_selection_has(sel, k, f)) continue;
-        uint64_t v = record_value(rec.b, &fi[k][f]);
-        exp[k].sum[f] += v * ODD_MUL;
-        exp[k].xr[f] ^= field_mix(f, v);
+        fold_value(&exp[k].sum[f], &exp[k].xr[f], f, record_value(rec.b, size, &fi[k][f]));
       }
       exp[k].count++;
     }

@@ -21,63 +21,12 @@
 #include <string.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
 #define CYCLES 200
 #define ENGINES 20
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
-static int type_signed(int type) {
-  return type == CM_TYPE_I8 || type == CM_TYPE_I16 || type == CM_TYPE_I32 || type == CM_TYPE_I64;
-}
-
-static uint64_t normalize(uint64_t raw, unsigned bytes, int sgn) {
-  if (bytes >= 8) return raw;
-  uint64_t mask = ((uint64_t)1 << (bytes * 8)) - 1;
-  raw &= mask;
-  if (sgn && ((raw >> (bytes * 8 - 1)) & 1)) raw |= ~mask;
-  return raw;
-}
-
-static uint64_t load_le(const void *p, unsigned bytes) {
-  uint64_t v = 0;
-  memcpy(&v, p, bytes);
-  return v;
-}
-
-static uint64_t record_value(const void *rec, size_t rec_size, const cm_field_info *f) {
-  CMT_LEU((uint64_t)f->offset + f->src_width, rec_size);
-  const unsigned char *p = (const unsigned char *)rec + f->offset;
-  if (f->type == CM_TYPE_STR) {
-    const char *s = NULL;
-    memcpy(&s, p, sizeof s);
-    return s ? fnv1a(s, strlen(s)) : fnv1a("", 0);
-  }
-  int sgn = type_signed(f->type);
-  return normalize(normalize(load_le(p, f->src_width), f->src_width, sgn), f->width, sgn);
-}
-
-static uint64_t row_step(uint64_t h, int field, uint64_t v) {
-  return mix64(h ^ mix64(v ^ ((uint64_t)(field + 1) * 0x9E3779B97F4A7C15ull)));
-}
 
 /* ---- one cycle ------------------------------------------------------------------------------ */
 
@@ -89,24 +38,14 @@ static cm_field_info *g_fi;
  * cm_unobserve (no delivery cadence is configured), so no lock is needed. */
 static uint64_t g_got_n, g_got_sum, g_got_xor;
 
-static uint64_t column_value(const cm_column *c, uint32_t i) {
-  uint64_t raw = load_le((const unsigned char *)c->data + (size_t)i * c->width, c->width);
-  if (c->type == CM_TYPE_STR) {
-    size_t len = 0;
-    const char *s = cm_string(g_engine, (uint32_t)raw, &len);
-    if (!s) CMT_FAIL("string id %" PRIu64 " does not resolve", raw);
-    return fnv1a(s, len);
-  }
-  return normalize(raw, c->width, type_signed(c->type));
-}
-
 static void on_batch(void *ud, const cm_batch *b) {
   (void)ud;
   CMT_EQ(b->kind, g_kernel);
   CMT_EQ(b->ncols, g_nf);
   for (uint32_t i = 0; i < b->n; i++) {
     uint64_t h = (uint64_t)b->kind;
-    for (uint32_t c = 0; c < b->ncols; c++) h = row_step(h, (int)c, column_value(&b->cols[c], i));
+    for (uint32_t c = 0; c < b->ncols; c++)
+      h = row_step(h, (int)c, column_value_resolved(g_engine, &b->cols[c], i));
     /* A sum and an XOR of mixed row hashes: order-independent, and a duplicate that replaces a
      * lost record changes both. */
     g_got_sum += h;
@@ -152,11 +91,6 @@ static void one_cycle(uint32_t tag, uint64_t k, cm_selection *sel) {
   CMT_EQU(st.buffers_outstanding, 0);
 }
 
-static void on_log(void *ud, int level, const char *msg) {
-  (void)ud;
-  fprintf(stderr, "[engine log %d] %s\n", level, msg);
-}
-
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* keep the progress lines when an assertion aborts */
   g_kernel = cm_kind_by_name("kernel");
@@ -173,7 +107,7 @@ int main(void) {
   fake_stats f0, f1;
   fake_get_stats(&f0);
   CMT_OK(cm_engine_new(&g_engine, NULL));
-  cm_set_log(g_engine, on_log, NULL);
+  cm_set_log(g_engine, log_to_stderr, NULL);
   uint64_t total = 0;
   for (uint32_t c = 0; c < CYCLES; c++) {
     uint64_t k = 1 + (c * 7919u) % 97; /* 1..97 records, varying from cycle to cycle */
@@ -211,7 +145,7 @@ int main(void) {
   fake_get_stats(&f0);
   for (uint32_t i = 0; i < ENGINES; i++) {
     CMT_OK(cm_engine_new(&g_engine, NULL));
-    cm_set_log(g_engine, on_log, NULL);
+    cm_set_log(g_engine, log_to_stderr, NULL);
     one_cycle(10000 + i, 1 + i, sel);
     cm_engine_free(g_engine);
     g_engine = NULL;

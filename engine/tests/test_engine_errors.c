@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
@@ -174,15 +175,6 @@ static uint64_t g_delivered;
 static uint64_t g_sum, g_xor; /* over the delivered (start, correlation) pairs */
 static int g_start_field, g_corr_field;
 
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
 static uint64_t pair_hash(uint64_t start, uint64_t corr) { return mix64(mix64(start) ^ corr); }
 
 static void on_kernel(void *ud, const cm_batch *b) {
@@ -246,17 +238,6 @@ static void *burst_main(void *arg) {
   return NULL;
 }
 
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-static void on_log(void *ud, int level, const char *msg) {
-  (void)ud;
-  fprintf(stderr, "[engine log %d] %s\n", level, msg);
-}
-
 static void test_pool_exhaustion(void) {
   g_kernel = cm_kind_by_name("kernel");
   g_start_field = cm_field_by_name(g_kernel, "start");
@@ -270,7 +251,7 @@ static void test_pool_exhaustion(void) {
   cfg.pool_max_buffers = 2;
   cm_engine *e;
   CMT_OK(cm_engine_new(&e, &cfg));
-  cm_set_log(e, on_log, NULL);
+  cm_set_log(e, log_to_stderr, NULL);
   cm_selection *sel;
   CMT_OK(cm_selection_new(&sel));
   CMT_OK(cm_selection_parse(sel, "kernel:start,correlation"));

@@ -28,6 +28,7 @@
 #include <unistd.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
@@ -36,121 +37,6 @@
 #define ROUNDS 20
 #define WRITER_BASE 1000u /* generator thread ids of the test's writers */
 #define MARKER_THREAD 9999u
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
-static int type_signed(int type) {
-  return type == CM_TYPE_I8 || type == CM_TYPE_I16 || type == CM_TYPE_I32 || type == CM_TYPE_I64;
-}
-
-static uint64_t normalize(uint64_t raw, unsigned bytes, int sgn) {
-  if (bytes >= 8) return raw;
-  uint64_t mask = ((uint64_t)1 << (bytes * 8)) - 1;
-  raw &= mask;
-  if (sgn && ((raw >> (bytes * 8 - 1)) & 1)) raw |= ~mask;
-  return raw;
-}
-
-static uint64_t load_le(const void *p, unsigned bytes) {
-  uint64_t v = 0;
-  memcpy(&v, p, bytes);
-  return v;
-}
-
-static uint64_t record_value(const void *rec, size_t rec_size, const cm_field_info *f) {
-  CMT_LEU((uint64_t)f->offset + f->src_width, rec_size);
-  const unsigned char *p = (const unsigned char *)rec + f->offset;
-  if (f->type == CM_TYPE_STR) {
-    const char *s = NULL;
-    memcpy(&s, p, sizeof s);
-    return s ? fnv1a(s, strlen(s)) : fnv1a("", 0);
-  }
-  int sgn = type_signed(f->type);
-  return normalize(normalize(load_le(p, f->src_width), f->src_width, sgn), f->width, sgn);
-}
-
-static uint64_t row_step(uint64_t h, int field, uint64_t v) {
-  return mix64(h ^ mix64(v ^ ((uint64_t)(field + 1) * 0x9E3779B97F4A7C15ull)));
-}
-
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* ---- a multiset of 64-bit hashes ------------------------------------------------------------ */
-
-typedef struct hslot {
-  uint64_t h;
-  uint32_t count;
-  uint32_t used;
-} hslot;
-
-typedef struct hset {
-  hslot *s;
-  size_t cap, n;
-  uint64_t total;
-} hset;
-
-static void hset_grow(hset *m);
-
-static hslot *hset_find(hset *m, uint64_t h, bool insert) {
-  if (insert && (m->n + 1) * 2 > m->cap) hset_grow(m);
-  if (!m->cap) return NULL;
-  size_t i = (size_t)mix64(h) & (m->cap - 1);
-  for (;;) {
-    hslot *s = &m->s[i];
-    if (!s->used) {
-      if (!insert) return NULL;
-      *s = (hslot){.h = h, .count = 0, .used = 1};
-      m->n++;
-      return s;
-    }
-    if (s->h == h) return s;
-    i = (i + 1) & (m->cap - 1);
-  }
-}
-
-static void hset_grow(hset *m) {
-  hset old = *m;
-  m->cap = old.cap ? old.cap * 2 : 4096;
-  m->s = calloc(m->cap, sizeof *m->s);
-  CMT_ASSERT(m->s != NULL);
-  m->n = 0;
-  for (size_t i = 0; i < old.cap; i++)
-    if (old.s[i].used) hset_find(m, old.s[i].h, true)->count = old.s[i].count;
-  free(old.s);
-}
-
-static void hset_add(hset *m, uint64_t h) {
-  hset_find(m, h, true)->count++;
-  m->total++;
-}
-
-static bool hset_take(hset *m, uint64_t h) {
-  hslot *s = hset_find(m, h, false);
-  if (!s || !s->count) return false;
-  s->count--;
-  m->total--;
-  return true;
-}
 
 /* ---- observers ------------------------------------------------------------------------------ */
 
@@ -164,17 +50,6 @@ static uint64_t g_memcpy_count; /* guarded by g_mu */
 static int g_nf;
 static cm_field_info *g_fi;
 
-static uint64_t column_value(const cm_column *c, uint32_t i) {
-  uint64_t raw = load_le((const unsigned char *)c->data + (size_t)i * c->width, c->width);
-  if (c->type == CM_TYPE_STR) {
-    size_t len = 0;
-    const char *s = cm_string(g_engine, (uint32_t)raw, &len);
-    if (!s) CMT_FAIL("string id %" PRIu64 " does not resolve", raw);
-    return fnv1a(s, len);
-  }
-  return normalize(raw, c->width, type_signed(c->type));
-}
-
 static void on_kernel(void *ud, const cm_batch *b) {
   (void)ud;
   CMT_EQ(b->kind, g_kernel);
@@ -184,7 +59,7 @@ static void on_kernel(void *ud, const cm_batch *b) {
     uint64_t h = (uint64_t)b->kind;
     for (uint32_t c = 0; c < b->ncols; c++) {
       CMT_EQ(b->cols[c].field, (int)c);
-      uint64_t v = column_value(&b->cols[c], i);
+      uint64_t v = column_value_resolved(g_engine, &b->cols[c], i);
       if ((int)c == g_stop_field && v == 0) g_zero_stops++;
       h = row_step(h, (int)c, v);
     }
@@ -413,11 +288,6 @@ static void test_no_context(void) {
   cm_selection_free(sel);
 }
 
-static void on_log(void *ud, int level, const char *msg) {
-  (void)ud;
-  fprintf(stderr, "[engine log %d] %s\n", level, msg);
-}
-
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0); /* keep the progress lines when an assertion aborts */
   g_kernel = cm_kind_by_name("kernel");
@@ -434,7 +304,7 @@ int main(void) {
   cm_config cfg;
   cm_config_init(&cfg);
   CMT_OK(cm_engine_new(&g_engine, &cfg));
-  cm_set_log(g_engine, on_log, NULL);
+  cm_set_log(g_engine, log_to_stderr, NULL);
   cm_selection *ks, *ms;
   CMT_OK(cm_selection_new(&ks));
   CMT_OK(cm_selection_add_id(ks, g_kernel, -1));

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
@@ -45,120 +46,6 @@
 #define PHASE_RECORDS 20000u /* kernel records an observer must see before the next step */
 #define PHASE_MIN_MS 30
 #define PHASE_MAX_MS 20000
-
-static uint64_t mono_ms(void);
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
-static int type_signed(int type) {
-  return type == CM_TYPE_I8 || type == CM_TYPE_I16 || type == CM_TYPE_I32 || type == CM_TYPE_I64;
-}
-
-static uint64_t normalize(uint64_t raw, unsigned bytes, int sgn) {
-  if (bytes >= 8) return raw;
-  uint64_t mask = ((uint64_t)1 << (bytes * 8)) - 1;
-  raw &= mask;
-  if (sgn && ((raw >> (bytes * 8 - 1)) & 1)) raw |= ~mask;
-  return raw;
-}
-
-static uint64_t load_le(const void *p, unsigned bytes) {
-  uint64_t v = 0;
-  memcpy(&v, p, bytes);
-  return v;
-}
-
-static uint64_t record_value(const void *rec, size_t rec_size, const cm_field_info *f) {
-  CMT_LEU((uint64_t)f->offset + f->src_width, rec_size);
-  const unsigned char *p = (const unsigned char *)rec + f->offset;
-  if (f->type == CM_TYPE_STR) {
-    const char *s = NULL;
-    memcpy(&s, p, sizeof s);
-    return s ? fnv1a(s, strlen(s)) : fnv1a("", 0);
-  }
-  int sgn = type_signed(f->type);
-  return normalize(normalize(load_le(p, f->src_width), f->src_width, sgn), f->width, sgn);
-}
-
-static uint64_t row_step(uint64_t h, int field, uint64_t v) {
-  return mix64(h ^ mix64(v ^ ((uint64_t)(field + 1) * 0x9E3779B97F4A7C15ull)));
-}
-
-/* ---- a multiset of 64-bit hashes (open addressing, counts) --------------------------------- */
-
-typedef struct hslot {
-  uint64_t h;
-  uint32_t count;
-  uint32_t used;
-} hslot;
-
-typedef struct hset {
-  hslot *s;
-  size_t cap, n; /* n: distinct hashes */
-  uint64_t total; /* sum of counts */
-} hset;
-
-static void hset_grow(hset *m);
-
-static hslot *hset_find(hset *m, uint64_t h, bool insert) {
-  if (insert && (m->n + 1) * 2 > m->cap) hset_grow(m);
-  if (!m->cap) return NULL;
-  size_t i = (size_t)mix64(h) & (m->cap - 1);
-  for (;;) {
-    hslot *s = &m->s[i];
-    if (!s->used) {
-      if (!insert) return NULL;
-      s->used = 1;
-      s->h = h;
-      s->count = 0;
-      m->n++;
-      return s;
-    }
-    if (s->h == h) return s;
-    i = (i + 1) & (m->cap - 1);
-  }
-}
-
-static void hset_grow(hset *m) {
-  hset old = *m;
-  m->cap = old.cap ? old.cap * 2 : 4096;
-  m->s = calloc(m->cap, sizeof *m->s);
-  CMT_ASSERT(m->s != NULL);
-  m->n = 0;
-  for (size_t i = 0; i < old.cap; i++)
-    if (old.s[i].used) hset_find(m, old.s[i].h, true)->count = old.s[i].count;
-  free(old.s);
-}
-
-static void hset_add(hset *m, uint64_t h) {
-  hset_find(m, h, true)->count++;
-  m->total++;
-}
-
-/* Takes one occurrence of `h` out; returns whether there was one. */
-static bool hset_take(hset *m, uint64_t h) {
-  hslot *s = hset_find(m, h, false);
-  if (!s || !s->count) return false;
-  s->count--;
-  m->total--;
-  return true;
-}
 
 /* ---- observers ------------------------------------------------------------------------------ */
 
@@ -287,12 +174,6 @@ static void *prod_main(void *arg) {
     if (j % BURST == BURST - 1) usleep(1000);
   }
   return NULL;
-}
-
-static uint64_t mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
 /* Lets the producers run until `o` has received `n` more records of `kind` (and at least

@@ -28,70 +28,12 @@
 #include <time.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
 #define NTHREADS 4
 #define PER_THREAD 250000ull
-#define ODD_MUL 0x9E3779B97F4A7C15ull
-
-/* ---- value helpers ------------------------------------------------------------------------- */
-
-/* The splitmix64 finalizer: a bijective mix, so distinct values stay distinct. */
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
-static int type_signed(int type) {
-  return type == CM_TYPE_I8 || type == CM_TYPE_I16 || type == CM_TYPE_I32 || type == CM_TYPE_I64;
-}
-
-/* Keeps the low `bytes` bytes of `raw`, sign-extending them when `sgn` is set. */
-static uint64_t normalize(uint64_t raw, unsigned bytes, int sgn) {
-  if (bytes >= 8) return raw;
-  uint64_t mask = ((uint64_t)1 << (bytes * 8)) - 1;
-  raw &= mask;
-  if (sgn && ((raw >> (bytes * 8 - 1)) & 1)) raw |= ~mask;
-  return raw;
-}
-
-/* Reads a little-endian unsigned integer of `bytes` bytes (the test runs on x86-64). */
-static uint64_t load_le(const void *p, unsigned bytes) {
-  uint64_t v = 0;
-  memcpy(&v, p, bytes);
-  return v;
-}
-
-/* The value a field of a generated record must have in a column: strings as the hash of the
- * pointed-to bytes, numbers read at the registry's offset and source width, then converted to
- * the column's width and signedness. */
-static uint64_t record_value(const void *rec, size_t rec_size, const cm_field_info *f) {
-  CMT_LEU((uint64_t)f->offset + f->src_width, rec_size);
-  const unsigned char *p = (const unsigned char *)rec + f->offset;
-  if (f->type == CM_TYPE_STR) {
-    const char *s = NULL;
-    CMT_EQU(f->src_width, sizeof s);
-    memcpy(&s, p, sizeof s);
-    return s ? fnv1a(s, strlen(s)) : fnv1a("", 0);
-  }
-  CMT_ASSERT(f->src_width >= 1 && f->src_width <= 8);
-  int sgn = type_signed(f->type);
-  return normalize(normalize(load_le(p, f->src_width), f->src_width, sgn), f->width, sgn);
-}
 
 /* ---- per-kind state ------------------------------------------------------------------------ */
 
@@ -145,14 +87,6 @@ static void kstate_init(kstate *ks, int kind) {
   ks->keep_rows = kind == CM_KIND_SYNCHRONIZATION;
 }
 
-static uint64_t field_mix(int field, uint64_t v) {
-  return mix64(v ^ ((uint64_t)(field + 1) * ODD_MUL));
-}
-
-static uint64_t row_step(uint64_t h, int field, uint64_t v) {
-  return mix64(h ^ field_mix(field, v));
-}
-
 /* The FNV-1a hash of string id `id`, resolved once through cm_string(). Caller holds g_mu. */
 static uint64_t string_hash(uint32_t id) {
   while (g_str_hash.n <= id) vec_push(&g_str_hash, 0);
@@ -199,8 +133,7 @@ static void on_batch(void *ud, const cm_batch *b) {
     uint64_t h = (uint64_t)b->kind;
     for (int c = 0; c < ks->nf; c++) {
       uint64_t v = column_value(&b->cols[c], i);
-      ks->got_sum[c] += v * ODD_MUL;
-      ks->got_xor[c] ^= field_mix(c, v);
+      fold_value(&ks->got_sum[c], &ks->got_xor[c], c, v);
       h = row_step(h, c, v);
       if (ks->keep_rows) vec_push(&ks->got_vals, v);
     }
@@ -208,11 +141,6 @@ static void on_batch(void *ud, const cm_batch *b) {
   }
   ks->got_count += b->n;
   pthread_mutex_unlock(&g_mu);
-}
-
-static void on_log(void *ud, int level, const char *msg) {
-  (void)ud;
-  fprintf(stderr, "[engine log %d] %s\n", level, msg);
 }
 
 static double now_s(void) {
@@ -290,7 +218,7 @@ int main(void) {
   cm_config_init(&cfg);
   cfg.fence_timeout_ms = 60000; /* a slow sanitizer build must not turn decode time into loss */
   CMT_OK(cm_engine_new(&g_engine, &cfg));
-  cm_set_log(g_engine, on_log, NULL);
+  cm_set_log(g_engine, log_to_stderr, NULL);
 
   cm_selection *sel = NULL;
   CMT_OK(cm_selection_new(&sel));
@@ -332,8 +260,7 @@ int main(void) {
       uint64_t h = (uint64_t)kind;
       for (int f = 0; f < ks->nf; f++) {
         uint64_t v = record_value(rec.b, size, &ks->fi[f]);
-        ks->exp_sum[f] += v * ODD_MUL;
-        ks->exp_xor[f] ^= field_mix(f, v);
+        fold_value(&ks->exp_sum[f], &ks->exp_xor[f], f, v);
         h = row_step(h, f, v);
       }
       vec_push(&ks->exp_rows, h);
@@ -373,7 +300,7 @@ int main(void) {
     for (size_t x = 0; x < extras.n; x++) {
       const uint64_t *vals = &ks->got_vals.v[extras.v[x] * (size_t)ks->nf];
       for (int f = 0; f < ks->nf; f++) {
-        ks->got_sum[f] -= vals[f] * ODD_MUL;
+        ks->got_sum[f] -= vals[f] * CMT_ODD_MUL;
         ks->got_xor[f] ^= field_mix(f, vals[f]);
       }
     }

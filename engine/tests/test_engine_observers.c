@@ -22,63 +22,14 @@
 #include <string.h>
 
 #include "cmt.h"
+#include "cmt_records.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
 #define NTHREADS 2
 #define PER_THREAD 30000ull
 #define MAXF 128
-#define ODD_MUL 0x9E3779B97F4A7C15ull
 #define BIT(k) ((uint64_t)1 << (k))
-
-static uint64_t mix64(uint64_t x) {
-  x ^= x >> 30;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 27;
-  x *= 0x94D049BB133111EBull;
-  x ^= x >> 31;
-  return x;
-}
-
-static uint64_t fnv1a(const char *s, size_t n) {
-  uint64_t h = 0xCBF29CE484222325ull;
-  for (size_t i = 0; i < n; i++) {
-    h ^= (unsigned char)s[i];
-    h *= 0x100000001B3ull;
-  }
-  return h;
-}
-
-static int type_signed(int type) {
-  return type == CM_TYPE_I8 || type == CM_TYPE_I16 || type == CM_TYPE_I32 || type == CM_TYPE_I64;
-}
-
-static uint64_t normalize(uint64_t raw, unsigned bytes, int sgn) {
-  if (bytes >= 8) return raw;
-  uint64_t mask = ((uint64_t)1 << (bytes * 8)) - 1;
-  raw &= mask;
-  if (sgn && ((raw >> (bytes * 8 - 1)) & 1)) raw |= ~mask;
-  return raw;
-}
-
-static uint64_t load_le(const void *p, unsigned bytes) {
-  uint64_t v = 0;
-  memcpy(&v, p, bytes);
-  return v;
-}
-
-/* The value field `f` of a generated record must have in a column (strings: content hash). */
-static uint64_t record_value(const void *rec, size_t rec_size, const cm_field_info *f) {
-  CMT_LEU((uint64_t)f->offset + f->src_width, rec_size);
-  const unsigned char *p = (const unsigned char *)rec + f->offset;
-  if (f->type == CM_TYPE_STR) {
-    const char *s = NULL;
-    memcpy(&s, p, sizeof s);
-    return s ? fnv1a(s, strlen(s)) : fnv1a("", 0);
-  }
-  int sgn = type_signed(f->type);
-  return normalize(normalize(load_le(p, f->src_width), f->src_width, sgn), f->width, sgn);
-}
 
 /* Order-independent checksums of a kind's records, per field. */
 typedef struct sums {
@@ -88,8 +39,7 @@ typedef struct sums {
 } sums;
 
 static void fold(sums *s, int kind, int field, uint64_t v) {
-  s->sum[kind][field] += v * ODD_MUL;
-  s->xr[kind][field] ^= mix64(v ^ ((uint64_t)(field + 1) * ODD_MUL));
+  fold_value(&s->sum[kind][field], &s->xr[kind][field], field, v);
 }
 
 /* Regenerates the workload fake_run_workload writes, for the kinds in `enabled` only (records of
@@ -129,17 +79,6 @@ typedef struct obs {
 static cm_engine *g_engine;
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static uint64_t column_value(const cm_column *c, uint32_t i) {
-  uint64_t raw = load_le((const unsigned char *)c->data + (size_t)i * c->width, c->width);
-  if (c->type == CM_TYPE_STR) {
-    size_t len = 0;
-    const char *s = cm_string(g_engine, (uint32_t)raw, &len);
-    if (!s) CMT_FAIL("string id %" PRIu64 " does not resolve", raw);
-    return fnv1a(s, len);
-  }
-  return normalize(raw, c->width, type_signed(c->type));
-}
-
 /* Checks that a batch carries exactly the observer's fields of a kind it selected, and folds the
  * values into what the observer received. */
 static void on_batch(void *ud, const cm_batch *b) {
@@ -167,7 +106,8 @@ static void on_batch(void *ud, const cm_batch *b) {
     CMT_STREQ(col->name, fi.name);
     CMT_ASSERT(cm_batch_column(b, col->field) == col);
     if (b->n) CMT_ASSERT(col->data != NULL);
-    for (uint32_t i = 0; i < b->n; i++) fold(&o->got, b->kind, col->field, column_value(col, i));
+    for (uint32_t i = 0; i < b->n; i++)
+      fold(&o->got, b->kind, col->field, column_value_resolved(g_engine, col, i));
   }
   o->got.count[b->kind] += b->n;
   pthread_mutex_unlock(&g_mu);
@@ -211,11 +151,6 @@ static int kind_of(const char *name) {
   int k = cm_kind_by_name(name);
   if (k < 0) CMT_FAIL("registry lacks kind %s: %s", name, cm_errmsg());
   return k;
-}
-
-static void on_log(void *ud, int level, const char *msg) {
-  (void)ud;
-  fprintf(stderr, "[engine log %d] %s\n", level, msg);
 }
 
 static bool fake_generates(int kind) {
@@ -439,7 +374,7 @@ int main(void) {
   cm_config_init(&cfg);
   cfg.fence_timeout_ms = 30000;
   CMT_OK(cm_engine_new(&g_engine, &cfg));
-  cm_set_log(g_engine, on_log, NULL);
+  cm_set_log(g_engine, log_to_stderr, NULL);
   test_two_observers();
   test_coupled_no_toggle();
   test_couplings();
