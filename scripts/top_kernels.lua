@@ -1,11 +1,14 @@
 -- top_kernels.lua: the kernels that took the most GPU time, by total duration.
 --
--- Usage: cuptimon-lua scripts/top_kernels.lua [--top N] [--interval MS] -- cmd args...
+-- Usage: cuptimon-lua scripts/top_kernels.lua [--top N] [--interval MS] [--full-names]
+--          [--mangled] -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/top_kernels.lua
 --
 -- Arguments:
 --   --top N          how many kernels to show (default 10)
 --   --interval MS    also print the table every MS milliseconds (default 0: only at the end)
+--   --full-names     show whole demangled signatures (default: name and template arguments)
+--   --mangled        show the names as CUPTI reports them, mangled
 --
 -- Times are in microseconds; "% gpu" is the kernel's share of the summed duration of all
 -- kernels (concurrent kernels can make the sum exceed the wall time).
@@ -20,6 +23,8 @@ local args = require "cuptimon.args"
 local opts = args.parse(arg, {
   top = { 10, "how many kernels to show" },
   interval = { 0, "print the table every this many milliseconds (0: only at exit)" },
+  full_names = { false, "show whole demangled signatures" },
+  mangled = { false, "show the names as CUPTI reports them, mangled" },
 })
 
 local by_name = {}  -- kernel name -> { count, total, min, max } in nanoseconds
@@ -37,6 +42,7 @@ cm.observe({ kernel = { "name", "start", "stop" } }, function(b)
     local nm = cache[id]
     if not nm then
       nm = b:str("name", i) or ("string " .. id)
+      if not opts.mangled then nm = cm.kernel_name(nm, opts.full_names) end
       cache[id] = nm
     end
     local d = tonumber(stop[i] - start[i])

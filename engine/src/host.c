@@ -572,8 +572,27 @@ static int core_os_exit(lua_State *L) {
   return 0;
 }
 
+/* libstdc++'s demangler. Linked from the static archive, it pulls in no other part of the C++
+ * runtime, so the binary's dependencies do not change. */
+char *__cxa_demangle(const char *mangled, char *buf, size_t *n, int *status);
+
+/* core.demangle(name): the demangled form of a C++ (Itanium ABI) symbol, or `name` itself when it
+ * is not mangled or does not demangle. Kernel names from CUPTI are mangled. */
+static int core_demangle(lua_State *L) {
+  size_t len = 0;
+  const char *s = luaL_checklstring(L, 1, &len);
+  lua_settop(L, 1);
+  if (len < 3 || s[0] != '_' || s[1] != 'Z') return 1;
+  int status = 0;
+  char *d = __cxa_demangle(s, NULL, NULL, &status);
+  if (status == 0 && d) lua_pushstring(L, d);
+  free(d);
+  return 1;
+}
+
 static const luaL_Reg core_funcs[] = {
     {"register", core_register},
+    {"demangle", core_demangle},
     {"host", core_host_ptr},
     {"observe", core_observe},
     {"unobserve", core_unobserve},

@@ -571,7 +571,8 @@ static int find_agent(hub *hb) {
             "%s); set CUPTIMON_AGENT to its path\n", a, b);
     return CM_ENOENT;
   }
-  if (!realpath(found, hb->agent)) snprintf(hb->agent, sizeof hb->agent, "%s", found);
+  if (!realpath(found, hb->agent))
+    snprintf(hb->agent, sizeof hb->agent, "%.*s", (int)sizeof hb->agent - 1, found);
   return 0;
 }
 

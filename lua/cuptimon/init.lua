@@ -362,6 +362,57 @@ function M.errors() return (core.errors()) end
 --- The string `id` of a source's string table (the batch method b:str is the usual way).
 M.string = batch.string
 
+--- The demangled form of a C++ kernel name ("_Z9reduceSumPKfPfi" becomes
+--- "reduceSum(float const*, float*, int)"); a name that is not mangled comes back unchanged.
+function M.demangle(name)
+  if type(name) ~= "string" then
+    error(("cuptimon.demangle: expected a string, got %s"):format(type(name)), 2)
+  end
+  return core.demangle(name)
+end
+
+-- The index of the "(" that opens the trailing parameter list of a demangled name, or nil.
+local function params_start(d)
+  local i = #d
+  if d:sub(i) ~= ")" then return nil end
+  local depth = 0
+  while i > 0 do
+    local c = d:sub(i, i)
+    if c == ")" then
+      depth = depth + 1
+    elseif c == "(" then
+      depth = depth - 1
+      if depth == 0 then return i end
+    end
+    i = i - 1
+  end
+  return nil
+end
+
+--- A kernel name for tables: demangled, without its parameter list and return type
+--- ("_Z14cm_demo_matmulILi16EEvPKfS1_Pfiiibbf" becomes "cm_demo_matmul<16>"). With `full`, the
+--- whole demangled signature. A name that is not mangled comes back unchanged.
+function M.kernel_name(name, full)
+  local d = M.demangle(name)
+  if full or d == name then return d end
+  local p = params_start(d)
+  if p then d = d:sub(1, p - 1) end
+  -- A return type ends at the last space outside template brackets.
+  local depth, cut = 0, nil
+  for i = 1, #d do
+    local c = d:sub(i, i)
+    if c == "<" then
+      depth = depth + 1
+    elseif c == ">" then
+      depth = depth - 1
+    elseif c == " " and depth == 0 then
+      cut = i
+    end
+  end
+  if cut then d = d:sub(cut + 1) end
+  return d
+end
+
 ---------------------------------------------------------------------------------------------------
 -- events from the host
 
