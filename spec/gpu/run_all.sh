@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU verification batch, run on the device machine from the repository root with a build
 # folder made on a Debian machine (static LuaJIT, libuv and luv, so nothing else is needed there):
-#   bash spec/gpu/run_all.sh BUILD_DIR
+#   bash spec/gpu/run_all.sh BUILD_DIR          (QUICK=1: the correctness steps 1-4 only)
 # Logs and captures are written to $LOGS (default /tmp/cuptimon-gpu). When $OUT is set (the device
 # tool's output folder) they are packed into $OUT/gpu_logs.tgz, and the demo capture is copied to
 # $OUT/demo.cmcap. Each step prints its exit status and the end of its log; a summary closes the run.
@@ -52,6 +52,12 @@ step torch_replay_cmp python3 spec/gpu/compare_torch.py "$OUT/torch_profiler.log
 step demo_record "$LUA" --record "$OUT/demo.cmcap" -- "$G/cuptimon_demo_cuda" 30
 step demo_top "$LUA" --replay "$OUT/demo.cmcap" scripts/top_kernels.lua
 ls -la "$OUT"/*.cmcap
+
+if [ -n "${QUICK:-}" ]; then
+  echo "=== summary (QUICK: correctness steps only)"
+  printf '%s\n' "${summary[@]}"
+  exit 0
+fi
 
 # 5. Overhead per launch: untraced, torch.profiler, cuptimon (kernels + runtime), interleaved.
 for r in 1 2 3; do
