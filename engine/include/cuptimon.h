@@ -257,7 +257,7 @@ typedef struct cm_stats {
   uint64_t bytes_decoded;       /* valid bytes of decoded buffers */
   uint64_t records_decoded;     /* all records seen by the decoder */
   uint64_t records_delivered;   /* records handed to observers: a batch counts once per observer */
-  uint64_t records_dropped;     /* records CUPTI reports dropped */
+  uint64_t records_dropped;     /* records lost: CUPTI had no buffer, or the engine no memory */
   uint64_t decode_queue_depth;  /* completed buffers waiting for the decoder */
   uint64_t decode_queue_peak;
   uint64_t drains;

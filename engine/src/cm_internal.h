@@ -228,6 +228,8 @@ const void *cm__decoder_column(const cm__decoder *d, int kind, int field);
 void cm__decoder_reset(cm__decoder *d);
 /* The largest end timestamp of a SYNCHRONIZATION record seen so far (the fence watches it). */
 uint64_t cm__decoder_sync_end(const cm__decoder *d);
+/* Records dropped by the decoder itself (no memory to grow a column), since creation. */
+uint64_t cm__decoder_lost(const cm__decoder *d);
 /* Records seen per kind since creation. */
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind);
 

@@ -48,6 +48,7 @@ struct cm__decoder {
   cm__intern *strings;
   uint64_t sync_end;
   uint64_t unknown;
+  uint64_t lost; /* records dropped because their columns could not grow */
   int npending;
   int pending[CM_KIND_MAX]; /* kinds with a non-empty run */
   kstate k[CM_KIND_MAX];
@@ -118,7 +119,12 @@ grow:;
 static void flush_run(cm__decoder *d, kstate *ks) {
   uint32_t m = ks->nrun;
   ks->nrun = 0;
-  if (!m || !reserve(ks, ks->n + m)) return;
+  if (!m) return;
+  if (!reserve(ks, ks->n + m)) {
+    /* Out of memory for the columns: the run is lost, and counted so stats report it. */
+    d->lost += m;
+    return;
+  }
   const uint8_t *const *run = ks->run;
   for (int i = 0; i < ks->nsel; i++) {
     size_t off = ks->off[i];
@@ -214,6 +220,8 @@ void cm__decoder_reset(cm__decoder *d) {
 }
 
 uint64_t cm__decoder_sync_end(const cm__decoder *d) { return d->sync_end; }
+
+uint64_t cm__decoder_lost(const cm__decoder *d) { return d->lost; }
 
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind) {
   if (kind < 0 || kind >= CM_KIND_MAX) return 0;

@@ -172,8 +172,12 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
   pthread_mutex_unlock(&e->q_mu);
   if (!it) it = malloc(sizeof *it);
   if (!it) {
-    /* Out of memory: the records are lost, and counted as dropped rather than silently gone. */
-    ADD(e, st_records_dropped, 1);
+    /* Out of memory: the buffer's records are lost, and counted as dropped rather than silently
+     * gone. Counting them walks the buffer, which is cheap next to losing it. */
+    CUpti_Activity *rec = NULL;
+    uint64_t n = 0;
+    while (e->cupti.ActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) n++;
+    ADD(e, st_records_dropped, n);
     cm__pool_put(&e->pool, buffer);
     return;
   }
@@ -359,11 +363,8 @@ static int device_sync(cm_engine *e) {
       int active = 0;
       if (c->cuDevicePrimaryCtxGetState(d, &flags, &active) != 0 || !active) continue;
       void *ctx = NULL;
-      if (cur) {
-        /* The current context was synchronized above; a primary context that is the current
-         * one need not be synchronized twice. */
-      }
       if (c->cuDevicePrimaryCtxRetain(&ctx, d) != 0) continue;
+      /* A primary context that is the calling thread's current one was synchronized above. */
       if (ctx != cur && c->cuCtxPushCurrent(ctx) == 0) {
         if (c->cuCtxSynchronize() == 0) synced++;
         void *popped = NULL;
@@ -929,6 +930,7 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   pthread_mutex_unlock(&e->q_mu);
   pthread_mutex_lock(&e->dec_mu);
   for (int k = 0; k < CM_KIND_MAX; k++) out->records_by_kind[k] = cm__decoder_seen(e->dec, k);
+  out->records_dropped += cm__decoder_lost(e->dec);
   pthread_mutex_unlock(&e->dec_mu);
   return 0;
 }
