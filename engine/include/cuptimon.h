@@ -180,7 +180,8 @@ typedef struct cm_engine cm_engine;
 
 /* An observer callback. It runs on the engine's decode worker (cadenced delivery) or on the
  * thread calling cm_flush(), never on two threads at once for one engine. It must not call
- * cm_observe, cm_unobserve, cm_flush or cm_engine_free. */
+ * cm_observe, cm_unobserve, cm_flush, cm_configure or cm_engine_free; it may call cm_stats_get,
+ * cm_session_info_get, cm_enabled_kinds and cm_string. */
 typedef void (*cm_observer_fn)(void *ud, const cm_batch *batch);
 
 typedef enum cm_log_level {

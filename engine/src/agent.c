@@ -459,8 +459,10 @@ static void push_new_strings(void) {
 /* The observer. It runs on the engine's decode worker or on a flushing thread, serialized by the
  * engine. Two observers are registered for a moment while a SELECT swaps them (the new one is
  * added before the old one goes, so unchanged kinds are never toggled); both then receive the
- * same drain. The generation rule sends each (drain, kind) once: an observer older than the
- * newest one seen is retired, and a repeat of the (seq, kind) just sent is skipped. */
+ * same drain, the newest first (the engine's order). The generation rule sends each (drain, kind)
+ * once, from the newest observer, whose columns are the ones the monitor asked for: an observer
+ * older than the newest one seen is retired, and a repeat of the (seq, kind) just sent is
+ * skipped. */
 static void on_batch(void *ud, const cm_batch *b) {
   uint32_t gen = (uint32_t)(uintptr_t)ud;
   if (gen > A.cb_newest) A.cb_newest = gen;
@@ -785,6 +787,9 @@ static void handle_flush(const cm_wire_frame *f) {
     alog(CM_LOG_WARN, "ignoring a malformed FLUSH: %s", cm_wire_reader_errmsg(f->reader));
     return;
   }
+  /* The monitor's timeout is bounded: the control thread holds the engine during the flush, and
+   * the exit handler's final fence must not wait behind a monitor's "49 days". */
+  if (timeout > 60000) timeout = 60000;
   status = cm_flush(A.eng, (flags & CM_WIRE_FLUSH_SYNC) ? CM_FLUSH_SYNC : CM_FLUSH_PLAIN, timeout);
   /* The batches the flush delivered are queued already; a STATS frame tells the monitor about
    * drops at the same point, then FLUSH_DONE closes the window. */
@@ -980,15 +985,35 @@ static int connect_monitor(const char *path, uint64_t deadline) {
   }
   strcpy(sa.sun_path, path);
   for (;;) {
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* Non-blocking, so a monitor whose backlog is full (a blocking connect would wait for it to
+     * accept, with no deadline) cannot hold cuInit past the handshake deadline. */
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0) {
       alog(CM_LOG_ERROR, "socket: %s", strerror(errno));
       return -1;
     }
-    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) == 0) return fd;
-    int err = errno;
+    int err = 0;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+      err = errno;
+      if (err == EINPROGRESS) {
+        uint64_t now = cm__mono_ms();
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        int pr = now < deadline ? poll(&pf, 1, (int)(deadline - now)) : 0;
+        socklen_t len = sizeof err;
+        if (pr != 1)
+          err = pr == 0 ? ETIMEDOUT : errno;
+        else if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) /* the outcome */
+          err = errno;
+      }
+    }
+    if (err == 0) {
+      /* The sender relies on blocking sends (the exit handler bounds them by a shutdown). */
+      int fl = fcntl(fd, F_GETFL);
+      if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+      return fd;
+    }
     close(fd);
-    /* A listener with a full backlog answers EAGAIN; anything else is final. */
+    /* A listener with a full backlog answers EAGAIN; retry until the deadline. */
     if ((err != EAGAIN && err != EINTR) || cm__mono_ms() >= deadline) {
       alog(CM_LOG_ERROR, "cannot connect to the monitor at %s: %s", path, strerror(err));
       return -1;
@@ -1071,12 +1096,6 @@ static int start_threads(void) {
     alog(CM_LOG_ERROR, "pipe2: %s", strerror(errno));
     return -1;
   }
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&A.q_cv, &ca);
-  pthread_cond_init(&A.idle_cv, &ca);
-  pthread_condattr_destroy(&ca);
   if (pthread_create(&A.sender, NULL, sender_main, NULL) != 0) {
     alog(CM_LOG_ERROR, "cannot start the sender thread");
     return -1;
@@ -1093,6 +1112,14 @@ static int start_threads(void) {
 /* Everything InitializeInjection does, once. Returns with tracing on, or off after logging. */
 static void agent_init(void) {
   A.pid = getpid();
+  /* First of all: the observer may push to the queue (and signal q_cv) as soon as a selection is
+   * applied, which happens before the threads start. */
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&A.q_cv, &ca);
+  pthread_cond_init(&A.idle_cv, &ca);
+  pthread_condattr_destroy(&ca);
   if (!init_level())
     alog(CM_LOG_WARN, "CUPTIMON_AGENT_LOG=%s is not one of error|warn|info|debug; using warn",
          getenv("CUPTIMON_AGENT_LOG"));

@@ -92,6 +92,9 @@ struct cm__callbacks {
   atomic_uint gen;
   atomic_uint_fast64_t readers[2];
 
+  /* Serializes grace periods. Taken before mu, never inside a dispatch. */
+  pthread_mutex_t grace_mu;
+
   /* Guarded by mu: the handlers, the arm counts and the deferred frees. */
   pthread_mutex_t mu;
   hrec **recs;
@@ -174,7 +177,8 @@ static table *table_build(cm__callbacks *cb) {
   return t;
 }
 
-/* Waits until no dispatch can still see a table published before the call. mu held. */
+/* Waits until no dispatch can still see a table published before the call. grace_mu held, and
+ * never mu: a handler running in a dispatch may take mu, and the wait would then never end. */
 static void grace(cm__callbacks *cb) {
   for (int round = 0; round < 2; round++) {
     unsigned g = atomic_load(&cb->gen);
@@ -193,8 +197,9 @@ static void free_retired(retired *r) {
   }
 }
 
-/* Publishes a table built from the live handlers and frees the old one (and `gone`, a handler
- * just removed) after a grace period, or defers them when called inside a dispatch. mu held. */
+/* Publishes a table built from the live handlers. The old table (and `gone`, a handler just
+ * removed) is retired: reclaim() frees it after a grace period, once the caller has released mu.
+ * mu held. */
 static int publish(cm__callbacks *cb, hrec *gone) {
   table *t = table_build(cb);
   if (!t) return cm__seterr(CM_ENOMEM, "cannot build the callback table");
@@ -208,12 +213,22 @@ static int publish(cm__callbacks *cb, hrec *gone) {
   r->rec = gone;
   r->next = cb->deferred;
   cb->deferred = r;
-  if (t_dispatch_depth == 0) {
-    grace(cb);
-    free_retired(cb->deferred);
-    cb->deferred = NULL;
-  }
   return 0;
+}
+
+/* Frees what publications retired, after a grace period. Called without mu. Inside a dispatch it
+ * does nothing (the dispatch's own reader count would hold the grace period forever); a later
+ * writer outside any dispatch, or the registry's free, reclaims the memory then. */
+static void reclaim(cm__callbacks *cb) {
+  if (t_dispatch_depth) return;
+  pthread_mutex_lock(&cb->grace_mu);
+  pthread_mutex_lock(&cb->mu);
+  retired *r = cb->deferred;
+  cb->deferred = NULL;
+  pthread_mutex_unlock(&cb->mu);
+  if (r) grace(cb);
+  pthread_mutex_unlock(&cb->grace_mu);
+  free_retired(r);
 }
 
 /* ---- arming -------------------------------------------------------------------------------- */
@@ -269,6 +284,7 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
   cb->log = log;
   cb->log_ctx = log_ctx;
   cb->next_handle = 1;
+  pthread_mutex_init(&cb->grace_mu, NULL);
   pthread_mutex_init(&cb->mu, NULL);
   pthread_mutex_init(&cb->q_mu, NULL);
   table *t = calloc(1, sizeof *t);
@@ -299,14 +315,18 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
 
 void cm__callbacks_free(cm__callbacks *cb) {
   if (!cb) return;
-  pthread_mutex_lock(&cb->mu);
+  /* The subscription is gone, so no new dispatch starts; this waits for the ones in flight. */
+  pthread_mutex_lock(&cb->grace_mu);
   grace(cb);
+  pthread_mutex_unlock(&cb->grace_mu);
+  pthread_mutex_lock(&cb->mu);
   free_retired(cb->deferred);
   table_free(atomic_load(&cb->tab));
   for (size_t i = 0; i < cb->nrecs; i++) free(cb->recs[i]);
   free(cb->recs);
   free(cb->arms);
   pthread_mutex_unlock(&cb->mu);
+  pthread_mutex_destroy(&cb->grace_mu);
   pthread_mutex_destroy(&cb->mu);
   pthread_mutex_destroy(&cb->q_mu);
   free(cb->q);
@@ -367,12 +387,18 @@ static void record_resource(cm__callbacks *cb, uint32_t cbid, const void *data) 
   atomic_fetch_add_explicit(ok ? &cb->st_res : &cb->st_res_dropped, 1, memory_order_relaxed);
 }
 
-void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data) {
-  atomic_fetch_add_explicit(&cb->st_dispatched, 1, memory_order_relaxed);
-  if (domain == CUPTI_CB_DOMAIN_RESOURCE) record_resource(cb, cbid, data);
-
+void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data,
+                            cm__intern *strings) {
+  /* Everything below runs inside the reader count, so the registry's free waits for it. */
   unsigned g = atomic_load(&cb->gen) & 1u;
   atomic_fetch_add(&cb->readers[g], 1);
+  atomic_fetch_add_explicit(&cb->st_dispatched, 1, memory_order_relaxed);
+  /* A module unload may let a new module's kernel names reuse the old addresses: the decoder's
+   * pointer cache must not map them to stale names. */
+  if (strings && domain == CUPTI_CB_DOMAIN_RESOURCE &&
+      cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING)
+    cm__intern_invalidate(strings);
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE) record_resource(cb, cbid, data);
   t_dispatch_depth++;
   const table *t = atomic_load(&cb->tab);
   uint64_t k = mkkey(domain, cbid);
@@ -452,6 +478,7 @@ int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn
     *handle = h->handle;
   }
   pthread_mutex_unlock(&cb->mu);
+  reclaim(cb);
   return rc;
 }
 
@@ -489,6 +516,7 @@ int cm_callback_unregister(cm_engine *e, uint32_t handle) {
     rc = 0;
   }
   pthread_mutex_unlock(&cb->mu);
+  reclaim(cb);
   return rc;
 }
 

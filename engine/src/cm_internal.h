@@ -228,7 +228,8 @@ const void *cm__decoder_column(const cm__decoder *d, int kind, int field);
 void cm__decoder_reset(cm__decoder *d);
 /* The largest end timestamp of a SYNCHRONIZATION record seen so far (the fence watches it). */
 uint64_t cm__decoder_sync_end(const cm__decoder *d);
-/* Records dropped by the decoder itself (no memory to grow a column), since creation. */
+/* Records dropped by the decoder itself (no memory to grow a column), since creation. This and
+ * cm__decoder_seen may be called from any thread: they read counters published per buffer. */
 uint64_t cm__decoder_lost(const cm__decoder *d);
 /* Records seen per kind since creation. */
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind);
@@ -286,7 +287,8 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
  * dispatches still in flight. NULL is accepted. */
 void cm__callbacks_free(cm__callbacks *cb);
 /* The trampoline's target: runs the built-in handler and every registered handler. Any thread. */
-void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data);
+void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data,
+                            cm__intern *strings);
 /* Moves the queued synthetic records into the decoder. Called with the decoder's lock held. */
 void cm__callbacks_drain(cm__callbacks *cb, cm__decoder *dec);
 /* The registry of an engine (engine.c); valid from cm_engine_new until cm_engine_free. */

@@ -41,6 +41,7 @@ typedef struct kstate {
   bool in_pending;
   const uint8_t *run[RUN_MAX];
   uint64_t seen;
+  _Atomic uint64_t seen_pub; /* `seen` as other threads may read it, published per buffer */
 } kstate;
 
 struct cm__decoder {
@@ -49,6 +50,7 @@ struct cm__decoder {
   uint64_t sync_end;
   uint64_t unknown;
   uint64_t lost; /* records dropped because their columns could not grow */
+  _Atomic uint64_t lost_pub;
   int npending;
   int pending[CM_KIND_MAX]; /* kinds with a non-empty run */
   kstate k[CM_KIND_MAX];
@@ -104,7 +106,11 @@ static bool reserve(kstate *ks, uint32_t need) {
   }
 grow:;
   uint32_t cap = ks->cap ? ks->cap : 1024;
-  while (cap < need) cap *= 2;
+  while (cap < need) {
+    /* A kind holding 2^31 records between drains cannot grow further: the run is counted lost. */
+    if (cap > UINT32_MAX / 2) return false;
+    cap *= 2;
+  }
   for (int i = 0; i < ks->nsel; i++) {
     int f = ks->ids[i];
     size_t w = ks->desc->fields[f].width;
@@ -120,7 +126,7 @@ static void flush_run(cm__decoder *d, kstate *ks) {
   uint32_t m = ks->nrun;
   ks->nrun = 0;
   if (!m) return;
-  if (!reserve(ks, ks->n + m)) {
+  if (ks->n > UINT32_MAX - m || !reserve(ks, ks->n + m)) {
     /* Out of memory for the columns: the run is lost, and counted so stats report it. */
     d->lost += m;
     return;
@@ -164,6 +170,14 @@ static void flush_run(cm__decoder *d, kstate *ks) {
   ks->n += m;
 }
 
+/* Makes the counters readable from other threads (cm_stats_get) without the decoder's lock: one
+ * relaxed store per kind per buffer, instead of an atomic operation per record. */
+static void publish_counts(cm__decoder *d) {
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    atomic_store_explicit(&d->k[k].seen_pub, d->k[k].seen, memory_order_relaxed);
+  atomic_store_explicit(&d->lost_pub, d->lost, memory_order_relaxed);
+}
+
 uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
   CUpti_Activity *rec = NULL;
   uint64_t count = 0;
@@ -202,6 +216,7 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
     ks->in_pending = false;
   }
   d->npending = 0;
+  publish_counts(d);
   return count;
 }
 
@@ -221,11 +236,13 @@ void cm__decoder_reset(cm__decoder *d) {
 
 uint64_t cm__decoder_sync_end(const cm__decoder *d) { return d->sync_end; }
 
-uint64_t cm__decoder_lost(const cm__decoder *d) { return d->lost; }
+uint64_t cm__decoder_lost(const cm__decoder *d) {
+  return atomic_load_explicit(&d->lost_pub, memory_order_relaxed);
+}
 
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind) {
   if (kind < 0 || kind >= CM_KIND_MAX) return 0;
-  return d->k[kind].seen;
+  return atomic_load_explicit(&d->k[kind].seen_pub, memory_order_relaxed);
 }
 
 /* Synthetic records (the engine's own kinds) take the same run-and-copy path as CUPTI's, so their
@@ -240,4 +257,5 @@ void cm__decoder_inject(cm__decoder *d, int kind, const uint8_t *recs, size_t n,
     if (ks->nrun == RUN_MAX) flush_run(d, ks);
   }
   flush_run(d, ks);
+  publish_counts(d);
 }

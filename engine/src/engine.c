@@ -20,6 +20,7 @@
  * changes, so no observer ever sees a batch decoded with a table that lacks one of its fields.
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,7 +49,9 @@ struct cm_engine {
   cm__pool pool;
   cm__intern *strings;
   cm__decoder *dec;
-  cm__callbacks *cb; /* handlers and arming (callbacks.c); lives as long as the subscription */
+  /* Handlers and arming (callbacks.c); lives as long as the subscription. Set once, after the
+   * subscription exists, so the trampoline reads it atomically. */
+  _Atomic(cm__callbacks *) cb;
   pthread_t worker;
   bool worker_started;
 
@@ -60,11 +63,13 @@ struct cm_engine {
   /* Guarded by api_mu: the control path's state. */
   pthread_mutex_t api_mu;
   cm_config cfg;
-  uint64_t enabled;      /* kinds enabled in CUPTI, bit per kind */
-  bool active;
+  /* enabled, active and session_start_ns are written under api_mu and read without it (by the
+   * getters, which observers may call while a control call holds api_mu). */
+  _Atomic uint64_t enabled; /* kinds enabled in CUPTI, bit per kind */
+  atomic_bool active;
   bool latency_on;
   bool event_ts_on;
-  uint64_t session_start_ns;
+  _Atomic uint64_t session_start_ns;
 
   /* Guarded by dec_mu: the decoder, the observers and the selection the decoder runs with. */
   pthread_mutex_t dec_mu;
@@ -104,6 +109,18 @@ struct cm_engine {
  * reach the engine through this pointer. It is NULL between engines; a buffer completed then is
  * leaked rather than touched, since its pool is gone. */
 static _Atomic(cm_engine *) g_engine;
+/* CUPTI callbacks currently inside the engine. A callback counts itself in before it reads
+ * g_engine, and cm_engine_free clears g_engine before it waits for the count to reach zero, so no
+ * callback can touch an engine being freed (sequentially consistent atomics make the two orders
+ * agree). */
+static atomic_int g_inflight;
+
+static cm_engine *callback_enter(void) {
+  atomic_fetch_add(&g_inflight, 1);
+  return atomic_load(&g_engine);
+}
+
+static void callback_leave(void) { atomic_fetch_sub(&g_inflight, 1); }
 static pthread_mutex_t g_once_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool g_callbacks_registered; /* guarded by g_once_mu */
 static bool g_timestamp_registered; /* guarded by g_once_mu */
@@ -138,26 +155,27 @@ static uint64_t CUPTIAPI realtime_timestamp_cb(void) { return cm__realtime_ns();
 /* ---- CUPTI callbacks ------------------------------------------------------------------------ */
 
 static void CUPTIAPI on_buffer_request(uint8_t **buffer, size_t *size, size_t *max_records) {
-  cm_engine *e = atomic_load(&g_engine);
   *buffer = NULL;
   *size = 0;
   *max_records = 0;
-  if (!e) return;
-  bool warn = false;
-  uint8_t *b = cm__pool_get(&e->pool, size, &warn);
-  if (warn)
-    elog(e, CM_LOG_WARN,
-         "more than %u activity buffers are outstanding: the decoder is not keeping up with "
-         "CUPTI (consider a larger pool, fewer kinds, or a faster delivery cadence)",
-         e->pool.warn_outstanding);
-  *buffer = b;
-  if (!b) *size = 0;
+  cm_engine *e = callback_enter();
+  if (e) {
+    bool warn = false;
+    uint8_t *b = cm__pool_get(&e->pool, size, &warn);
+    if (warn)
+      elog(e, CM_LOG_WARN,
+           "more than %u activity buffers are outstanding: the decoder is not keeping up with "
+           "CUPTI (consider a larger pool, fewer kinds, or a faster delivery cadence)",
+           e->pool.warn_outstanding);
+    *buffer = b;
+    if (!b) *size = 0;
+  }
+  callback_leave();
 }
 
-static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
-                                        size_t valid) {
-  cm_engine *e = atomic_load(&g_engine);
-  if (!e) return;
+/* The completion callback proper; on_buffer_complete counts it in and out. */
+static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_t *buffer,
+                            size_t valid) {
   size_t dropped = 0;
   if (e->cupti.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
     ADD(e, st_records_dropped, dropped);
@@ -196,15 +214,23 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
   pthread_mutex_unlock(&e->q_mu);
 }
 
+static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
+                                        size_t valid) {
+  cm_engine *e = callback_enter();
+  /* With no engine the buffer is leaked rather than touched: its pool may be gone. */
+  if (e) buffer_complete(e, ctx, stream, buffer, valid);
+  callback_leave();
+}
+
 static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domain,
                                             CUpti_CallbackId cbid, const void *data) {
-  cm_engine *e = ud;
-  /* A module unload may let a new module's kernel names reuse the old addresses: the decoder's
-   * pointer cache must not map them to stale names. */
-  if (domain == CUPTI_CB_DOMAIN_RESOURCE && cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING)
-    cm__intern_invalidate(e->strings);
-  /* The registry is created right after the subscription, before any callback is enabled. */
-  if (e->cb) cm__callbacks_dispatch(e->cb, (int)domain, (uint32_t)cbid, data);
+  /* `ud` is the engine, but it is used only once the in-flight count says it is still alive. */
+  cm_engine *e = callback_enter();
+  if (e && e == ud) {
+    cm__callbacks *cb = atomic_load(&e->cb);
+    if (cb) cm__callbacks_dispatch(cb, (int)domain, (uint32_t)cbid, data, e->strings);
+  }
+  callback_leave();
 }
 
 cm__callbacks *cm__engine_callbacks(cm_engine *e) { return e->cb; }
@@ -225,7 +251,10 @@ static void deliver(cm_engine *e) {
     if (!n) continue;
     any = true;
     const cm__kind_desc *desc = cm__kind_desc_get(k);
-    for (int o = 0; o < e->nobs; o++) {
+    /* Newest observer first: while one observer replaces another (the agent's SELECT adds the
+     * new one before removing the old), the batch decoded with the new, wider table reaches the
+     * replacement before the one it replaces. */
+    for (int o = e->nobs - 1; o >= 0; o--) {
       observer *ob = &e->obs[o];
       if (cm__bits_empty(&ob->sel[k])) continue;
       uint32_t nc = 0;
@@ -247,8 +276,9 @@ static void deliver(cm_engine *e) {
   }
   if (any) ADD(e, st_drains, 1);
   cm__decoder_reset(e->dec);
-  /* After the observers ran: popped correlation chains age one drain. */
-  cm__corr_drain();
+  /* After the observers ran: popped correlation chains age one drain. Only drains that delivered
+   * records count, so idle cadence ticks cannot retire a chain before its records arrive. */
+  if (any) cm__corr_drain();
 }
 
 static bool held_over(cm_engine *e, uint32_t limit) {
@@ -658,7 +688,9 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
   }
   /* The registry pins the RESOURCE callbacks the engine needs (module unload included, for the
    * string cache), so a consumer's disarm cannot turn them off. */
-  rc = cm__callbacks_new(&e->cb, &e->cupti, e->sub, log_hook, e);
+  cm__callbacks *cbreg = NULL;
+  rc = cm__callbacks_new(&cbreg, &e->cupti, e->sub, log_hook, e);
+  atomic_store(&e->cb, cbreg);
   if (rc) goto fail_sub;
 
   pthread_mutex_lock(&g_once_mu);
@@ -726,14 +758,26 @@ void cm_engine_free(cm_engine *e) {
   cm__corr_detach();
   /* Handlers live as long as the subscription: they go only here, never with a session. */
   e->cupti.Unsubscribe(e->sub);
-  cm__callbacks_free(e->cb);
-  /* The worker has drained the queue; items left would be buffers completed after it stopped. */
+  /* No callback enters the engine from now on; wait for those already inside. */
+  while (atomic_load(&g_inflight) != 0) sched_yield();
+  cm__callbacks_free(atomic_load(&e->cb));
+  /* The worker has drained the queue; items left are buffers completed after it stopped. Their
+   * records are lost with the engine, and said so. */
+  uint64_t lost = 0;
+  pthread_mutex_lock(&e->q_mu);
   for (qitem *it = e->q_head; it;) {
     qitem *next = it->next;
+    CUpti_Activity *rec = NULL;
+    while (e->cupti.ActivityGetNextRecord(it->buf, it->valid, &rec) == CUPTI_SUCCESS) lost++;
     cm__pool_put(&e->pool, it->buf);
     free(it);
     it = next;
   }
+  e->q_head = e->q_tail = NULL;
+  pthread_mutex_unlock(&e->q_mu);
+  if (lost)
+    elog(e, CM_LOG_WARN, "%llu records completed after the decoder stopped were not delivered",
+         (unsigned long long)lost);
   for (qitem *it = e->q_spare; it;) {
     qitem *next = it->next;
     free(it);
@@ -787,15 +831,18 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
   int rc = 0;
   if (e->nobs == e->cap_obs) {
     int cap = e->cap_obs ? e->cap_obs * 2 : 8;
+    /* Under dec_mu: the worker may be walking the table in deliver(). */
+    pthread_mutex_lock(&e->dec_mu);
     observer *p = realloc(e->obs, (size_t)cap * sizeof *p);
+    if (p) {
+      e->obs = p;
+      e->cap_obs = cap;
+    }
+    pthread_mutex_unlock(&e->dec_mu);
     if (!p) {
       pthread_mutex_unlock(&e->api_mu);
       return cm__seterr(CM_ENOMEM, "cannot grow the observer table");
     }
-    pthread_mutex_lock(&e->dec_mu);
-    e->obs = p;
-    e->cap_obs = cap;
-    pthread_mutex_unlock(&e->dec_mu);
   }
   cm__bits next[CM_KIND_MAX];
   union_of(e, -1, sel->kinds, next);
@@ -820,8 +867,8 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
   if (rc) {
     /* Roll back: the observer was never visible to a delivery with records of its new kinds. */
     pthread_mutex_lock(&e->dec_mu);
-    deliver(e);
     e->nobs--;
+    deliver(e);
     memcpy(e->sel, prev, sizeof prev);
     cm__decoder_select(e->dec, e->sel);
     pthread_mutex_unlock(&e->dec_mu);
@@ -928,10 +975,9 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->decode_queue_depth = e->q_depth;
   out->decode_queue_peak = e->q_peak;
   pthread_mutex_unlock(&e->q_mu);
-  pthread_mutex_lock(&e->dec_mu);
+  /* The decoder publishes these counters atomically, so no dec_mu: an observer may call this. */
   for (int k = 0; k < CM_KIND_MAX; k++) out->records_by_kind[k] = cm__decoder_seen(e->dec, k);
   out->records_dropped += cm__decoder_lost(e->dec);
-  pthread_mutex_unlock(&e->dec_mu);
   return 0;
 }
 
@@ -942,18 +988,13 @@ int cm_session_info_get(cm_engine *e, cm_session_info *out) {
   out->clock_realtime = e->clock_realtime;
   out->clock_offset_ns = e->clock_offset_ns;
   out->timestamp_callback = e->timestamp_callback;
-  pthread_mutex_lock(&e->api_mu);
-  out->active = e->active;
-  out->session_start_ns = e->session_start_ns;
-  pthread_mutex_unlock(&e->api_mu);
+  out->active = atomic_load(&e->active);
+  out->session_start_ns = atomic_load(&e->session_start_ns);
   snprintf(out->cupti_path, sizeof out->cupti_path, "%s", e->cupti.path);
   return 0;
 }
 
 uint64_t cm_enabled_kinds(cm_engine *e) {
   if (!e) return 0;
-  pthread_mutex_lock(&e->api_mu);
-  uint64_t m = e->enabled;
-  pthread_mutex_unlock(&e->api_mu);
-  return m;
+  return atomic_load(&e->enabled);
 }

@@ -436,9 +436,14 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   b.cols = cols;
   b.seq = ++w->seq;
   /* An observer may close (deferred) while we deliver; iterate over a snapshot of the ids. */
-  uint32_t ids[64];
+  uint32_t ids_small[64];
+  uint32_t *ids = w->nobs <= 64 ? ids_small : malloc((size_t)w->nobs * sizeof *ids);
+  if (!ids) {
+    snprintf(err, errlen, "out of memory delivering a batch");
+    return CM_ENOMEM;
+  }
   int nids = 0;
-  for (int i = 0; i < w->nobs && nids < 64; i++) ids[nids++] = w->obs[i].id;
+  for (int i = 0; i < w->nobs; i++) ids[nids++] = w->obs[i].id;
   for (int k = 0; k < nids; k++) {
     const cm_selection *sel = NULL;
     for (int i = 0; i < w->nobs; i++)
@@ -460,6 +465,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     b.ncols = nc;
     cm_host_deliver(w->base.host, &w->base, ids[k], &b);
   }
+  if (ids != ids_small) free(ids);
   return 0;
 }
 

@@ -215,13 +215,6 @@ void cm__replay_free(void) {
   replay *rp = g_replay;
   if (!rp) return;
   g_replay = NULL;
-  if (!rp->closed) {
-    rp->closed = 1;
-    uv_idle_stop(&rp->idle);
-    uv_close((uv_handle_t *)&rp->idle, free_replay);
-  } else {
-    free(rp);
-  }
   for (int i = 0; i < rp->n; i++) {
     if (rp->s[i].cur) {
       rp->s[i].cur->owner = NULL;
@@ -230,4 +223,14 @@ void cm__replay_free(void) {
     cm_wire_file_close(rp->s[i].cf);
   }
   free(rp->s);
+  rp->s = NULL;
+  rp->n = 0;
+  /* Last: the idle handle's close callback frees rp itself. */
+  if (!rp->closed) {
+    rp->closed = 1;
+    uv_idle_stop(&rp->idle);
+    uv_close((uv_handle_t *)&rp->idle, free_replay);
+  } else {
+    free(rp);
+  }
 }

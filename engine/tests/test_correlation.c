@@ -210,9 +210,16 @@ static void test_chain_retirement(void) {
   CMT_OK(cm_corr_join(seen.ec_kind, seen.ec_ext, seen.ec_corr, seen.nec, seen.kcorr, 1, &x));
   CMT_EQU(x, inner);
 
+  /* A drain that delivers nothing does not age chains: an idle delivery cadence must not retire
+   * a chain before its late records arrive. */
   seen.watch_len_in_drain = -1;
-  CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 0)); /* drain 2: resolvable during it, retired after it */
+  CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 0));
   CMT_EQ(seen.watch_len_in_drain, -1); /* nothing to deliver, so the observer did not run */
+  CMT_EQ(cm_corr_chain(inner, ch, 4), 2);
+
+  fake_launch_kernel(LAUNCH_CBID, "_Z5otherv"); /* untagged work, so the next drain has records */
+  CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 0)); /* drain 2: resolvable during it, retired after it */
+  CMT_EQ(seen.watch_len_in_drain, 2);
   CMT_EQ(cm_corr_chain(inner, ch, 4), 0);
   CMT_EQ(cm_corr_chain(outer, ch, 4), 0);
   CMT_OK(cm_unobserve(e, obs));
@@ -220,7 +227,8 @@ static void test_chain_retirement(void) {
 }
 
 /* The records arrive only in the second drain after the pop (the kernel is still running during
- * the first): they still resolve then, and the chain is gone after that drain. */
+ * the first): they still resolve then. The first drain delivered nothing, so it did not age the
+ * chain, which is gone after the next drain that delivers records. */
 static void test_late_records_resolve(void) {
   reset_seen();
   uint32_t obs;
@@ -259,7 +267,11 @@ static void test_late_records_resolve(void) {
   uint64_t x = 0;
   CMT_OK(cm_corr_join(seen.ec_kind, seen.ec_ext, seen.ec_corr, seen.nec, seen.kcorr, 1, &x));
   CMT_EQU(x, id);
-  CMT_EQ(cm_corr_chain(id, ch, 4), 0); /* retired two drains after its pop */
+  /* Drain 1 delivered nothing, so only one drain has aged the chain: it still resolves. */
+  CMT_EQ(cm_corr_chain(id, ch, 4), 1);
+  fake_launch_kernel(LAUNCH_CBID, "_Z5otherv");
+  CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 0));
+  CMT_EQ(cm_corr_chain(id, ch, 4), 0); /* retired two delivering drains after its pop */
   CMT_OK(cm_unobserve(e, obs));
   cm_engine_free(e);
 }
