@@ -56,7 +56,7 @@ describe("cuptimon.cdef", function()
   it("matches the compiler's offsets of the fields Lua reads", function()
     local checked = 0
     for _, name in ipairs(cdef.structs) do
-      for field in (host_header .. "\n" .. read(helpers.root() .. "/engine/src/host.c"))
+      for field in (host_header .. "\n" .. read(helpers.root() .. "/engine/monitor/host.c"))
           :gmatch('L_%("' .. name .. '%.([%w_]+)"') do
         assert.are.equal(tonumber(C.cm_host_layout(name .. "." .. field)),
           ffi.offsetof(name, field), name .. "." .. field)

@@ -8,7 +8,7 @@
 --   end)
 --   cm.on("exit", function() print(h) end)
 --
--- Design note. This module is the Lua half of the host (engine/src/host.c). The host calls two
+-- Design note. This module is the Lua half of the host (engine/monitor/host.c). The host calls two
 -- functions registered here: the dispatcher, once per batch with (batch pointer, source id,
 -- observer id), and the event function for everything else (exit, process_start, process_exit,
 -- flush_done, deferred, error). Requests that would deliver batches (observe, close, flush) go
