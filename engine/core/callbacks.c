@@ -441,15 +441,16 @@ void cm__callbacks_drain(cm__callbacks *cb, cm__decoder *dec) {
   free(q);
 }
 
-/* ---- public API ---------------------------------------------------------------------------- */
+/* ---- the handler registry's operations ------------------------------------------------------
+ *
+ * engine.c's public cm_callback_* functions check the engine handle and call these with its
+ * registry, so this module never sees the engine. */
 
-int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn fn, void *ud,
-                         uint32_t *handle) {
-  cm__clearerr();
-  if (!e || !fn) return cm__seterr(CM_EINVAL, "cm_callback_register: engine or fn is NULL");
+int cm__callbacks_register(cm__callbacks *cb, int domain, uint32_t cbid, cm_callback_fn fn,
+                           void *ud, uint32_t *handle) {
+  if (!fn) return cm__seterr(CM_EINVAL, "cm_callback_register: fn is NULL");
   int rc = check_key(domain, cbid);
   if (rc) return rc;
-  cm__callbacks *cb = cm__engine_callbacks(e);
   hrec *h = calloc(1, sizeof *h);
   if (!h) return cm__seterr(CM_ENOMEM, "cannot allocate a callback handler");
   h->domain = domain;
@@ -482,10 +483,7 @@ int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn
   return rc;
 }
 
-int cm_callback_unregister(cm_engine *e, uint32_t handle) {
-  cm__clearerr();
-  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_unregister: engine is NULL");
-  cm__callbacks *cb = cm__engine_callbacks(e);
+int cm__callbacks_unregister(cm__callbacks *cb, uint32_t handle) {
   pthread_mutex_lock(&cb->mu);
   size_t idx = cb->nrecs;
   for (size_t i = 0; i < cb->nrecs; i++)
@@ -520,12 +518,9 @@ int cm_callback_unregister(cm_engine *e, uint32_t handle) {
   return rc;
 }
 
-int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid) {
-  cm__clearerr();
-  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_arm: engine is NULL");
+int cm__callbacks_arm(cm__callbacks *cb, int domain, uint32_t cbid) {
   int rc = check_key(domain, cbid);
   if (rc) return rc;
-  cm__callbacks *cb = cm__engine_callbacks(e);
   pthread_mutex_lock(&cb->mu);
   armed *a = arm_find(cb, domain, cbid, true);
   if (!a) {
@@ -539,12 +534,9 @@ int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid) {
   return rc;
 }
 
-int cm_callback_disarm(cm_engine *e, int domain, uint32_t cbid) {
-  cm__clearerr();
-  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_disarm: engine is NULL");
+int cm__callbacks_disarm(cm__callbacks *cb, int domain, uint32_t cbid) {
   int rc = check_key(domain, cbid);
   if (rc) return rc;
-  cm__callbacks *cb = cm__engine_callbacks(e);
   pthread_mutex_lock(&cb->mu);
   armed *a = arm_find(cb, domain, cbid, false);
   if (!a || a->arms == 0) {
@@ -558,11 +550,9 @@ int cm_callback_disarm(cm_engine *e, int domain, uint32_t cbid) {
   return rc;
 }
 
-int cm_callback_armed(cm_engine *e, int domain, uint32_t cbid) {
-  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_armed: engine is NULL");
+int cm__callbacks_armed(cm__callbacks *cb, int domain, uint32_t cbid) {
   int rc = check_key(domain, cbid);
   if (rc) return rc;
-  cm__callbacks *cb = cm__engine_callbacks(e);
   pthread_mutex_lock(&cb->mu);
   armed *a = arm_find(cb, domain, cbid, false);
   int n = a ? (int)a->arms : 0;
@@ -570,9 +560,8 @@ int cm_callback_armed(cm_engine *e, int domain, uint32_t cbid) {
   return n;
 }
 
-int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out) {
-  if (!e || !out) return cm__seterr(CM_EINVAL, "engine or out is NULL");
-  cm__callbacks *cb = cm__engine_callbacks(e);
+int cm__callbacks_stats(cm__callbacks *cb, cm_callback_stats *out) {
+  if (!out) return cm__seterr(CM_EINVAL, "cm_callback_stats_get: out is NULL");
   memset(out, 0, sizeof *out);
   out->dispatched = atomic_load(&cb->st_dispatched);
   out->handler_calls = atomic_load(&cb->st_calls);

@@ -4,12 +4,14 @@
  * Module map (one noun per file):
  *   errors.c  error strings and the per-thread detail message (cm__seterr)
  *   fields.c  the field registry: per kind, the 13.0 record layout of every exported field
- *   select.c  cm_selection, the per-kind field bitsets
+ *   select.c  cm_selection, the per-kind field bitsets, and the couplings between kinds
  *   cupti.c   the dlopen binding of libcupti (and of the few libcuda calls the fence needs)
  *   pool.c    the bounded, recycled pool of activity buffers
  *   intern.c  string interning by content, with a pointer-keyed cache in front
  *   decode.c  the decode worker: completed buffers to per-kind columns
- *   engine.c  the engine: subscription, observers, selection reconcile, delivery, fences, clock
+ *   json.c    the JSON documents of correlation metadata
+ *   engine.c  the engine: subscription, observers, selection reconcile, delivery, clock
+ *   fence.c   flushes, device synchronization and the sync fence (engine.h holds their state)
  */
 #ifndef CM_INTERNAL_H
 #define CM_INTERNAL_H
@@ -92,6 +94,15 @@ static inline int cm__bits_count(const cm__bits *b) {
 struct cm_selection {
   cm__bits kinds[CM_KIND_MAX];
 };
+
+/* The couplings between kinds, for a union selection `sel[CM_KIND_MAX]`. Thread-safe.
+ * The kinds CUPTI must have enabled, one bit per kind: CUDA_EVENT needs SYNCHRONIZATION, MEMCPY2
+ * needs MEMCPY, EXTERNAL_CORRELATION needs RUNTIME (or DRIVER); synthetic kinds are never enabled. */
+uint64_t cm__sel_kinds_needed(const cm__bits *sel);
+/* Whether kernel QUEUED or SUBMITTED is selected: latency timestamps must be on. */
+bool cm__sel_needs_latency(const cm__bits *sel);
+/* Whether CUDA_EVENT device_timestamp is selected: event device timestamps must be on. */
+bool cm__sel_needs_event_ts(const cm__bits *sel);
 
 /* ---- cupti.c ----------------------------------------------------------------------------- */
 
@@ -259,6 +270,26 @@ typedef struct cm__resource_record {
  * kind with no selected field are counted as seen and not stored. Same thread rules as decode. */
 void cm__decoder_inject(cm__decoder *d, int kind, const uint8_t *recs, size_t n, size_t stride);
 
+/* ---- json.c: the metadata documents of correlation.c --------------------------------------- */
+
+typedef struct cm__json cm__json;
+/* A growable string; `oom` is set (and later puts ignored) when it cannot grow. */
+typedef struct cm__sbuf {
+  char *p;
+  size_t n, cap;
+  bool oom;
+} cm__sbuf;
+
+/* Parses a whole document. On failure returns NULL, sets *rc and the detail (cm_errmsg). */
+cm__json *cm__json_parse(const char *s, size_t len, int *rc);
+/* Merges `src` into `dst` and returns the result; both are consumed. Two objects merge key by
+ * key; on any other pair the later value (src) wins. */
+cm__json *cm__json_merge(cm__json *dst, cm__json *src);
+/* Appends the compact text of `n` to `b`. */
+void cm__json_write(cm__sbuf *b, const cm__json *n);
+void cm__json_free(cm__json *n);
+void cm__sbuf_put(cm__sbuf *b, const char *s, size_t n);
+
 /* ---- correlation.c ----------------------------------------------------------------------------
  *
  * The engine binds the external-correlation module to CUPTI while it lives: attach gives it the
@@ -291,7 +322,14 @@ void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const 
                             cm__intern *strings);
 /* Moves the queued synthetic records into the decoder. Called with the decoder's lock held. */
 void cm__callbacks_drain(cm__callbacks *cb, cm__decoder *dec);
-/* The registry of an engine (engine.c); valid from cm_engine_new until cm_engine_free. */
-cm__callbacks *cm__engine_callbacks(cm_engine *e);
+/* The operations behind the public cm_callback_* functions (engine.c checks the engine handle
+ * and passes its registry). Same contracts as the public calls in cuptimon.h. */
+int cm__callbacks_register(cm__callbacks *cb, int domain, uint32_t cbid, cm_callback_fn fn,
+                           void *ud, uint32_t *handle);
+int cm__callbacks_unregister(cm__callbacks *cb, uint32_t handle);
+int cm__callbacks_arm(cm__callbacks *cb, int domain, uint32_t cbid);
+int cm__callbacks_disarm(cm__callbacks *cb, int domain, uint32_t cbid);
+int cm__callbacks_armed(cm__callbacks *cb, int domain, uint32_t cbid);
+int cm__callbacks_stats(cm__callbacks *cb, cm_callback_stats *out);
 
 #endif /* CM_INTERNAL_H */

@@ -1,10 +1,11 @@
 /*
  * engine.c: the engine. It owns the process's CUPTI subscription, the buffer callbacks, the decode
- * worker, the observers and their union selection, delivery, and the flush fences.
+ * worker, the observers and their union selection, and delivery. The flushes and the sync fence
+ * are in fence.c, the couplings between kinds in select.c; the state they share is in engine.h.
  *
  * Threads and locks. Three kinds of thread meet here:
  *  - CUPTI's threads (and the application's, for per-thread buffers) call the buffer request and
- *    completion callbacks. They take only the pool mutex or `q_mu`, each for a list operation, so
+ *    completion callbacks. They take only pool.mu or engine.q_mu, each for a list operation, so
  *    the application is never made to wait on decoding or on an observer.
  *  - The decode worker pops completed buffers, decodes them under `dec_mu`, returns them to the
  *    pool, and runs the delivery and self-flush cadences.
@@ -28,82 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cm_internal.h"
-
-typedef struct qitem {
-  struct qitem *next;
-  uint8_t *buf;
-  size_t valid;
-} qitem;
-
-typedef struct observer {
-  uint32_t id;
-  cm_observer_fn fn;
-  void *ud;
-  cm__bits sel[CM_KIND_MAX];
-} observer;
-
-struct cm_engine {
-  cm__cupti cupti;
-  CUpti_SubscriberHandle sub;
-  cm__pool pool;
-  cm__intern *strings;
-  cm__decoder *dec;
-  /* Handlers and arming (callbacks.c); lives as long as the subscription. Set once, after the
-   * subscription exists, so the trampoline reads it atomically. */
-  _Atomic(cm__callbacks *) cb;
-  pthread_t worker;
-  bool worker_started;
-
-  /* Guarded by log_mu: the log callback. */
-  pthread_mutex_t log_mu;
-  cm_log_fn log_fn;
-  void *log_ud;
-
-  /* Guarded by api_mu: the control path's state. */
-  pthread_mutex_t api_mu;
-  cm_config cfg;
-  /* enabled, active and session_start_ns are written under api_mu and read without it (by the
-   * getters, which observers may call while a control call holds api_mu). */
-  _Atomic uint64_t enabled; /* kinds enabled in CUPTI, bit per kind */
-  atomic_bool active;
-  bool latency_on;
-  bool event_ts_on;
-  _Atomic uint64_t session_start_ns;
-
-  /* Guarded by dec_mu: the decoder, the observers and the selection the decoder runs with. */
-  pthread_mutex_t dec_mu;
-  observer *obs;
-  int nobs;
-  int cap_obs;
-  uint32_t next_id;
-  cm__bits sel[CM_KIND_MAX];
-  uint64_t drain_seq;
-
-  /* Guarded by q_mu: the queue of completed buffers and the worker's control. */
-  pthread_mutex_t q_mu;
-  pthread_cond_t q_cv;      /* signals the worker: work queued, stop, or a cadence change */
-  pthread_cond_t done_cv;   /* signals waiters: a buffer was decoded */
-  qitem *q_head, *q_tail;
-  qitem *q_spare;           /* recycled queue items */
-  uint64_t enqueued;        /* buffers queued, ever */
-  uint64_t decoded;         /* buffers decoded (or discarded), ever */
-  uint64_t q_depth, q_peak;
-  bool stop;
-  uint32_t self_flush_ms;
-  uint32_t deliver_ms;
-  uint32_t batch_records;
-
-  /* Session facts, written once at creation. */
-  uint32_t cupti_version;
-  int clock_realtime;
-  int64_t clock_offset_ns;
-  int timestamp_callback;
-
-  /* Counters, updated with relaxed atomics from any thread. */
-  _Atomic uint64_t st_buffers_decoded, st_bytes_decoded, st_records_decoded, st_records_delivered,
-      st_records_dropped, st_drains, st_fences, st_fence_timeouts, st_sessions;
-};
+#include "engine.h"
 
 /* CUPTI's buffer callbacks carry no user data, and they are registered once per process, so they
  * reach the engine through this pointer. It is NULL between engines; a buffer completed then is
@@ -132,8 +58,6 @@ static void release_slot(void) {
   pthread_mutex_unlock(&g_once_mu);
 }
 
-#define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
-#define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)
 
 
 
@@ -232,8 +156,6 @@ static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domai
   }
   callback_leave();
 }
-
-cm__callbacks *cm__engine_callbacks(cm_engine *e) { return e->cb; }
 
 static void log_hook(void *ctx, int level, const char *msg) { elog(ctx, level, "%s", msg); }
 
@@ -354,101 +276,7 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-/* Waits until every buffer queued so far has been decoded, or until `deadline` (mono ms). */
-static bool wait_decoded(cm_engine *e, uint64_t deadline) {
-  bool ok = true;
-  pthread_mutex_lock(&e->q_mu);
-  uint64_t target = e->enqueued;
-  while (e->decoded < target) {
-    uint64_t now = cm__mono_ms();
-    if (now >= deadline) {
-      ok = false;
-      break;
-    }
-    struct timespec ts;
-    cm__abstime_in(&ts, deadline - now);
-    pthread_cond_timedwait(&e->done_cv, &e->q_mu, &ts);
-  }
-  pthread_mutex_unlock(&e->q_mu);
-  return ok;
-}
-
-/* ---- device synchronization ----------------------------------------------------------------- */
-
-/* Synchronizes every active primary context, and the calling thread's current context. Returns
- * the number of contexts synchronized; 0 means there was no GPU work to wait for (or no libcuda). */
-static int device_sync(cm_engine *e) {
-  cm__cupti *c = &e->cupti;
-  int synced = 0;
-  void *cur = NULL;
-  if (c->cuCtxGetCurrent && c->cuCtxSynchronize && c->cuCtxGetCurrent(&cur) == 0 && cur) {
-    if (c->cuCtxSynchronize() == 0) synced++;
-  }
-  int ndev = 0;
-  if (c->cuDeviceGetCount && c->cuDevicePrimaryCtxGetState && c->cuDevicePrimaryCtxRetain &&
-      c->cuDevicePrimaryCtxRelease && c->cuCtxPushCurrent && c->cuCtxPopCurrent &&
-      c->cuCtxSynchronize && c->cuDeviceGetCount(&ndev) == 0) {
-    for (int d = 0; d < ndev; d++) {
-      unsigned flags = 0;
-      int active = 0;
-      if (c->cuDevicePrimaryCtxGetState(d, &flags, &active) != 0 || !active) continue;
-      void *ctx = NULL;
-      if (c->cuDevicePrimaryCtxRetain(&ctx, d) != 0) continue;
-      /* A primary context that is the calling thread's current one was synchronized above. */
-      if (ctx != cur && c->cuCtxPushCurrent(ctx) == 0) {
-        if (c->cuCtxSynchronize() == 0) synced++;
-        void *popped = NULL;
-        c->cuCtxPopCurrent(&popped);
-      }
-      c->cuDevicePrimaryCtxRelease(d);
-    }
-  }
-  return synced;
-}
-
 /* ---- selection ------------------------------------------------------------------------------ */
-
-static const cm__field *find_field(const cm__kind_desc *d, const char *name, int *id) {
-  for (int f = 0; d && f < d->nfields; f++)
-    if (strcmp(d->fields[f].name, name) == 0) {
-      if (id) *id = f;
-      return &d->fields[f];
-    }
-  return NULL;
-}
-
-static bool selects_named(const cm__bits *sel, int kind, const char *name) {
-  int id;
-  if (!find_field(cm__kind_desc_get(kind), name, &id)) return false;
-  return cm__bits_has(&sel[kind], id);
-}
-
-/* The kinds CUPTI must have enabled for a union selection, couplings included. */
-static uint64_t kinds_needed(const cm__bits *sel) {
-  uint64_t m = 0;
-  for (int k = 0; k < CM_KIND_MAX; k++)
-    if (!cm__bits_empty(&sel[k])) m |= (uint64_t)1 << k;
-  if (m & (1ull << CM_KIND_CUDA_EVENT)) m |= 1ull << CM_KIND_SYNCHRONIZATION;
-  if (m & (1ull << CM_KIND_MEMCPY2)) m |= 1ull << CM_KIND_MEMCPY;
-  if ((m & (1ull << CM_KIND_EXTERNAL_CORRELATION)) &&
-      !(m & ((1ull << CM_KIND_RUNTIME) | (1ull << CM_KIND_DRIVER))))
-    m |= 1ull << CM_KIND_RUNTIME;
-  /* Synthetic kinds are produced by the engine, never enabled in CUPTI. */
-  m &= ~(1ull << CM_KIND_RESOURCE);
-  return m;
-}
-
-static bool needs_latency(const cm__bits *sel) {
-  static const int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_KERNEL};
-  for (size_t i = 0; i < 2; i++)
-    if (selects_named(sel, kinds[i], "queued") || selects_named(sel, kinds[i], "submitted"))
-      return true;
-  return false;
-}
-
-static bool needs_event_ts(const cm__bits *sel) {
-  return selects_named(sel, CM_KIND_CUDA_EVENT, "device_timestamp");
-}
 
 static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bits *out) {
   memset(out, 0, sizeof(cm__bits) * CM_KIND_MAX);
@@ -492,7 +320,7 @@ static int apply_kinds(cm_engine *e, uint64_t want) {
 }
 
 static void apply_toggles(cm_engine *e, const cm__bits *sel) {
-  bool lat = needs_latency(sel), ets = needs_event_ts(sel);
+  bool lat = cm__sel_needs_latency(sel), ets = cm__sel_needs_event_ts(sel);
   if (lat != e->latency_on) {
     e->cupti.ActivityEnableLatencyTimestamps(lat);
     e->latency_on = lat;
@@ -503,56 +331,6 @@ static void apply_toggles(cm_engine *e, const cm__bits *sel) {
   }
 }
 
-/* ---- flushing ------------------------------------------------------------------------------- */
-
-/* Asks CUPTI for its completed buffers and waits until they are decoded. Called with api_mu. */
-static bool plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
-  e->cupti.ActivityFlushAll(flag);
-  return wait_decoded(e, deadline);
-}
-
-/* The sync fence: every record produced before the call is decoded when it returns true. Called
- * with api_mu held; delivers nothing itself. */
-static bool fence(cm_engine *e, uint64_t deadline) {
-  cm__cupti *c = &e->cupti;
-  ADD(e, st_fences, 1);
-  bool temp_sync = !(e->enabled >> CM_KIND_SYNCHRONIZATION & 1);
-  if (temp_sync && c->ActivityEnable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION) != CUPTI_SUCCESS)
-    temp_sync = false;
-  uint64_t mark = 0;
-  c->GetTimestamp(&mark);
-  int synced = device_sync(e);
-  bool ok = true;
-  if (synced == 0) {
-    ok = plain_flush(e, deadline, 0);
-  } else {
-    uint64_t last_sync = cm__mono_ms();
-    for (;;) {
-      ok = plain_flush(e, deadline, 0);
-      pthread_mutex_lock(&e->dec_mu);
-      uint64_t seen = cm__decoder_sync_end(e->dec);
-      pthread_mutex_unlock(&e->dec_mu);
-      if (seen >= mark) break;
-      uint64_t now = cm__mono_ms();
-      if (now >= deadline) {
-        ok = false;
-        break;
-      }
-      /* The sync record itself can be lost: when the pool was at its bound, CUPTI had no buffer
-       * to write it into (it is counted as dropped). The flushes above have since returned
-       * buffers, so synchronizing again produces a new record past the mark. */
-      if (now - last_sync >= 20) {
-        device_sync(e);
-        last_sync = now;
-      }
-      usleep(1000);
-    }
-  }
-  if (temp_sync) c->ActivityDisable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
-  if (!ok) ADD(e, st_fence_timeouts, 1);
-  return ok;
-}
-
 static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
   return cm__mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
 }
@@ -561,8 +339,8 @@ static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
  * api_mu held, while the observers are still registered so they receive the last records. */
 static void end_session(cm_engine *e) {
   uint64_t deadline = deadline_for(e, 0);
-  device_sync(e);
-  if (!plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED))
+  cm__device_sync(&e->cupti);
+  if (!cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED))
     elog(e, CM_LOG_WARN, "session end: the decoder did not catch up before the deadline");
   pthread_mutex_lock(&e->dec_mu);
   deliver(e);
@@ -846,10 +624,10 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
   }
   cm__bits next[CM_KIND_MAX];
   union_of(e, -1, sel->kinds, next);
-  uint64_t want = kinds_needed(next);
+  uint64_t want = cm__sel_kinds_needed(next);
 
   /* Pending records go to the current observers, decoded with the current table. */
-  if (e->active) plain_flush(e, deadline_for(e, 0), 0);
+  if (e->active) cm__engine_plain_flush(e, deadline_for(e, 0), 0);
   pthread_mutex_lock(&e->dec_mu);
   deliver(e);
   cm__bits prev[CM_KIND_MAX];
@@ -901,7 +679,7 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
   if (last) {
     end_session(e);
   } else {
-    plain_flush(e, deadline_for(e, 0), 0);
+    cm__engine_plain_flush(e, deadline_for(e, 0), 0);
   }
   cm__bits next[CM_KIND_MAX];
   union_of(e, idx, NULL, next);
@@ -912,7 +690,7 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
   memcpy(e->sel, next, sizeof next);
   cm__decoder_select(e->dec, e->sel);
   pthread_mutex_unlock(&e->dec_mu);
-  apply_kinds(e, kinds_needed(next));
+  apply_kinds(e, cm__sel_kinds_needed(next));
   apply_toggles(e, next);
   if (last) {
     e->active = false;
@@ -929,7 +707,7 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
     return cm__seterr(CM_EINVAL, "flush mode %d: use CM_FLUSH_PLAIN (0) or CM_FLUSH_SYNC (1)", mode);
   pthread_mutex_lock(&e->api_mu);
   uint64_t deadline = deadline_for(e, timeout_ms);
-  bool ok = mode == CM_FLUSH_SYNC ? fence(e, deadline) : plain_flush(e, deadline, 0);
+  bool ok = mode == CM_FLUSH_SYNC ? cm__engine_fence(e, deadline) : cm__engine_plain_flush(e, deadline, 0);
   pthread_mutex_lock(&e->dec_mu);
   deliver(e);
   pthread_mutex_unlock(&e->dec_mu);
@@ -997,4 +775,41 @@ int cm_session_info_get(cm_engine *e, cm_session_info *out) {
 uint64_t cm_enabled_kinds(cm_engine *e) {
   if (!e) return 0;
   return atomic_load(&e->enabled);
+}
+
+/* ---- subscriber callbacks: the public calls over the engine's handler registry ---------------- */
+
+int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn fn, void *ud,
+                         uint32_t *handle) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_register: engine is NULL");
+  return cm__callbacks_register(e->cb, domain, cbid, fn, ud, handle);
+}
+
+int cm_callback_unregister(cm_engine *e, uint32_t handle) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_unregister: engine is NULL");
+  return cm__callbacks_unregister(e->cb, handle);
+}
+
+int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_arm: engine is NULL");
+  return cm__callbacks_arm(e->cb, domain, cbid);
+}
+
+int cm_callback_disarm(cm_engine *e, int domain, uint32_t cbid) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_disarm: engine is NULL");
+  return cm__callbacks_disarm(e->cb, domain, cbid);
+}
+
+int cm_callback_armed(cm_engine *e, int domain, uint32_t cbid) {
+  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_armed: engine is NULL");
+  return cm__callbacks_armed(e->cb, domain, cbid);
+}
+
+int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out) {
+  if (!e) return cm__seterr(CM_EINVAL, "cm_callback_stats_get: engine is NULL");
+  return cm__callbacks_stats(e->cb, out);
 }

@@ -152,3 +152,46 @@ const cm_column *cm_batch_column(const cm_batch *b, int field) {
     if (b->cols[i].field == field) return &b->cols[i];
   return NULL;
 }
+
+/* ---- couplings: what CUPTI must enable for a union selection --------------------------------- */
+
+static const cm__field *find_field(const cm__kind_desc *d, const char *name, int *id) {
+  for (int f = 0; d && f < d->nfields; f++)
+    if (strcmp(d->fields[f].name, name) == 0) {
+      if (id) *id = f;
+      return &d->fields[f];
+    }
+  return NULL;
+}
+
+static bool selects_named(const cm__bits *sel, int kind, const char *name) {
+  int id;
+  if (!find_field(cm__kind_desc_get(kind), name, &id)) return false;
+  return cm__bits_has(&sel[kind], id);
+}
+
+uint64_t cm__sel_kinds_needed(const cm__bits *sel) {
+  uint64_t m = 0;
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (!cm__bits_empty(&sel[k])) m |= (uint64_t)1 << k;
+  if (m & (1ull << CM_KIND_CUDA_EVENT)) m |= 1ull << CM_KIND_SYNCHRONIZATION;
+  if (m & (1ull << CM_KIND_MEMCPY2)) m |= 1ull << CM_KIND_MEMCPY;
+  if ((m & (1ull << CM_KIND_EXTERNAL_CORRELATION)) &&
+      !(m & ((1ull << CM_KIND_RUNTIME) | (1ull << CM_KIND_DRIVER))))
+    m |= 1ull << CM_KIND_RUNTIME;
+  /* Synthetic kinds are produced by the engine, never enabled in CUPTI. */
+  m &= ~(1ull << CM_KIND_RESOURCE);
+  return m;
+}
+
+bool cm__sel_needs_latency(const cm__bits *sel) {
+  static const int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_KERNEL};
+  for (size_t i = 0; i < 2; i++)
+    if (selects_named(sel, kinds[i], "queued") || selects_named(sel, kinds[i], "submitted"))
+      return true;
+  return false;
+}
+
+bool cm__sel_needs_event_ts(const cm__bits *sel) {
+  return selects_named(sel, CM_KIND_CUDA_EVENT, "device_timestamp");
+}

@@ -1,0 +1,109 @@
+/*
+ * engine.h: the engine's state, shared by the files of the engine noun: engine.c (subscription,
+ * observers, selection reconcile, delivery, the public calls) and fence.c (flushes, device
+ * synchronization and the sync fence). Nothing outside engine/core includes it.
+ *
+ * Threads and locks (see docs/architecture.md for the whole table). Fields are grouped by the
+ * lock that guards them: engine.api_mu serializes the control calls; engine.dec_mu guards the
+ * decoder, the observers and the decode selection; engine.q_mu guards the queue of completed
+ * buffers. Lock order: api_mu, then dec_mu, then q_mu; the pool's mutex is a leaf.
+ */
+#ifndef CM_ENGINE_H
+#define CM_ENGINE_H
+
+#include "cm_internal.h"
+
+typedef struct qitem {
+  struct qitem *next;
+  uint8_t *buf;
+  size_t valid;
+} qitem;
+
+typedef struct observer {
+  uint32_t id;
+  cm_observer_fn fn;
+  void *ud;
+  cm__bits sel[CM_KIND_MAX];
+} observer;
+
+struct cm_engine {
+  cm__cupti cupti;
+  CUpti_SubscriberHandle sub;
+  cm__pool pool;
+  cm__intern *strings;
+  cm__decoder *dec;
+  /* Handlers and arming (callbacks.c); lives as long as the subscription. Set once, after the
+   * subscription exists, so the trampoline reads it atomically. */
+  _Atomic(cm__callbacks *) cb;
+  pthread_t worker;
+  bool worker_started;
+
+  /* Guarded by log_mu: the log callback. */
+  pthread_mutex_t log_mu;
+  cm_log_fn log_fn;
+  void *log_ud;
+
+  /* Guarded by api_mu: the control path's state. */
+  pthread_mutex_t api_mu;
+  cm_config cfg;
+  /* enabled, active and session_start_ns are written under api_mu and read without it (by the
+   * getters, which observers may call while a control call holds api_mu). */
+  _Atomic uint64_t enabled; /* kinds enabled in CUPTI, bit per kind */
+  atomic_bool active;
+  bool latency_on;
+  bool event_ts_on;
+  _Atomic uint64_t session_start_ns;
+
+  /* Guarded by dec_mu: the decoder, the observers and the selection the decoder runs with. */
+  pthread_mutex_t dec_mu;
+  observer *obs;
+  int nobs;
+  int cap_obs;
+  uint32_t next_id;
+  cm__bits sel[CM_KIND_MAX];
+  uint64_t drain_seq;
+
+  /* Guarded by q_mu: the queue of completed buffers and the worker's control. */
+  pthread_mutex_t q_mu;
+  pthread_cond_t q_cv;      /* signals the worker: work queued, stop, or a cadence change */
+  pthread_cond_t done_cv;   /* signals waiters: a buffer was decoded */
+  qitem *q_head, *q_tail;
+  qitem *q_spare;           /* recycled queue items */
+  uint64_t enqueued;        /* buffers queued, ever */
+  uint64_t decoded;         /* buffers decoded (or discarded), ever */
+  uint64_t q_depth, q_peak;
+  bool stop;
+  uint32_t self_flush_ms;
+  uint32_t deliver_ms;
+  uint32_t batch_records;
+
+  /* Session facts, written once at creation. */
+  uint32_t cupti_version;
+  int clock_realtime;
+  int64_t clock_offset_ns;
+  int timestamp_callback;
+
+  /* Counters, updated with relaxed atomics from any thread. */
+  _Atomic uint64_t st_buffers_decoded, st_bytes_decoded, st_records_decoded, st_records_delivered,
+      st_records_dropped, st_drains, st_fences, st_fence_timeouts, st_sessions;
+};
+
+#define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
+#define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)
+
+/* ---- fence.c ---------------------------------------------------------------------------------- */
+
+/* Waits until every buffer queued so far has been decoded, or until `deadline` (monotonic ms).
+ * Takes q_mu; called with api_mu held. Returns false on the deadline. */
+bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline);
+/* Asks CUPTI for its completed buffers (cuptiActivityFlushAll(flag)) and waits until they are
+ * decoded. Called with api_mu held. */
+bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag);
+/* The sync fence: when it returns true, every record produced before the call is decoded. Called
+ * with api_mu held; delivers nothing itself. */
+bool cm__engine_fence(cm_engine *e, uint64_t deadline);
+/* Synchronizes every active primary context and the calling thread's current one. Returns the
+ * number of contexts synchronized; 0 means there was no GPU work to wait for (or no libcuda). */
+int cm__device_sync(const cm__cupti *c);
+
+#endif /* CM_ENGINE_H */
