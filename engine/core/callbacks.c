@@ -24,7 +24,7 @@
  *
  * Thread rules. Dispatch: any thread, lock-free except for the side queue's short append.
  * Register, unregister, arm, disarm: any thread, serialized by `mu`. Lock order: the engine's
- * dec_mu, then `q_mu` (a leaf); `mu` is never held while a handler runs, and never taken inside
+ * dec_mu, then `res_mu` (a leaf); `mu` is never held while a handler runs, and never taken inside
  * dispatch.
  */
 #include <dlfcn.h>
@@ -104,8 +104,8 @@ struct cm__callbacks {
   uint32_t next_handle;
   retired *deferred;
 
-  /* Guarded by q_mu: the resource records waiting for the next drain. */
-  pthread_mutex_t q_mu;
+  /* Guarded by res_mu: the resource records waiting for the next drain. */
+  pthread_mutex_t res_mu;
   cm__resource_record *q;
   size_t qn, qcap;
 
@@ -286,7 +286,7 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
   cb->next_handle = 1;
   pthread_mutex_init(&cb->grace_mu, NULL);
   pthread_mutex_init(&cb->mu, NULL);
-  pthread_mutex_init(&cb->q_mu, NULL);
+  pthread_mutex_init(&cb->res_mu, NULL);
   table *t = calloc(1, sizeof *t);
   if (!t) {
     free(cb);
@@ -328,7 +328,7 @@ void cm__callbacks_free(cm__callbacks *cb) {
   pthread_mutex_unlock(&cb->mu);
   pthread_mutex_destroy(&cb->grace_mu);
   pthread_mutex_destroy(&cb->mu);
-  pthread_mutex_destroy(&cb->q_mu);
+  pthread_mutex_destroy(&cb->res_mu);
   free(cb->q);
   free(cb);
 }
@@ -370,7 +370,7 @@ static void record_resource(cm__callbacks *cb, uint32_t cbid, const void *data) 
       rd->resourceDescriptor)
     r.module_id = ((const CUpti_ModuleResourceData *)rd->resourceDescriptor)->moduleId;
 
-  pthread_mutex_lock(&cb->q_mu);
+  pthread_mutex_lock(&cb->res_mu);
   bool ok = cb->qn < RESOURCE_QUEUE_MAX;
   if (ok && cb->qn == cb->qcap) {
     size_t cap = cb->qcap ? cb->qcap * 2 : 64;
@@ -383,7 +383,7 @@ static void record_resource(cm__callbacks *cb, uint32_t cbid, const void *data) 
     }
   }
   if (ok) cb->q[cb->qn++] = r;
-  pthread_mutex_unlock(&cb->q_mu);
+  pthread_mutex_unlock(&cb->res_mu);
   atomic_fetch_add_explicit(ok ? &cb->st_res : &cb->st_res_dropped, 1, memory_order_relaxed);
 }
 
@@ -431,12 +431,12 @@ void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const 
 }
 
 void cm__callbacks_drain(cm__callbacks *cb, cm__decoder *dec) {
-  pthread_mutex_lock(&cb->q_mu);
+  pthread_mutex_lock(&cb->res_mu);
   cm__resource_record *q = cb->q;
   size_t n = cb->qn;
   cb->q = NULL;
   cb->qn = cb->qcap = 0;
-  pthread_mutex_unlock(&cb->q_mu);
+  pthread_mutex_unlock(&cb->res_mu);
   if (n) cm__decoder_inject(dec, CM_KIND_RESOURCE, (const uint8_t *)q, n, sizeof *q);
   free(q);
 }

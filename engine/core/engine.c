@@ -5,13 +5,13 @@
  *
  * Threads and locks. Three kinds of thread meet here:
  *  - CUPTI's threads (and the application's, for per-thread buffers) call the buffer request and
- *    completion callbacks. They take only pool.mu or engine.q_mu, each for a list operation, so
+ *    completion callbacks. They take only pool.mu or engine.work_mu, each for a list operation, so
  *    the application is never made to wait on decoding or on an observer.
  *  - The decode worker pops completed buffers, decodes them under `dec_mu`, returns them to the
  *    pool, and runs the delivery and self-flush cadences.
  *  - Control calls (cm_observe, cm_unobserve, cm_flush, cm_configure, cm_engine_free) are
  *    serialized by `api_mu`.
- * Lock order: api_mu, then dec_mu, then q_mu; the pool mutex is a leaf. Observer callbacks run
+ * Lock order: api_mu, then dec_mu, then work_mu; the pool mutex is a leaf. Observer callbacks run
  * with dec_mu held, on the worker or on the thread calling cm_flush, so one engine never runs two
  * callbacks at once and the columns cannot change under a callback.
  *
@@ -108,10 +108,10 @@ static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_
     cm__pool_put(&e->pool, buffer);
     return;
   }
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   qitem *it = e->q_spare;
   if (it) e->q_spare = it->next;
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   if (!it) it = malloc(sizeof *it);
   if (!it) {
     /* Out of memory: the buffer's records are lost, and counted as dropped rather than silently
@@ -126,7 +126,7 @@ static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_
   it->next = NULL;
   it->buf = buffer;
   it->valid = valid;
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   if (e->q_tail)
     e->q_tail->next = it;
   else
@@ -135,7 +135,7 @@ static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_
   e->enqueued++;
   if (++e->q_depth > e->q_peak) e->q_peak = e->q_depth;
   pthread_cond_signal(&e->q_cv);
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
 }
 
 static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size,
@@ -214,25 +214,25 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 static void *worker_main(void *arg) {
   cm_engine *e = arg;
   uint64_t next_flush = 0, next_deliver = 0;
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   for (;;) {
     /* Cadences first, so a queue that never runs empty cannot starve delivery. */
     uint64_t now = cm__mono_ms();
     uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
     if (fl && now >= next_flush) {
       next_flush = now + fl;
-      pthread_mutex_unlock(&e->q_mu);
+      pthread_mutex_unlock(&e->work_mu);
       e->cupti.ActivityFlushAll(0);
-      pthread_mutex_lock(&e->q_mu);
+      pthread_mutex_lock(&e->work_mu);
       continue;
     }
     if (dl && now >= next_deliver) {
       next_deliver = now + dl;
-      pthread_mutex_unlock(&e->q_mu);
+      pthread_mutex_unlock(&e->work_mu);
       pthread_mutex_lock(&e->dec_mu);
       deliver(e);
       pthread_mutex_unlock(&e->dec_mu);
-      pthread_mutex_lock(&e->q_mu);
+      pthread_mutex_lock(&e->work_mu);
       continue;
     }
     qitem *it = e->q_head;
@@ -241,7 +241,7 @@ static void *worker_main(void *arg) {
       if (!e->q_head) e->q_tail = NULL;
       e->q_depth--;
       uint32_t limit = e->batch_records;
-      pthread_mutex_unlock(&e->q_mu);
+      pthread_mutex_unlock(&e->work_mu);
 
       pthread_mutex_lock(&e->dec_mu);
       uint64_t n = cm__decoder_decode(e->dec, it->buf, it->valid);
@@ -252,7 +252,7 @@ static void *worker_main(void *arg) {
       ADD(e, st_bytes_decoded, it->valid);
       cm__pool_put(&e->pool, it->buf);
 
-      pthread_mutex_lock(&e->q_mu);
+      pthread_mutex_lock(&e->work_mu);
       it->next = e->q_spare;
       e->q_spare = it;
       e->decoded++;
@@ -265,14 +265,14 @@ static void *worker_main(void *arg) {
     if (fl) wake = next_flush;
     if (dl && next_deliver < wake) wake = next_deliver;
     if (wake == UINT64_MAX) {
-      pthread_cond_wait(&e->q_cv, &e->q_mu);
+      pthread_cond_wait(&e->q_cv, &e->work_mu);
     } else {
       struct timespec ts;
       cm__abstime_in(&ts, wake > now ? wake - now : 0);
-      pthread_cond_timedwait(&e->q_cv, &e->q_mu, &ts);
+      pthread_cond_timedwait(&e->q_cv, &e->work_mu, &ts);
     }
   }
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   return NULL;
 }
 
@@ -382,7 +382,7 @@ static void destroy(cm_engine *e) {
   pthread_mutex_destroy(&e->log_mu);
   pthread_mutex_destroy(&e->api_mu);
   pthread_mutex_destroy(&e->dec_mu);
-  pthread_mutex_destroy(&e->q_mu);
+  pthread_mutex_destroy(&e->work_mu);
   pthread_cond_destroy(&e->q_cv);
   pthread_cond_destroy(&e->done_cv);
   free(e);
@@ -417,7 +417,7 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
   pthread_mutex_init(&e->log_mu, NULL);
   pthread_mutex_init(&e->api_mu, NULL);
   pthread_mutex_init(&e->dec_mu, NULL);
-  pthread_mutex_init(&e->q_mu, NULL);
+  pthread_mutex_init(&e->work_mu, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -526,10 +526,10 @@ void cm_engine_free(cm_engine *e) {
   }
   pthread_mutex_unlock(&e->api_mu);
 
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   e->stop = true;
   pthread_cond_signal(&e->q_cv);
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   if (e->worker_started) pthread_join(e->worker, NULL);
 
   atomic_store(&g_engine, NULL);
@@ -542,7 +542,7 @@ void cm_engine_free(cm_engine *e) {
   /* The worker has drained the queue; items left are buffers completed after it stopped. Their
    * records are lost with the engine, and said so. */
   uint64_t lost = 0;
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   for (qitem *it = e->q_head; it;) {
     qitem *next = it->next;
     CUpti_Activity *rec = NULL;
@@ -552,7 +552,7 @@ void cm_engine_free(cm_engine *e) {
     it = next;
   }
   e->q_head = e->q_tail = NULL;
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   if (lost)
     elog(e, CM_LOG_WARN, "%llu records completed after the decoder stopped were not delivered",
          (unsigned long long)lost);
@@ -579,12 +579,12 @@ int cm_configure(cm_engine *e, const cm_config *cfg) {
   pthread_mutex_lock(&e->api_mu);
   e->cfg = *cfg;
   cm__pool_configure(&e->pool, cfg->buffer_size, cfg->pool_max_buffers, cfg->warn_outstanding);
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   e->self_flush_ms = cfg->self_flush_ms;
   e->deliver_ms = cfg->deliver_ms;
   e->batch_records = cfg->batch_records;
   pthread_cond_signal(&e->q_cv);
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   pthread_mutex_unlock(&e->api_mu);
   return 0;
 }
@@ -749,10 +749,10 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->fence_timeouts = LOAD(e, st_fence_timeouts);
   out->sessions = LOAD(e, st_sessions);
   out->strings = cm__intern_count(e->strings);
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   out->decode_queue_depth = e->q_depth;
   out->decode_queue_peak = e->q_peak;
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   /* The decoder publishes these counters atomically, so no dec_mu: an observer may call this. */
   for (int k = 0; k < CM_KIND_MAX; k++) out->records_by_kind[k] = cm__decoder_seen(e->dec, k);
   out->records_dropped += cm__decoder_lost(e->dec);

@@ -5,8 +5,8 @@
  *
  * Threads and locks (see docs/architecture.md for the whole table). Fields are grouped by the
  * lock that guards them: engine.api_mu serializes the control calls; engine.dec_mu guards the
- * decoder, the observers and the decode selection; engine.q_mu guards the queue of completed
- * buffers. Lock order: api_mu, then dec_mu, then q_mu; the pool's mutex is a leaf.
+ * decoder, the observers and the decode selection; engine.work_mu guards the queue of completed
+ * buffers. Lock order: api_mu, then dec_mu, then work_mu; the pool's mutex is a leaf.
  */
 #ifndef CM_ENGINE_H
 #define CM_ENGINE_H
@@ -63,8 +63,8 @@ struct cm_engine {
   cm__bits sel[CM_KIND_MAX];
   uint64_t drain_seq;
 
-  /* Guarded by q_mu: the queue of completed buffers and the worker's control. */
-  pthread_mutex_t q_mu;
+  /* Guarded by work_mu: the queue of completed buffers and the worker's control. */
+  pthread_mutex_t work_mu;
   pthread_cond_t q_cv;      /* signals the worker: work queued, stop, or a cadence change */
   pthread_cond_t done_cv;   /* signals waiters: a buffer was decoded */
   qitem *q_head, *q_tail;
@@ -94,7 +94,7 @@ struct cm_engine {
 /* ---- fence.c ---------------------------------------------------------------------------------- */
 
 /* Waits until every buffer queued so far has been decoded, or until `deadline` (monotonic ms).
- * Takes q_mu; called with api_mu held. Returns false on the deadline. */
+ * Takes work_mu; called with api_mu held. Returns false on the deadline. */
 bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline);
 /* Asks CUPTI for its completed buffers (cuptiActivityFlushAll(flag)) and waits until they are
  * decoded. Called with api_mu held. */

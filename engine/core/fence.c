@@ -15,7 +15,7 @@
 
 bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
   bool ok = true;
-  pthread_mutex_lock(&e->q_mu);
+  pthread_mutex_lock(&e->work_mu);
   uint64_t target = e->enqueued;
   while (e->decoded < target) {
     uint64_t now = cm__mono_ms();
@@ -25,9 +25,9 @@ bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
     }
     struct timespec ts;
     cm__abstime_in(&ts, deadline - now);
-    pthread_cond_timedwait(&e->done_cv, &e->q_mu, &ts);
+    pthread_cond_timedwait(&e->done_cv, &e->work_mu, &ts);
   }
-  pthread_mutex_unlock(&e->q_mu);
+  pthread_mutex_unlock(&e->work_mu);
   return ok;
 }
 
