@@ -4,67 +4,54 @@
 --        cuptimon-lua --replay run.cmcap scripts/api_latency.lua
 --
 -- Arguments:
---   --top N      how many functions to show, by total time (default 20)
+--   --top N      how many functions to show, by total time (default 20; at least 1)
 --   --driver     also count driver API calls (shown by cbid number)
 --
 -- Function names come from cuptimon.cbid, generated from CUPTI's cupti_runtime_cbid.h; an id it
 -- does not know is shown as "cbid N".
 --
 -- Example output:
---   api                                  calls    total_us      avg_us      min_us      max_us
---   cudaLaunchKernel                     50000    40000.0         0.8         0.5         1.1
+--   api                                     calls    total_us      avg_us      min_us      max_us
+--   cudaStreamCreateWithFlags                   2    133967.9     66983.9         6.2    133961.7
+--   cudaLaunchKernel                          300      2143.7         7.1         4.6       141.6
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
+local tabulate = require "cuptimon.table"
 
 local opts = args.parse(arg, {
-  top = { 20, "how many functions to show" },
+  top = { 20, "how many functions to show", min = 1, integer = true },
   driver = { false, "also count driver API calls" },
 })
 
-local per = {} -- label -> { count, total, min, max }
+local per = cm.stats_by() -- function name -> count, sum, min, max of durations in ns
 
-local function observer(prefix, names)
+local driver_names = setmetatable({}, { __index = function(t, c)
+  local v = "driver cbid " .. c
+  t[c] = v
+  return v
+end })
+
+local function observer(name_of)
   return function(b)
     local id, start, stop = b.cbid, b.start, b.stop
-    for i = 0, b.n - 1 do
-      local c = tonumber(id[i])
-      local label = names and names[c] or (prefix .. c)
-      local s = per[label]
-      if not s then
-        s = { count = 0, total = 0, min = math.huge, max = 0 }
-        per[label] = s
-      end
-      local d = tonumber(stop[i] - start[i])
-      s.count = s.count + 1
-      s.total = s.total + d
-      if d < s.min then s.min = d end
-      if d > s.max then s.max = d end
-    end
+    for i = 0, b.n - 1 do per:add(name_of(tonumber(id[i])), stop[i] - start[i]) end
   end
 end
 
-cm.observe({ runtime = { "cbid", "start", "stop" } }, observer("cbid ", setmetatable({}, {
-  __index = function(t, c)
-    local v = cbid.name(c)
-    rawset(t, c, v)
-    return v
-  end,
-})))
-if opts.driver then cm.observe({ driver = { "cbid", "start", "stop" } }, observer("driver cbid ")) end
+cm.observe({ runtime = { "cbid", "start", "stop" } }, observer(cbid.name))
+if opts.driver then
+  cm.observe({ driver = { "cbid", "start", "stop" } }, observer(function(c) return driver_names[c] end))
+end
 
 cm.on("exit", function()
-  local list = {}
-  for label, s in pairs(per) do list[#list + 1] = { label = label, s = s } end
-  table.sort(list, function(a, b)
-    if a.s.total ~= b.s.total then return a.s.total > b.s.total end
-    return a.label < b.label
-  end)
-  print(("%-36s %8s %11s %11s %11s %11s"):format("api", "calls", "total_us", "avg_us", "min_us",
-    "max_us"))
-  for i = 1, math.min(opts.top, #list) do
-    local e, s = list[i], list[i].s
-    print(("%-36s %8d %11.1f %11.1f %11.1f %11.1f"):format(e.label, s.count, s.total / 1e3,
-      s.total / s.count / 1e3, s.min / 1e3, s.max / 1e3))
+  local t = tabulate.new {
+    { "api", width = 36 }, { "calls", "%d", width = 8 }, { "total_us", "%.1f", width = 11 },
+    { "avg_us", "%.1f", width = 11 }, { "min_us", "%.1f", width = 11 },
+    { "max_us", "%.1f", width = 11 },
+  }
+  for _, e in ipairs(per:sorted(opts.top)) do
+    t:add(e.key, e.count, e.sum / 1e3, e.avg / 1e3, e.min / 1e3, e.max / 1e3)
   end
+  t:print()
 end)

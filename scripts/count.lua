@@ -14,6 +14,7 @@
 --   total                      100000
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local tabulate = require "cuptimon.table"
 
 local opts = args.parse(arg, {
   kinds = { "kernel,memcpy,memcpy2,memset,runtime,driver,synchronization,cuda_event,marker,overhead",
@@ -26,40 +27,30 @@ local sel = {}
 for _, name in ipairs(args.list(opts.kinds)) do
   local k = cm.registry.kind(name)
   if not k then
-    io.stderr:write(("count.lua: unknown kind %q; valid kinds: %s\n")
+    args.usage_error(("count.lua: unknown kind %q; valid kinds: %s")
       :format(name, table.concat(cm.registry.kind_names(), ", ")))
-    os.exit(2)
   end
   sel[name] = { k.by_name.start and "start" or k.fields[0].name }
 end
 
-local total = {}     -- kind name -> records
-local by_pid = {}    -- pid -> kind name -> records
+local total = cm.count_by()  -- kind name -> records
+local by_pid = {}            -- pid -> count_by kind name
 
 cm.observe(sel, function(b)
-  total[b.kind] = (total[b.kind] or 0) + b.n
+  total:add(b.kind, b.n)
   if opts.per_process then
     local p = b:process()
     local pid = p and p.pid or 0
-    local t = by_pid[pid]
-    if not t then
-      t = {}
-      by_pid[pid] = t
-    end
-    t[b.kind] = (t[b.kind] or 0) + b.n
+    by_pid[pid] = by_pid[pid] or cm.count_by()
+    by_pid[pid]:add(b.kind, b.n)
   end
 end)
 
-local function print_table(title, t)
-  local names, sum = {}, 0
-  for k, n in pairs(t) do
-    names[#names + 1] = k
-    sum = sum + n
-  end
-  table.sort(names)
-  print(("%-24s %10s"):format(title, "records"))
-  for _, k in ipairs(names) do print(("%-24s %10d"):format(k, t[k])) end
-  print(("%-24s %10d"):format("total", sum))
+local function print_table(title, counts)
+  local t = tabulate.new { { title, width = 24 }, { "records", "%d", width = 10 } }
+  for _, e in ipairs(counts:sorted(nil, "key")) do t:add(e.key, e.count) end
+  t:add("total", counts:total())
+  t:print()
 end
 
 cm.on("exit", function()

@@ -9,16 +9,27 @@
 --
 -- Kernels, copies and memsets are attributed to (pid, stream). Busy is the summed duration of the
 -- stream's operations, span runs from its first start to its last stop, and idle is the rest.
--- Gaps assume a stream's operations arrive in start order (they do within a process's batches).
+-- Gaps are measured in arrival order: an operation that starts at least N us after every
+-- operation seen before it on its stream ends opens a gap. Kernels, copies and memsets arrive in
+-- separate batches, so an operation may arrive before an earlier one of another kind: it
+-- then extends the span backwards and opens no gap.
 --
 -- Example output:
---   pid       stream    ops     span_us     busy_us  busy%    gaps  max_gap_us
---   4242          7   50000    50000.0     40000.0   80.0   10000       500.0
+--   pid         stream     ops     span_us     busy_us  busy%    gaps  max_gap_us
+--   601              7       4        93.2        33.5   35.9       2        29.1
+--   601             13      30      4504.2       387.2    8.6      29       546.4
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local tabulate = require "cuptimon.table"
+local ffi = require "ffi"
 
-local opts = args.parse(arg, { gap_us = { 10, "minimum idle gap in microseconds" } })
+local opts = args.parse(arg, { gap_us = { 10, "minimum idle gap in microseconds", min = 0 } })
 local gap_ns = opts.gap_us * 1e3
+
+local int64 = ffi.typeof("int64_t")
+-- Nanoseconds from timestamp `base` to timestamp `t` (both uint64), negative when t is earlier.
+-- Subtracting two uint64 values wraps below zero, so the difference is read back as signed.
+local function since(t, base) return tonumber(ffi.cast(int64, t - base)) end
 
 local streams = {} -- "pid/stream" -> state
 local order = {}
@@ -27,7 +38,8 @@ local function state(pid, stream)
   local key = pid .. "/" .. stream
   local s = streams[key]
   if not s then
-    s = { pid = pid, stream = stream, ops = 0, busy = 0, gaps = 0, max_gap = 0 }
+    -- first, last: ns from base (the first start seen); busy: durations; gaps: idle gaps.
+    s = { pid = pid, stream = stream, busy = cm.summary(), gaps = cm.summary() }
     streams[key] = s
     order[#order + 1] = s
   end
@@ -40,21 +52,13 @@ local function on_batch(b)
   local start, stop, stream = b.start, b.stop, b.stream
   for i = 0, b.n - 1 do
     local s = state(pid, tonumber(stream[i]))
-    -- Nanoseconds since the first operation seen on the stream, as Lua numbers (exact below 2^53).
-    local a = s.base and tonumber(start[i] - s.base) or 0
     if not s.base then s.base = start[i] end
-    local e = a + tonumber(stop[i] - start[i])
-    if s.last then
-      local g = a - s.last
-      if g >= gap_ns then
-        s.gaps = s.gaps + 1
-        if g > s.max_gap then s.max_gap = g end
-      end
-    end
+    local a = since(start[i], s.base)
+    local e = a + since(stop[i], start[i])
+    if s.last and a - s.last >= gap_ns then s.gaps:add(a - s.last) end
     if not s.last or e > s.last then s.last = e end
-    s.first = s.first and math.min(s.first, a) or a
-    s.ops = s.ops + 1
-    s.busy = s.busy + (e - a)
+    if not s.first or a < s.first then s.first = a end
+    s.busy:add(e - a)
   end
 end
 
@@ -67,11 +71,17 @@ cm.on("exit", function()
     if a.pid ~= b.pid then return a.pid < b.pid end
     return a.stream < b.stream
   end)
-  print(("%-9s %8s %7s %11s %11s %6s %7s %11s"):format("pid", "stream", "ops", "span_us",
-    "busy_us", "busy%", "gaps", "max_gap_us"))
+  local t = tabulate.new {
+    { "pid", "%d", width = 9 }, { "stream", "%d", width = 8 }, { "ops", "%d", width = 7 },
+    { "span_us", "%.1f", width = 11 }, { "busy_us", "%.1f", width = 11 },
+    { "busy%", "%.1f", width = 6 }, { "gaps", "%d", width = 7 },
+    { "max_gap_us", "%.1f", width = 11 },
+  }
   for _, s in ipairs(order) do
-    local span = (s.last or 0) - (s.first or 0)
-    print(("%-9d %8d %7d %11.1f %11.1f %6.1f %7d %11.1f"):format(s.pid, s.stream, s.ops, span / 1e3,
-      s.busy / 1e3, span > 0 and math.min(100, 100 * s.busy / span) or 0, s.gaps, s.max_gap / 1e3))
+    local span, busy = s.last - s.first, s.busy.sum
+    t:add(s.pid, s.stream, s.busy.count, span / 1e3, busy / 1e3,
+      span > 0 and math.min(100, 100 * busy / span) or 0, s.gaps.count,
+      (s.gaps.count > 0 and s.gaps.max or 0) / 1e3)
   end
+  t:print()
 end)

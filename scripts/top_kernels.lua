@@ -5,7 +5,7 @@
 --        cuptimon-lua --replay run.cmcap scripts/top_kernels.lua
 --
 -- Arguments:
---   --top N          how many kernels to show (default 10)
+--   --top N          how many kernels to show (default 10; at least 1)
 --   --interval MS    also print the table every MS milliseconds (default 0: only at the end)
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
@@ -14,69 +14,44 @@
 -- kernels (concurrent kernels can make the sum exceed the wall time).
 --
 -- Example output:
---   kernel                                    count    total_us      avg_us      min_us      max_us  % gpu
---   _Z7kernelCv                               33333    26666400       800.0       500.0      1100.0   33.6
---   kernelA                                   33334    26665900       799.9       500.0      1100.0   33.3
+--   kernel                                      count    total_us      avg_us      min_us      max_us  % gpu
+--   cm_demo_matmul<16>                            150        2863        19.1         5.2        30.1   93.3
+--   cm_demo_sgd_update<float>                      60          78         1.3         1.0         1.7    2.5
+--   5 kernel names, 3069 us of kernel time
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local tabulate = require "cuptimon.table"
 
 local opts = args.parse(arg, {
-  top = { 10, "how many kernels to show" },
-  interval = { 0, "print the table every this many milliseconds (0: only at exit)" },
+  top = { 10, "how many kernels to show", min = 1, integer = true },
+  interval = { 0, "print the table every this many milliseconds (0: only at exit)", min = 0,
+    integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
 })
+local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
 
-local by_name = {}  -- kernel name -> { count, total, min, max } in nanoseconds
-local names = {}    -- source id -> { [string id] = name }
+local by_name = cm.stats_by() -- kernel name -> count, sum, min, max of durations in ns
 
 cm.observe({ kernel = { "name", "start", "stop" } }, function(b)
-  local start, stop, ids = b.start, b.stop, b.name
-  local cache = names[b.source]
-  if not cache then
-    cache = {}
-    names[b.source] = cache
-  end
-  for i = 0, b.n - 1 do
-    local id = tonumber(ids[i])
-    local nm = cache[id]
-    if not nm then
-      nm = b:str("name", i) or ("string " .. id)
-      if not opts.mangled then nm = cm.kernel_name(nm, opts.full_names) end
-      cache[id] = nm
-    end
-    local d = tonumber(stop[i] - start[i])
-    local s = by_name[nm]
-    if not s then
-      s = { count = 0, total = 0, min = math.huge, max = 0 }
-      by_name[nm] = s
-    end
-    s.count = s.count + 1
-    s.total = s.total + d
-    if d < s.min then s.min = d end
-    if d > s.max then s.max = d end
-  end
+  local start, stop = b.start, b.stop
+  for i = 0, b.n - 1 do by_name:add(b:kernel_name(i, form), stop[i] - start[i]) end
 end)
 
 local function report()
-  local list, all = {}, 0
-  for nm, s in pairs(by_name) do
-    list[#list + 1] = { name = nm, s = s }
-    all = all + s.total
+  local all = by_name:total()
+  local t = tabulate.new {
+    { "kernel", width = 40, max = 40 }, { "count", "%d", width = 8 },
+    { "total_us", "%.0f", width = 11 }, { "avg_us", "%.1f", width = 11 },
+    { "min_us", "%.1f", width = 11 }, { "max_us", "%.1f", width = 11 },
+    { "% gpu", "%.1f", width = 6 },
+  }
+  for _, e in ipairs(by_name:sorted(opts.top)) do
+    t:add(e.key, e.count, e.sum / 1e3, e.avg / 1e3, e.min / 1e3, e.max / 1e3,
+      all > 0 and 100 * e.sum / all or 0)
   end
-  table.sort(list, function(a, b)
-    if a.s.total ~= b.s.total then return a.s.total > b.s.total end
-    return a.name < b.name
-  end)
-  print(("%-40s %8s %11s %11s %11s %11s %6s"):format("kernel", "count", "total_us", "avg_us",
-    "min_us", "max_us", "% gpu"))
-  for i = 1, math.min(opts.top, #list) do
-    local e, s = list[i], list[i].s
-    local nm = #e.name > 40 and (e.name:sub(1, 37) .. "...") or e.name
-    print(("%-40s %8d %11.0f %11.1f %11.1f %11.1f %6.1f"):format(nm, s.count, s.total / 1e3,
-      s.total / s.count / 1e3, s.min / 1e3, s.max / 1e3, all > 0 and 100 * s.total / all or 0))
-  end
-  print(("%d kernel names, %.0f us of kernel time"):format(#list, all / 1e3))
+  t:print()
+  print(("%d kernel names, %.0f us of kernel time"):format(by_name:len(), all / 1e3))
 end
 
 if opts.interval > 0 then cm.every(opts.interval, report) end

@@ -1,4 +1,5 @@
 -- Specs of cuptimon.agg: values, edge buckets and printed forms.
+-- luacheck: std +busted
 local agg = require "cuptimon.agg"
 local ffi = require "ffi"
 
@@ -30,6 +31,17 @@ describe("agg.hist", function()
     assert.are.equal(2, h:bucket_count(1024))  -- 1024, 1025
     assert.are.equal(8, h.count)
   end)
+  it("puts 2^k - 1 and 2^k in different buckets for every k up to 52", function()
+    -- log(v) / log(2) rounds: 2^48 - 1 gives exactly 48. The edge fix must catch every such case.
+    for k = 1, 52 do
+      local h = agg.hist()
+      h:add(2 ^ k - 1); h:add(2 ^ k)
+      -- Bucket b >= 1 holds [2^(b-1), 2^b).
+      assert.are.equal(1, h.buckets[k + 1], "2^" .. k)
+      assert.are.equal(1, h.buckets[k], "2^" .. k .. " - 1")
+      assert.are.equal(1, h:bucket_count(2 ^ k), "bucket_count(2^" .. k .. ")")
+    end
+  end)
   it("prints one line per bucket from the lowest to the highest", function()
     local h = agg.hist("ns")
     h:add(1500); h:add(1600); h:add(5000)
@@ -43,6 +55,12 @@ describe("agg.hist", function()
   end)
   it("says when it is empty", function()
     assert.are.equal("(empty histogram)", tostring(agg.hist()))
+  end)
+  it("formats with an indent and a bar width", function()
+    local h = agg.hist()
+    h:add(4); h:add(5); h:add(8)
+    assert.are.equal(("  %-16s %8d |%s|\n  %-16s %8d |%s|"):format("[4, 8)", 2, ("@"):rep(10),
+      "[8, 16)", 1, ("@"):rep(5) .. (" "):rep(5)), h:format { indent = "  ", width = 10 })
   end)
 end)
 
@@ -91,6 +109,29 @@ describe("agg maps", function()
     local m = agg.count_by()
     assert.has_error(function() m:add(ffi.new("uint64_t", 1)) end,
       "map:add: keys must be strings, numbers or booleans, got a cdata (use tonumber() or batch:str())")
+  end)
+  it("count_by counts n at once, sorts by key on request, and totals", function()
+    local m = agg.count_by()
+    m:add("memcpy", 30); m:add("kernel", 10); m:add("kernel", 5); m:add(10); m:add(9)
+    local byval = m:sorted()
+    assert.are.same({ "memcpy", "kernel", 9, 10 }, { byval[1].key, byval[2].key, byval[3].key,
+      byval[4].key })
+    local bykey = m:sorted(nil, "key")
+    assert.are.same({ 9, 10, "kernel", "memcpy" }, { bykey[1].key, bykey[2].key, bykey[3].key,
+      bykey[4].key })
+    assert.are.same({ 15, 30 }, { bykey[3].count, bykey[4].count })
+    assert.are.equal(47, m:total())
+    assert.are.equal(4, m:len())
+    assert.has_error(function() m:sorted(nil, "size") end,
+      'map:sorted: order must be "value" or "key", got "size"')
+  end)
+  it("stats_by totals sums and gives averages", function()
+    local m = agg.stats_by()
+    m:add("a", 10); m:add("a", 20); m:add("b", 5)
+    assert.are.equal(35, m:total())
+    local s = m:sorted(1)
+    assert.are.same({ "a", 2, 30, 15, 10, 20 }, { s[1].key, s[1].count, s[1].sum, s[1].avg,
+      s[1].min, s[1].max })
   end)
   it("stats_by keeps count, sum, min and max per key", function()
     local m = agg.stats_by()

@@ -1,4 +1,5 @@
 -- Specs of the cuptimon Lua API against the in-process engine on the fake CUPTI.
+-- luacheck: std +busted
 local cm = require "cuptimon"
 local helpers = require "helpers"
 
@@ -40,11 +41,11 @@ describe("cuptimon.observe", function()
     local seen = {}
     local a = assert(cm.observe({ kernel = "start" }, function(b)
       seen.a = (seen.a or 0) + b.n
-      assert.is_nil(b.stop)
+      assert.is_nil(b:col("stop"))
     end))
     local m = assert(cm.observe({ memcpy = "all", kernel = { "stop" } }, function(b)
       seen[b.kind] = (seen[b.kind] or 0) + b.n
-      if b.kind == "concurrent_kernel" then assert.is_nil(b.start) end
+      if b.kind == "concurrent_kernel" then assert.is_nil(b:col("start")) end
     end))
     helpers.workload(1, 1000, { helpers.KERNEL, helpers.MEMCPY })
     cm.flush({ sync = true })
@@ -88,6 +89,8 @@ describe("cuptimon.observe", function()
   it("reports an error in an observer with a traceback and keeps delivering", function()
     if not need_fake() then return end
     local errors, calls = {}, 0
+    helpers.expect_errors(1)
+    local before = cm.errors()
     cm.on("error", function(msg, where) errors[#errors + 1] = { msg = msg, where = where } end)
     local o = assert(cm.observe({ runtime = { "start" } }, function()
       calls = calls + 1
@@ -103,6 +106,58 @@ describe("cuptimon.observe", function()
     assert.matches("api_spec.lua:%d+: boom in observer", errors[1].msg)
     assert.matches("stack traceback:", errors[1].msg, 1, true)
     assert.are.equal("observer callback", errors[1].where)
+    -- Handled by a hook, the error still counts (and makes cuptimon-lua's exit status 1).
+    assert.are.equal(before + 1, cm.errors())
+  end)
+
+  it("names a column that was not selected and says to select it", function()
+    if not need_fake() then return end
+    local results = {}
+    local o = assert(cm.observe({ kernel = { "start" } }, function(b)
+      if #results > 0 then return end
+      results[1] = { pcall(function() return b.stop[0] end) }
+      results[2] = { pcall(function() return b:str("name", 0) end) }
+      results[3] = { pcall(function() return b:kernel_name(0) end) }
+      results[4] = { pcall(function() return b.sttop end) }
+    end))
+    helpers.workload(1, 10, { helpers.KERNEL })
+    cm.flush({ sync = true })
+    o:close()
+    assert.are.equal(4, #results)
+    for i = 1, 4 do assert.is_false(results[i][1]) end
+    assert.matches('api_spec.lua:%d+: batch: the column "stop" of kind "concurrent_kernel" was not '
+      .. 'selected; add it to the observer\'s selection, e.g. cm.observe%({ concurrent_kernel = '
+      .. '{ "start", "stop" } }, fn%)', results[1][2])
+    assert.matches('batch:str: the column "name" of kind "concurrent_kernel" was not selected',
+      results[2][2])
+    assert.matches('batch:kernel_name: the column "name" of kind "concurrent_kernel" was not selected',
+      results[3][2])
+    assert.matches('batch: no column or method "sttop"; kind "concurrent_kernel" has the selected '
+      .. 'columns: start', results[4][2])
+  end)
+
+  it("gives kernel names for tables, cached per source and form", function()
+    if not need_fake() then return end
+    local got = {}
+    local o = assert(cm.observe({ kernel = { "name" } }, function(b)
+      for i = 0, b.n - 1 do
+        local raw = b:str("name", i)
+        got[raw] = { b:kernel_name(i), b:kernel_name(i, "full"), b:kernel_name(i, "mangled"),
+          b:kernel_name(i) }
+      end
+      assert.has_error(function() b:kernel_name(0, "long") end,
+        'batch:kernel_name: form must be "short", "full" or "mangled", got "long"')
+    end))
+    helpers.workload(1, 10, { helpers.KERNEL })
+    cm.flush({ sync = true })
+    o:close()
+    local n = 0
+    for raw, names in pairs(got) do
+      n = n + 1
+      assert.are.same({ cm.kernel_name(raw), cm.kernel_name(raw, true), raw, cm.kernel_name(raw) },
+        names)
+    end
+    assert.is_true(n > 0)
   end)
 
   it("defers observe, close and flush made inside a callback", function()

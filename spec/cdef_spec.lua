@@ -1,6 +1,7 @@
 -- Specs checking lua/cuptimon/cdef.lua against the C headers: struct members by parsing the
 -- header text, sizes and offsets through cm_host_layout (the C compiler's own layout), function
 -- prototypes, and the enum values.
+-- luacheck: std +busted
 local ffi = require "ffi"
 local cdef = require "cuptimon.cdef"
 local helpers = require "helpers"

@@ -1,6 +1,7 @@
 -- spec/hub_spec.lua: cuptimon-lua's hub (`-- cmd`), --record and --replay, end to end, with the
 -- wire_gen helper as a synthetic agent and capture writer (spec/wire_gen.c), and with the real
 -- agent and the fake CUDA application when the build has them.
+-- luacheck: std +busted
 local helpers = require "helpers"
 
 local bin = helpers.binary()
@@ -264,6 +265,13 @@ describe("recipes", function()
       assert.matches("Usage: cuptimon%-lua", out)
       assert.matches("Example output:", out)
       assert.matches("Options:\n.*%-%-help", out)
+      -- Each option is described on one line only (the header's, or the generated one).
+      local seen = {}
+      for flag in out:gmatch("\n%s+(%-%-[%w%-]+)") do
+        assert.is_nil(seen[flag], flag .. " is described twice in:\n" .. out)
+        seen[flag] = true
+      end
+      assert.is_true(seen["--help"])
     end)
   end
 

@@ -1,5 +1,6 @@
 -- Specs asserting that the hot column loop of an observer compiles: a TRACE starting at the loop
 -- and no NYI or aborted trace anywhere in it (jit.v output captured to a file).
+-- luacheck: std +busted
 local cm = require "cuptimon"
 local helpers = require "helpers"
 

@@ -1,4 +1,5 @@
 -- Specs of cuptimon.demangle and cuptimon.kernel_name: the kernel names tables show.
+-- luacheck: std +busted
 local cm = require "cuptimon"
 
 describe("cuptimon.demangle", function()

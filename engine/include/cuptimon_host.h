@@ -60,8 +60,11 @@ int cm_host_new(cm_host **out, struct uv_loop_s *loop, const cm_host_options *op
 
 /* Loads and runs the script at `path` with `argv` (argc strings, may be 0) as the global `arg`
  * table and as the chunk's varargs. Returns 0, or CM_EINVAL when the script failed to load or
- * raised an error (reported on stderr with a traceback). The script's timers and observers stay
- * registered; the embedder runs the loop afterwards. */
+ * raised an error (reported like every script error, with a traceback; see
+ * cm_host_error_count). The script's timers and observers stay registered; the embedder runs the
+ * loop afterwards. A script that raises an exit request (a table with a number field
+ * exit_status, as cuptimon.args does after --help) is not a failure: its message is printed on
+ * stderr, the exit is requested with that status (cm_host_exit_requested) and 0 is returned. */
 int cm_host_run_script(cm_host *h, const char *path, int argc, char **argv);
 /* Runs a chunk of Lua source, like cuptimon-lua -e. `name` names it in messages (may be NULL). */
 int cm_host_eval(cm_host *h, const char *chunk, const char *name);
@@ -75,8 +78,9 @@ int cm_host_shutdown(cm_host *h);
 void cm_host_request_exit(cm_host *h, int status);
 /* Whether the script asked to exit (cm.exit or a requested exit), and the status it asked for. */
 int cm_host_exit_requested(cm_host *h, int *status);
-/* The number of errors raised by the script and its callbacks that no "error" hook handled
- * (each was printed on stderr). cuptimon-lua exits with status 1 when it is not 0. */
+/* The number of errors raised by the script, its callbacks (observers, timers, luv callbacks,
+ * deferred calls) and its hooks (exit hooks included), whether an "error" hook took them or they
+ * were printed on stderr. cuptimon-lua turns an exit status of 0 into 1 when it is not 0. */
 uint64_t cm_host_error_count(cm_host *h);
 
 /* Closes the Lua state and frees the host (shutting down first if needed). NULL is accepted. */

@@ -74,8 +74,8 @@ struct cm_host {
   int inproc_err;
 
   int in_dispatch;       /* depth of cm_host_deliver calls */
-  uint64_t errors;       /* errors raised by script callbacks */
-  uint64_t unhandled;    /* those no "error" hook took (printed on stderr) */
+  uint64_t errors;       /* errors raised by the script and its callbacks, all reported */
+  int in_report;         /* report() is running the script's "error" hooks */
   uint64_t foreign;      /* deliveries refused because they came from another thread */
   uint32_t flush_ms, deliver_ms;
 
@@ -96,8 +96,22 @@ static cm_host *host_of(lua_State *L) {
   return h;
 }
 
-/* The message handler of every call into Lua: the error message plus a traceback. */
+/* Whether the value at `idx` is an exit request raised by the script: a table whose field
+ * exit_status is a number (cuptimon.args raises one for --help and usage errors). Reads the
+ * table raw, so no metamethod runs. */
+static int is_exit_request(lua_State *L, int idx) {
+  if (!lua_istable(L, idx)) return 0;
+  lua_pushstring(L, "exit_status");
+  lua_rawget(L, idx < 0 ? idx - 1 : idx);
+  int yes = lua_type(L, -1) == LUA_TNUMBER;
+  lua_pop(L, 1);
+  return yes;
+}
+
+/* The message handler of every call into Lua: the error message plus a traceback. An exit
+ * request passes through unchanged, for run_chunk. */
 static int msgh(lua_State *L) {
+  if (is_exit_request(L, 1)) return 1;
   const char *msg = lua_tostring(L, 1);
   if (!msg) {
     if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
@@ -107,15 +121,22 @@ static int msgh(lua_State *L) {
   return 1;
 }
 
-/* Reports the error message on top of the stack (and pops it): through the script's "error"
- * hooks when it has any, else on stderr. Never raises. */
+/* The one reporting function of the host: every failure of the script goes through it, whether
+ * raised in the main chunk, an observer, a timer or other luv callback, an event hook, a deferred
+ * call or an exit hook (lua/cuptimon/init.lua hands the failures it catches itself over through
+ * core.report). It reports the error message on top of the stack (and pops it): it counts the
+ * error (cm_host_error_count, which makes cuptimon-lua's exit status non-zero), then hands it to
+ * the script's "error" hooks when it has any, else prints it on stderr. An error raised while the
+ * error hooks run is counted and printed, never handed to the hooks again (no recursion). Never
+ * raises. */
 static void report(cm_host *h, const char *where) {
   lua_State *L = h->L;
   h->errors++;
   const char *msg = lua_tostring(L, -1);
   if (!msg) msg = "(error object is not a string)";
   int handled = 0;
-  if (h->event_ref != LUA_NOREF) {
+  if (h->event_ref != LUA_NOREF && !h->in_report) {
+    h->in_report = 1;
     lua_pushcfunction(L, msgh);
     lua_rawgeti(L, LUA_REGISTRYINDEX, h->event_ref);
     lua_pushstring(L, "error");
@@ -124,14 +145,13 @@ static void report(cm_host *h, const char *where) {
     if (lua_pcall(L, 3, 1, -5) == 0) {
       handled = lua_toboolean(L, -1);
     } else {
+      h->errors++;
       fprintf(stderr, "cuptimon: error in the error hook: %s\n", lua_tostring(L, -1));
     }
     lua_pop(L, 2);
+    h->in_report = 0;
   }
-  if (!handled) {
-    h->unhandled++;
-    fprintf(stderr, "cuptimon: error in %s: %s\n", where, msg);
-  }
+  if (!handled) fprintf(stderr, "cuptimon: error in %s: %s\n", where, msg);
   lua_pop(L, 1);
 }
 
@@ -512,6 +532,15 @@ static void defer_cb(uv_timer_t *t) {
   fire_event(h, "deferred", 0);
 }
 
+/* Runs the deferred calls still pending, at shutdown. The defer timer does not keep the loop
+ * alive, so without this they would run after the exit hooks and the exit status (or never),
+ * and a failure among them would go unreported. */
+static void run_deferred_now(cm_host *h) {
+  if (!uv_is_active((uv_handle_t *)&h->defer_timer)) return;
+  uv_timer_stop(&h->defer_timer);
+  fire_event(h, "deferred", 0);
+}
+
 /* defer(): fires the "deferred" event on the next loop iteration. */
 static int core_defer(lua_State *L) {
   cm_host *h = core_host(L);
@@ -543,7 +572,22 @@ static int core_sources(lua_State *L) {
   return 1;
 }
 
-/* errors() -> the number of reported callback errors, deliveries refused from foreign threads. */
+/* report(msg, where): hands a failure the Lua side caught itself (a hook, a deferred call) to
+ * report(), so it is counted and reaches the "error" hooks like any other. */
+static int core_report(lua_State *L) {
+  cm_host *h = core_host(L);
+  const char *where = luaL_optstring(L, 2, "script");
+  lua_settop(L, 2);
+  if (!lua_isstring(L, 1)) {
+    lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    lua_replace(L, 1);
+  }
+  lua_pushvalue(L, 1);
+  report(h, where);
+  return 0;
+}
+
+/* errors() -> the number of reported errors, deliveries refused from foreign threads. */
 static int core_errors(lua_State *L) {
   cm_host *h = core_host(L);
   lua_pushnumber(L, (lua_Number)h->errors);
@@ -604,6 +648,7 @@ static const luaL_Reg core_funcs[] = {
     {"check_mode", core_check_mode},
     {"sources", core_sources},
     {"errors", core_errors},
+    {"report", core_report},
     {NULL, NULL},
 };
 
@@ -715,25 +760,40 @@ int cm_host_new(cm_host **out, uv_loop_t *loop, const cm_host_options *opts) {
 
 lua_State *cm_host_lua(cm_host *h) { return h ? h->L : NULL; }
 uv_loop_t *cm_host_loop(cm_host *h) { return h ? h->loop : NULL; }
-uint64_t cm_host_error_count(cm_host *h) { return h ? h->unhandled : 0; }
+uint64_t cm_host_error_count(cm_host *h) { return h ? h->errors : 0; }
 
 int cm_host_exit_requested(cm_host *h, int *status) {
   if (status) *status = h->exit_status;
   return h->exit_requested;
 }
 
-/* Runs the function below its `nargs` arguments on the stack; reports errors on stderr. */
+/* Takes the exit request on top of the stack (and pops it): prints its message on stderr, when
+ * it has one, and requests the exit with its status. Not an error: nothing is counted. */
+static void take_exit_request(cm_host *h) {
+  lua_State *L = h->L;
+  lua_getfield(L, -1, "exit_status");
+  int status = (int)lua_tointeger(L, -1);
+  lua_getfield(L, -2, "message");
+  if (lua_type(L, -1) == LUA_TSTRING) fprintf(stderr, "%s\n", lua_tostring(L, -1));
+  lua_pop(L, 3);
+  fflush(stdout);
+  cm_host_request_exit(h, status);
+}
+
+/* Runs the function below its `nargs` arguments on the stack; reports an error through report().
+ * An exit request raised by the chunk (cuptimon.args after --help) requests the exit instead and
+ * is not a failure. */
 static int run_chunk(cm_host *h, int nargs) {
   lua_State *L = h->L;
   int base = lua_gettop(L) - nargs;
   lua_pushcfunction(L, msgh);
   lua_insert(L, base);
   int rc = lua_pcall(L, nargs, 0, base);
-  if (rc) {
-    h->errors++;
-    h->unhandled++;
-    fprintf(stderr, "cuptimon-lua: %s\n", lua_tostring(L, -1));
-    lua_pop(L, 1);
+  if (rc && is_exit_request(L, -1)) {
+    take_exit_request(h);
+    rc = 0;
+  } else if (rc) {
+    report(h, "the script");
   }
   lua_remove(L, base);
   return rc ? CM_EINVAL : 0;
@@ -751,8 +811,7 @@ int cm_host_run_script(cm_host *h, const char *path, int argc, char **argv) {
   }
   lua_setglobal(L, "arg");
   if (luaL_loadfile(L, path)) {
-    fprintf(stderr, "cuptimon-lua: %s\n", lua_tostring(L, -1));
-    lua_pop(L, 1);
+    report(h, "loading the script");
     return CM_EINVAL;
   }
   for (int i = 0; i < argc; i++) lua_pushstring(L, argv[i]);
@@ -763,8 +822,7 @@ int cm_host_eval(cm_host *h, const char *chunk, const char *name) {
   if (!h || !chunk) return CM_EINVAL;
   lua_State *L = h->L;
   if (luaL_loadbuffer(L, chunk, strlen(chunk), name ? name : "=(command line)")) {
-    fprintf(stderr, "cuptimon-lua: %s\n", lua_tostring(L, -1));
-    lua_pop(L, 1);
+    report(h, "loading the script");
     return CM_EINVAL;
   }
   return run_chunk(h, 0);
@@ -780,8 +838,12 @@ int cm_host_shutdown(cm_host *h) {
   /* A --check run traced nothing, so it has no window to close and no exit hooks to run: they
    * would print reports of an empty run. */
   if (!(h->flags & CM_HOST_CHECK)) {
+    run_deferred_now(h);
     for (int i = 0; i < h->nsources; i++)
       h->sources[i]->vt->flush(h->sources[i], CM_FLUSH_SYNC, 0, flush_sync_done, NULL);
+    /* The final window's observers may have deferred requests (a flush with a done callback,
+     * say): they run before the exit hooks too. */
+    run_deferred_now(h);
     fire_event(h, "exit", 0);
   }
   while (h->nsources) cm_host_remove_source(h, h->sources[h->nsources - 1]);

@@ -10,8 +10,9 @@
  * the hub's status (the command's) becomes ours unless the script chose one.
  *
  * Exit status: the script's cm.exit(status) or os.exit(status); with a command, the command's
- * status, or 1 when it exited 0 and the script raised errors; 1 when the script failed to load
- * or a capture cannot be read; 2 for usage errors; 130 on SIGINT.
+ * status; 1 instead of 0 when the script, a callback or a hook raised an error; 1 when the script
+ * failed to load or a capture cannot be read; 2 for usage errors (the script's too, raised by
+ * cuptimon.args); 130 on SIGINT.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -109,10 +110,11 @@ static void usage(FILE *out) {
 "  CUPTIMON_TOKEN (a private socket and a per-run token) on top of this environment.\n"
 "\n"
 "Exit status: with `-- cmd`, the command's status (128 + signal if a signal killed it; 127\n"
-"when it cannot be run), or 1 when it exited 0 but the script raised errors; the script's\n"
-"cm.exit()/os.exit() status when it chose one. Without a command: 0 when the loop runs out of\n"
-"work or the replay ends, 1 on a script error or an unreadable capture (a truncated or corrupt\n"
-"one only warns), 2 on a usage error, 130 after Control-C.\n");
+"when it cannot be run); the script's cm.exit()/os.exit() status when it chose one. Without a\n"
+"command: 0 when the loop runs out of work or the replay ends, 1 on an unreadable capture (a\n"
+"truncated or corrupt one only warns), 2 on a usage error (the script's too), 130 after\n"
+"Control-C. Any error of the script, an observer, a timer, a hook (exit hooks included) or a\n"
+"deferred call turns a status of 0 into 1.\n");
 }
 
 static void version(void) {
@@ -266,7 +268,10 @@ int main(int argc, char **argv) {
   if (!failed && script) failed = cm_host_run_script(h, script, script_argc, script_argv) != 0;
 
   int status = failed ? 1 : 0;
-  if (!failed && !check) {
+  /* A script that asked to exit while loading (cm.exit, or --help and usage errors raised by
+   * cuptimon.args) never starts the command, a replay or the loop. */
+  int exit_at_load = !failed && cm_host_exit_requested(h, NULL);
+  if (!failed && !check && !exit_at_load) {
     cm__hub_start();
     uv_signal_t sigint, sigterm;
     uv_signal_init(&loop, &sigint);
@@ -292,10 +297,11 @@ int main(int argc, char **argv) {
   /* With a command, its status is ours unless the script chose one (cm.exit); a signal that
    * stopped the run through the hub counts as the command's. */
   if (!failed && hub_done && !requested) status = hub_status;
-  /* Errors in callbacks were reported as they happened; without an explicit status they make
-   * the run fail, so a broken script never looks like a clean one. A failing command's own
-   * status is kept. */
-  if (!requested && status == 0 && cm_host_error_count(h)) status = 1;
+  /* Errors of the script, its callbacks and its hooks were reported as they happened (the exit
+   * hooks ran in cm_host_shutdown above); they turn a status of 0 into 1, also one chosen with
+   * cm.exit(0), so a broken script never looks like a clean one. A non-zero status (a failing
+   * command's, or one the script chose) is kept. */
+  if (status == 0 && cm_host_error_count(h)) status = 1;
   cm_host_free(h);
   cm__hub_free();
   uv_walk(&loop, close_walk, NULL);

@@ -153,8 +153,21 @@ local function range_label(lo, hi)
   return fmt("[%s, %s)", lo, hi)
 end
 
-function Hist:format()
-  if self.count == 0 then return title(self) .. "(empty histogram)" end
+-- The options of a histogram's format(): indent (a prefix for each bucket line, default "") and
+-- width (the bar's width in characters, default 52).
+local function hist_opts(opts)
+  if opts ~= nil and type(opts) ~= "table" then
+    error("hist:format: expected format([{ indent = s, width = n }])", 3)
+  end
+  opts = opts or {}
+  return opts.indent or "", opts.width or 52
+end
+
+--- The histogram as text, one line per bucket from the lowest to the highest. opts: indent,
+--- width (see hist_opts).
+function Hist:format(opts)
+  local indent, width = hist_opts(opts)
+  if self.count == 0 then return title(self) .. indent .. "(empty histogram)" end
   local lines, max = {}, 0
   for b = self.bottom, self.top do
     local c = self.buckets[b] or 0
@@ -163,7 +176,7 @@ function Hist:format()
   for b = self.bottom, self.top do
     local c = self.buckets[b] or 0
     local label = b == 0 and "(..., 1)" or range_label(human(2 ^ (b - 1)), human(2 ^ b))
-    lines[#lines + 1] = fmt("%-16s %8d |%-52s|", label, c, bar(c, max, 52))
+    lines[#lines + 1] = fmt("%s%-16s %8d |%-" .. width .. "s|", indent, label, c, bar(c, max, width))
   end
   return title(self) .. table.concat(lines, "\n")
 end
@@ -287,6 +300,8 @@ end
 
 local Map = class("map")
 
+--- Adds value v (default 1) under `key`. For count_by, v is how many to count (count_by:add(k, n)
+--- counts n at once); for the others, one value.
 function Map:add(key, v)
   key_check("map:add", key)
   v = tonumber(v) or 1
@@ -296,7 +311,7 @@ function Map:add(key, v)
     self.entries[key] = e
     self.size = self.size + 1
   end
-  e.count = e.count + 1
+  e.count = e.count + (self.value == "count" and v or 1)
   e.sum = e.sum + v
   if v < e.min then e.min = v end
   if v > e.max then e.max = v end
@@ -316,26 +331,56 @@ function Map:reset()
   return self
 end
 
+--- The number of keys.
+function Map:len() return self.size end
+
 local function value_of(self, e)
   if self.value == "count" then return e.count end
   return e.sum
 end
 
---- The entries sorted by value, descending: { { key=, count=, sum=, min=, max= }, ... }, at most n.
-function Map:sorted(n)
+-- Key order: numbers before strings before booleans, numbers by value, strings as strings.
+local key_rank = { number = 1, string = 2, boolean = 3 }
+local function key_less(a, b)
+  local ta, tb = type(a), type(b)
+  if ta ~= tb then return key_rank[ta] < key_rank[tb] end
+  if ta == "boolean" then return not a and b end
+  return a < b
+end
+
+--- The entries, at most n, as { { key=, count=, sum=, min=, max=, avg=, value= }, ... } (value is
+--- what the map ranks by: the count for count_by, else the sum). order: "value" (the default:
+--- by value descending, ties by key) or "key" (by key ascending: numbers by value, then strings).
+function Map:sorted(n, order)
+  if order ~= nil and order ~= "value" and order ~= "key" then
+    error(("map:sorted: order must be \"value\" or \"key\", got %q"):format(tostring(order)), 2)
+  end
   local list = {}
   for k, e in pairs(self.entries) do
     list[#list + 1] = { key = k, count = e.count, sum = e.sum, min = e.min, max = e.max,
-      value = value_of(self, e) }
+      avg = e.count > 0 and e.sum / e.count or 0, value = value_of(self, e) }
   end
-  table.sort(list, function(a, b)
-    if a.value ~= b.value then return a.value > b.value end
-    return tostring(a.key) < tostring(b.key)
-  end)
+  if order == "key" then
+    table.sort(list, function(a, b) return key_less(a.key, b.key) end)
+  else
+    table.sort(list, function(a, b)
+      if a.value ~= b.value then return a.value > b.value end
+      if type(a.key) == type(b.key) and type(a.key) ~= "boolean" then return a.key < b.key end
+      return tostring(a.key) < tostring(b.key)
+    end)
+  end
   if n and #list > n then
     for i = #list, n + 1, -1 do list[i] = nil end
   end
   return list
+end
+
+--- The sum of every key's value (counts for count_by, sums for the others): the whole that a
+--- key's share is a part of.
+function Map:total()
+  local t = 0
+  for _, e in pairs(self.entries) do t = t + value_of(self, e) end
+  return t
 end
 
 function Map:format(n)

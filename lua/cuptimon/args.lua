@@ -1,18 +1,45 @@
 -- cuptimon.args: command-line options for recipes (scripts/*.lua), and --help from the header.
 --
 --   local args = require("cuptimon.args").parse(arg, {
---     top = { 10, "number of kernels to show" },
+--     top = { 10, "number of kernels to show", min = 1 },
 --     kinds = { "kernel,memcpy", "kinds to count" },
 --     per_process = { false, "one table per process" },
 --   })
 --
 -- Design note. A recipe documents itself in its leading comment block (description, arguments,
--- example output); --help prints that block, then the options with their defaults, and exits 0
--- before anything is traced. Options are `--name value` or `--name=value`; a boolean option takes
--- no value (`--per-process`); dashes and underscores in names are the same. An unknown option is
--- a usage error (status 2) that lists the valid ones. Positional arguments are returned in
--- order in the result's array part.
+-- example output); --help prints that block, then the options the block does not mention, so
+-- each option is described once. Options are `--name value` or `--name=value`; a boolean option
+-- takes no value (`--per-process`); dashes and underscores in names are the same. A number option
+-- may set `min` (and `max`) and `integer = true`. Positional arguments are returned in order in
+-- the result's array part.
+--
+-- A library module never ends the process. --help and usage errors raise an exit request
+-- instead: a table { exit_status = n, message = s } (M.is_exit tells it apart). cuptimon-lua's
+-- host catches it when the script's main chunk raises it: it prints the message on stderr, never
+-- counts it as an error, and exits with the status without starting the command (0 after --help,
+-- 2 for a usage error). Anyone else (a spec, a script calling parse itself) catches it with pcall.
+-- Misuse of parse itself (a bad spec) raises an ordinary error naming the problem.
 local M = {}
+
+local Exit = {}
+Exit.__index = Exit
+Exit.__tostring = function(e) return e.message or ("exit " .. e.exit_status) end
+
+--- An exit request with `status` and an optional `message` (printed on stderr by the host).
+function M.exit_request(status, message)
+  return setmetatable({ exit_status = status, message = message }, Exit)
+end
+
+--- Raises a usage error (exit request 2 with `msg`): for a recipe that checks its options further
+--- than parse does (an unknown kind name, say).
+function M.usage_error(msg)
+  error(M.exit_request(2, msg), 0)
+end
+
+--- Whether `e` (an error object) is an exit request.
+function M.is_exit(e)
+  return type(e) == "table" and type(e.exit_status) == "number"
+end
 
 -- The leading comment block of the script at `path`, without the comment markers.
 local function header(path)
@@ -32,34 +59,82 @@ local function header(path)
 end
 M.header = header
 
-local function usage(script, spec, out)
-  out:write(header(script), "\n\nOptions:\n")
+local function flag(k) return "--" .. k:gsub("_", "-") end
+
+-- Whether the header describes option `k`: a line that starts (after blanks) with its flag.
+local function described(text, k)
+  local f = flag(k):gsub("%-", "%%-")
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    if line:match("^%s+" .. f .. "%f[^%w_%-]") then return true end
+  end
+  return false
+end
+
+--- The --help text of the script at `script` for `spec`: the header, then the options it does
+--- not describe, then --help.
+function M.usage(script, spec)
+  local text = header(script)
+  local out = { text, "", "Options:" }
   local names = {}
   for k in pairs(spec) do names[#names + 1] = k end
   table.sort(names)
   for _, k in ipairs(names) do
-    local d = spec[k][1]
-    local flag = "--" .. k:gsub("_", "-")
-    if type(d) ~= "boolean" then flag = flag .. " " .. string.upper(k) end
-    out:write(("  %-24s %s (default: %s)\n"):format(flag, spec[k][2] or "", tostring(d)))
+    if not described(text, k) then
+      local d = spec[k][1]
+      local f = flag(k)
+      if type(d) ~= "boolean" then f = f .. " " .. string.upper(k) end
+      out[#out + 1] = ("  %-24s %s (default: %s)"):format(f, spec[k][2] or "", tostring(d))
+    end
   end
-  out:write("  --help                   show this help and exit\n")
+  out[#out + 1] = ("  %-24s %s"):format("--help", "show this help and exit")
+  return table.concat(out, "\n") .. "\n"
 end
 
---- Parses the script's `arg` table against `spec` ({ name = { default, help } }). Returns the
---- options (defaults filled in, numbers converted when the default is a number).
+local function check_spec(spec)
+  if type(spec) ~= "table" then
+    error("cuptimon.args.parse: expected parse(arg, { name = { default, help }, ... })", 3)
+  end
+  for k, s in pairs(spec) do
+    if type(k) ~= "string" or type(s) ~= "table" or s[1] == nil then
+      error(("cuptimon.args.parse: option %s must be { default, help }"):format(tostring(k)), 3)
+    end
+  end
+end
+
+-- Checks a number against the option's bounds; returns an error message or nil.
+local function bounds(name, s, n)
+  if s.integer and n ~= math.floor(n) then
+    return ("--%s needs an integer, got %s"):format(name, tostring(n))
+  end
+  if s.min and n < s.min then
+    return ("--%s must be at least %s, got %s"):format(name, tostring(s.min), tostring(n))
+  end
+  if s.max and n > s.max then
+    return ("--%s must be at most %s, got %s"):format(name, tostring(s.max), tostring(n))
+  end
+end
+
+--- Parses the script's `arg` table against `spec` ({ name = { default, help[, min=, max=,
+--- integer=] } }). Returns the options (defaults filled in, numbers converted when the default is
+--- a number). --help prints the usage on stdout and raises exit request 0; a usage error raises
+--- exit request 2 with its message.
 function M.parse(argt, spec)
+  check_spec(spec)
   argt = argt or {}
   local script = argt[0]
+  local prog = script and script:match("([^/]+)$") or "script"
+  local function usage_error(fmt, ...)
+    error(M.exit_request(2, prog .. ": " .. fmt:format(...) .. " (see --help)"), 0)
+  end
   local opts = {}
   for k, v in pairs(spec) do opts[k] = v[1] end
   local i = 1
   while argt[i] ~= nil do
     local a = argt[i]
     if a == "--help" or a == "-h" then
-      usage(script, spec, io.stdout)
+      io.stdout:write(M.usage(script, spec))
       io.stdout:flush()
-      os.exit(0)
+      error(M.exit_request(0), 0)
     end
     local name, value = a:match("^%-%-([%w_%-]+)=(.*)$")
     if not name then name = a:match("^%-%-([%w_%-]+)$") end
@@ -67,8 +142,11 @@ function M.parse(argt, spec)
       local key = name:gsub("%-", "_")
       local s = spec[key]
       if not s then
-        io.stderr:write(("%s: unknown option --%s; see --help\n"):format(script or "script", name))
-        os.exit(2)
+        local valid = {}
+        for k in pairs(spec) do valid[#valid + 1] = flag(k) end
+        table.sort(valid)
+        valid[#valid + 1] = "--help"
+        usage_error("unknown option --%s; valid options: %s", name, table.concat(valid, ", "))
       end
       if type(s[1]) == "boolean" then
         opts[key] = value == nil and true or (value ~= "false" and value ~= "0")
@@ -76,17 +154,13 @@ function M.parse(argt, spec)
         if value == nil then
           i = i + 1
           value = argt[i]
-          if value == nil then
-            io.stderr:write(("%s: --%s needs a value\n"):format(script or "script", name))
-            os.exit(2)
-          end
+          if value == nil then usage_error("--%s needs a value", name) end
         end
         if type(s[1]) == "number" then
           local n = tonumber(value)
-          if not n then
-            io.stderr:write(("%s: --%s needs a number, got %q\n"):format(script or "script", name, value))
-            os.exit(2)
-          end
+          if not n then usage_error("--%s needs a number, got %q", name, value) end
+          local err = bounds(name, s, n)
+          if err then usage_error("%s", err) end
           value = n
         end
         opts[key] = value

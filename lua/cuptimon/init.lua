@@ -29,7 +29,7 @@ local C = ffi.C
 local M = {}
 
 local host = ffi.cast("cm_host *", core.host())
-batch.init(host)
+batch.init(host, function(name, full) return M.kernel_name(name, full) end)
 
 M.version = ffi.string(C.cm_version())
 M.registry = registry
@@ -50,8 +50,11 @@ local function later(fn)
   core.defer()
 end
 
+-- Every failure caught on the Lua side goes to the host's one reporting function (host.c
+-- report): counted, handed to the "error" hooks (or printed when there are none), and making the
+-- exit status non-zero. Failures this module does not catch reach the same function in C.
 local function report(where, msg)
-  io.stderr:write(("cuptimon: error in %s: %s\n"):format(where, tostring(msg)))
+  core.report(tostring(msg), where)
 end
 
 -- Calls every hook of an event; one failing hook does not stop the others.
@@ -275,9 +278,10 @@ function M.flush(opts)
 end
 
 --- Registers a hook: "process_start" fn(p) and "process_exit" fn(p), "exit" fn() when the
---- script ends (after the final flush), "error" fn(msg, where) when a callback fails (instead of
---- printing it). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}), kind ("inproc",
---- "agent", "replay"); at exit also status ("exit", "disconnected", "error", "timeout",
+--- script ends (after the final flush), "error" fn(msg, where) when the script or one of its
+--- callbacks fails (instead of printing it; the error still counts in cm.errors() and makes the
+--- exit status non-zero). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}),
+--- kind ("inproc", "agent", "replay"); at exit also status ("exit", "disconnected", "error", "timeout",
 --- "detached"), exit_code (from the agent's BYE), message, dropped and stats (the agent's
 --- counters).
 function M.on(event, fn)
@@ -356,7 +360,7 @@ end
 --- Whether the host only checks the script (cuptimon-lua --check).
 function M.checking() return core.check_mode() end
 
---- The number of callback errors reported so far.
+--- The number of errors reported so far (the script's, its callbacks' and its hooks').
 function M.errors() return (core.errors()) end
 
 --- The string `id` of a source's string table (the batch method b:str is the usual way).
@@ -391,7 +395,8 @@ end
 
 --- A kernel name for tables: demangled, without its parameter list and return type
 --- ("_Z14cm_demo_matmulILi16EEvPKfS1_Pfiiibbf" becomes "cm_demo_matmul<16>"). With `full`, the
---- whole demangled signature. A name that is not mangled comes back unchanged.
+--- whole demangled signature. A name that is not mangled comes back unchanged. In an observer,
+--- b:kernel_name(i) gives it for record i, cached per source and string id.
 function M.kernel_name(name, full)
   local d = M.demangle(name)
   if full or d == name then return d end
@@ -427,7 +432,10 @@ local function event(name, a, b)
   elseif name == "flush_done" then
     local fn = flush_done[a]
     flush_done[a] = nil
-    if fn then fn(b == nil, b) end
+    if fn then
+      local ok, err = xpcall(fn, debug.traceback, b == nil, b)
+      if not ok then report("flush done callback", err) end
+    end
   elseif name == "error" then
     local list = hooks.error
     if #list == 0 then return false end

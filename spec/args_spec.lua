@@ -1,0 +1,94 @@
+-- Specs of cuptimon.args: options, --help, and usage errors raised as exit requests (a library
+-- module never calls os.exit; the host or the caller decides).
+-- luacheck: std +busted
+local args = require "cuptimon.args"
+
+local root = (os.getenv("CUPTIMON_SOURCE_DIR") or ".")
+local script = root .. "/scripts/top_kernels.lua"
+local spec = {
+  top = { 10, "how many kernels to show", min = 1, integer = true },
+  interval = { 0, "print every MS", min = 0 },
+  full_names = { false, "whole signatures" },
+  mangled = { false, "mangled names" },
+  extra = { "x", "an option the header does not describe" },
+}
+
+-- Parses argv (script arg[0] = `script`); returns ok, result, captured stdout.
+local function parse(argv, sp)
+  local t = { [0] = script }
+  for i, a in ipairs(argv) do t[i] = a end
+  local out = {}
+  local real = io.stdout
+  local fake = { write = function(_, ...) for _, s in ipairs({ ... }) do out[#out + 1] = s end end,
+    flush = function() end }
+  io.stdout = fake -- luacheck: ignore 122
+  local ok, res = pcall(args.parse, t, sp or spec)
+  io.stdout = real -- luacheck: ignore 122
+  return ok, res, table.concat(out)
+end
+
+describe("cuptimon.args", function()
+  it("fills defaults and converts values", function()
+    local ok, o = parse({ "--top", "3", "--full-names", "--interval=250", "pos" })
+    assert.is_true(ok)
+    assert.are.same({ 3, 250, true, false, "x", "pos" },
+      { o.top, o.interval, o.full_names, o.mangled, o.extra, o[1] })
+  end)
+
+  it("rejects --top 0 and --top -1 with exit request 2 naming the bound", function()
+    for _, v in ipairs({ "0", "-1" }) do
+      local ok, e = parse({ "--top", v })
+      assert.is_false(ok)
+      assert.is_true(args.is_exit(e))
+      assert.are.equal(2, e.exit_status)
+      assert.are.equal("top_kernels.lua: --top must be at least 1, got " .. v .. " (see --help)",
+        e.message)
+    end
+    local ok, e = parse({ "--top=2.5" })
+    assert.is_false(ok)
+    assert.are.equal("top_kernels.lua: --top needs an integer, got 2.5 (see --help)", e.message)
+  end)
+
+  it("raises exit request 2 for an unknown option, listing the valid ones", function()
+    local ok, e = parse({ "--bogus" })
+    assert.is_false(ok)
+    assert.are.equal(2, e.exit_status)
+    assert.are.equal("top_kernels.lua: unknown option --bogus; valid options: --extra, "
+      .. "--full-names, --interval, --mangled, --top, --help (see --help)", e.message)
+    assert.are.equal(e.message, tostring(e))
+    e = select(2, parse({ "--top" }))
+    assert.are.equal("top_kernels.lua: --top needs a value (see --help)", e.message)
+    e = select(2, parse({ "--top", "many" }))
+    assert.are.equal('top_kernels.lua: --top needs a number, got "many" (see --help)', e.message)
+  end)
+
+  it("prints --help with each option once, then raises exit request 0", function()
+    local ok, e, out = parse({ "--help" })
+    assert.is_false(ok)
+    assert.is_true(args.is_exit(e))
+    assert.are.equal(0, e.exit_status)
+    assert.is_nil(e.message)
+    assert.matches("^top_kernels.lua: the kernels", out)
+    -- Each option is described on exactly one line: the header's, or the generated one for an
+    -- option the header leaves out.
+    for _, flag in ipairs({ "top", "interval", "full%-names", "mangled", "extra", "help" }) do
+      local n = 0
+      for _ in (out):gmatch("\n%s+%-%-" .. flag .. "[ =]") do n = n + 1 end
+      assert.are.equal(1, n, flag .. " is described " .. n .. " times in:\n" .. out)
+    end
+    assert.matches("Options:\n  %-%-extra EXTRA%s+an option the header does not describe "
+      .. "%(default: x%)\n  %-%-help%s+show this help and exit\n$", out)
+  end)
+
+  it("refuses a malformed spec as misuse", function()
+    assert.has_error(function() args.parse({}, { top = 3 }) end,
+      "cuptimon.args.parse: option top must be { default, help }")
+  end)
+
+  it("never calls os.exit", function()
+    local f = assert(io.open(root .. "/lua/cuptimon/args.lua"))
+    local src = f:read("*a")
+    f:close()
+    assert.is_nil(src:match("os%.exit%("))
+  end)
+end)
