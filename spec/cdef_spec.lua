@@ -1,11 +1,14 @@
 -- Specs checking lua/cuptimon/cdef.lua against the C headers: struct members by parsing the
--- header text, sizes and offsets through cm_host_layout (the C compiler's own layout), function
--- prototypes, and the enum values.
+-- header text, sizes and offsets through cm_testing_layout (the C compiler's own layout, from the
+-- test-only libcuptimon_testing.so), function prototypes, and the enum values. The test-only
+-- declarations (spec/testing.lua) are checked against their own header the same way.
 -- luacheck: std +busted
 local ffi = require "ffi"
 local cdef = require "cuptimon.cdef"
 local helpers = require "helpers"
+local testing = require "testing"
 local C = ffi.C
+local T = testing.lib()
 
 local function read(path)
   local f = assert(io.open(path, "rb"))
@@ -14,10 +17,11 @@ local function read(path)
   return s
 end
 
--- Comments out, whitespace normalized, macro lines out.
+-- Comments out, macro lines out, CM_EXTERN (the export marker, which the FFI does not need) out.
 local function clean(text)
   text = text:gsub("/%*.-%*/", " "):gsub("//[^\n]*", " ")
   text = text:gsub("\n#[^\n]*", "\n")
+  text = text:gsub("\nCM_EXTERN ", "\n")
   return text
 end
 
@@ -50,22 +54,22 @@ describe("cuptimon.cdef", function()
     end)
 
     it("lays out struct " .. name .. " as the C compiler does", function()
-      assert.are.equal(tonumber(C.cm_host_layout(name)), ffi.sizeof(name))
+      assert.are.equal(tonumber(T.cm_testing_layout(name)), ffi.sizeof(name))
     end)
   end
 
   it("matches the compiler's offsets of the fields Lua reads", function()
     local checked = 0
     for _, name in ipairs(cdef.structs) do
-      for field in (host_header .. "\n" .. read(helpers.root() .. "/engine/monitor/host.c"))
+      for field in read(helpers.root() .. "/engine/monitor/host_testing.c")
           :gmatch('L_%("' .. name .. '%.([%w_]+)"') do
-        assert.are.equal(tonumber(C.cm_host_layout(name .. "." .. field)),
+        assert.are.equal(tonumber(T.cm_testing_layout(name .. "." .. field)),
           ffi.offsetof(name, field), name .. "." .. field)
         checked = checked + 1
       end
     end
     assert.is_true(checked >= 15, "too few offsets checked: " .. checked)
-    assert.are.equal(-1, tonumber(C.cm_host_layout("no_such_struct")))
+    assert.are.equal(-1, tonumber(T.cm_testing_layout("no_such_struct")))
   end)
 
   it("declares every function exactly as the headers do", function()
@@ -80,7 +84,29 @@ describe("cuptimon.cdef", function()
       assert.are.equal(found, norm(proto), fname)
       n = n + 1
     end
-    assert.are.equal(18, n, "prototypes found")
+    assert.are.equal(17, n, "prototypes found")
+  end)
+
+  it("declares the test-only hooks exactly as their header does", function()
+    local text = clean(read(helpers.root() .. "/" .. testing.header))
+    local n = 0
+    for proto in clean("\n" .. testing.source):gmatch("\n([%w_ %*]-cm_[%w_]+%b());") do
+      local fname = proto:match("(cm_[%w_]+)%(")
+      local found
+      for cand in text:gmatch("\n([%w_ %*]-" .. fname .. "%b());") do found = norm(cand) end
+      assert.are.equal(found, norm(proto), fname)
+      n = n + 1
+    end
+    assert.are.equal(1, n, "prototypes found")
+  end)
+
+  it("keeps the test-only hooks out of the public headers and the production cdef", function()
+    for _, h in ipairs({ "cuptimon.h", "cuptimon_host.h", "cuptimon_wire.h" }) do
+      local text = read(helpers.root() .. "/engine/include/" .. h)
+      assert.is_nil(text:find("layout%("), h)
+    end
+    assert.is_nil(cdef.source:find("layout"), "lua/cuptimon/cdef.lua")
+    assert.is_false(pcall(function() return C.cm_testing_layout end), "the binary exports a test hook")
   end)
 
   it("does not declare the calls that deliver batches", function()

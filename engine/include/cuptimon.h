@@ -11,9 +11,13 @@
  *    (for example the list of valid field names after CM_ENOFIELD).
  *  - Handles are opaque. No struct is passed by value, and no CUDA or CUPTI header is included,
  *    so the header can be fed to LuaJIT's FFI as it is.
- *  - The engine is not thread-safe except where a function says otherwise. One engine may exist
- *    per process, because CUPTI allows one subscriber per process.
+ *  - Threads: nothing here is thread-safe except where stated. Each declaration says which
+ *    thread may call it: "Thread-safe" means any thread, at any time, concurrently with other
+ *    calls; "Any thread" means any thread, with the serialization the note gives. One engine may
+ *    exist per process, because CUPTI allows one subscriber per process.
  *  - The library never prints and never exits. It reports through the log callback.
+ *  - Only the declarations marked CM_EXTERN are exported from libcuptimon.so; everything else in
+ *    the library is built with hidden visibility.
  */
 #ifndef CUPTIMON_H
 #define CUPTIMON_H
@@ -23,6 +27,17 @@
 
 #ifdef __cplusplus
 extern "C" {
+#endif
+
+/* Marks the public API, as libuv's UV_EXTERN does. The library is compiled with
+ * -fvisibility=hidden, so these declarations are the only symbols libcuptimon.so exports (and the
+ * only cm_ symbols a program linked with --export-dynamic shows to LuaJIT's ffi.C). */
+#ifndef CM_EXTERN
+#if defined(__GNUC__) && __GNUC__ >= 4
+#define CM_EXTERN __attribute__((visibility("default")))
+#else
+#define CM_EXTERN
+#endif
 #endif
 
 #define CM_VERSION_MAJOR 0
@@ -56,12 +71,12 @@ typedef enum cm_errno {
 } cm_errno;
 
 /* A short human description of an error code; never NULL. Thread-safe. */
-const char *cm_strerror(int err);
+CM_EXTERN const char *cm_strerror(int err);
 /* The symbolic name of an error code ("EINVAL"); never NULL. Thread-safe. */
-const char *cm_err_name(int err);
+CM_EXTERN const char *cm_err_name(int err);
 /* The detail message of the calling thread's last failed cm_ call, or "" if none. Thread-safe;
  * the string is valid until the thread's next failing call. */
-const char *cm_errmsg(void);
+CM_EXTERN const char *cm_errmsg(void);
 
 /* Activity kinds. The values are CUPTI's CUpti_ActivityKind values, which are ABI-stable. */
 typedef enum cm_kind {
@@ -119,37 +134,39 @@ typedef struct cm_field_info {
 } cm_field_info;
 
 /* The name of a kind ("concurrent_kernel"), or NULL for an unknown kind. Thread-safe. */
-const char *cm_kind_name(int kind);
+CM_EXTERN const char *cm_kind_name(int kind);
 /* Looks a kind up by name or alias ("kernel" is CONCURRENT_KERNEL). Returns the kind or
  * CM_ENOKIND, with a detail listing the valid names. Thread-safe. */
-int cm_kind_by_name(const char *name);
+CM_EXTERN int cm_kind_by_name(const char *name);
 /* The number of kinds the registry knows, and the i-th of them. Thread-safe. */
-int cm_kind_count(void);
-int cm_kind_at(int index);
+CM_EXTERN int cm_kind_count(void);
+CM_EXTERN int cm_kind_at(int index);
 /* The number of fields of a kind, or CM_ENOKIND. Thread-safe. */
-int cm_field_count(int kind);
+CM_EXTERN int cm_field_count(int kind);
 /* Copies the description of field `id` of `kind` into *out. Thread-safe. */
-int cm_field_info_get(int kind, int id, cm_field_info *out);
+CM_EXTERN int cm_field_info_get(int kind, int id, cm_field_info *out);
 /* Looks a field up by name; returns its id or CM_ENOFIELD with a detail listing the valid
  * names of that kind. Thread-safe. */
-int cm_field_by_name(int kind, const char *name);
+CM_EXTERN int cm_field_by_name(int kind, const char *name);
 
-/* A selection: for each kind, which fields an observer wants. Not thread-safe. */
+/* A selection: for each kind, which fields an observer wants. Not thread-safe: one thread at a
+ * time uses a given selection (distinct selections may be used on distinct threads). cm_observe
+ * copies it, so it may be changed or freed as soon as cm_observe returns. */
 typedef struct cm_selection cm_selection;
 
-int cm_selection_new(cm_selection **out);
-void cm_selection_free(cm_selection *sel);
+CM_EXTERN int cm_selection_new(cm_selection **out);
+CM_EXTERN void cm_selection_free(cm_selection *sel);
 /* Adds field `field` (a name, or "all" or NULL for every field) of kind `kind` (a name). */
-int cm_selection_add(cm_selection *sel, const char *kind, const char *field);
+CM_EXTERN int cm_selection_add(cm_selection *sel, const char *kind, const char *field);
 /* Adds field `field_id` (or -1 for every field) of kind `kind`. */
-int cm_selection_add_id(cm_selection *sel, int kind, int field_id);
+CM_EXTERN int cm_selection_add_id(cm_selection *sel, int kind, int field_id);
 /* Parses a text selection such as "kernel:name,start,stop;memcpy:all;runtime". A kind with no
  * field list means all of its fields. On error nothing is added. */
-int cm_selection_parse(cm_selection *sel, const char *spec);
+CM_EXTERN int cm_selection_parse(cm_selection *sel, const char *spec);
 /* Whether the selection holds field `field_id` of `kind` (1 or 0). */
-int cm_selection_has(const cm_selection *sel, int kind, int field_id);
+CM_EXTERN int cm_selection_has(const cm_selection *sel, int kind, int field_id);
 /* The number of fields selected for `kind`. */
-int cm_selection_count(const cm_selection *sel, int kind);
+CM_EXTERN int cm_selection_count(const cm_selection *sel, int kind);
 
 /* One column of a batch. `data` points to `n` elements of `width` bytes each, 8-byte aligned. */
 typedef struct cm_column {
@@ -173,8 +190,9 @@ typedef struct cm_batch {
   uint64_t seq;      /* drain sequence number, increasing */
 } cm_batch;
 
-/* Returns the column of `field` in `b`, or NULL when the batch does not carry it. */
-const cm_column *cm_batch_column(const cm_batch *b, int field);
+/* Returns the column of `field` in `b`, or NULL when the batch does not carry it. Thread-safe
+ * (it only reads `b`). */
+CM_EXTERN const cm_column *cm_batch_column(const cm_batch *b, int field);
 
 typedef struct cm_engine cm_engine;
 
@@ -191,7 +209,10 @@ typedef enum cm_log_level {
   CM_LOG_DEBUG = 3
 } cm_log_level;
 
-/* A log callback. It may run on any engine or CUPTI thread, so it must be thread-safe. */
+/* A log callback. It may run on any engine, CUPTI or application thread, so it must be
+ * thread-safe with respect to the rest of the program. The engine calls it with its log lock held:
+ * calls for one engine never overlap, and the callback must not call back into the engine
+ * (cm_set_log included, which would wait for that lock forever). */
 typedef void (*cm_log_fn)(void *ud, int level, const char *msg);
 
 /* Engine configuration. cm_config_init() fills the defaults. */
@@ -212,27 +233,45 @@ enum {
   CM_CONFIG_TIMESTAMP_CALLBACK = 1u << 0
 };
 
-void cm_config_init(cm_config *cfg);
+CM_EXTERN /* Thread-safe (it only writes *cfg). */
+CM_EXTERN void cm_config_init(cm_config *cfg);
 
 /* Creates the engine: loads CUPTI, subscribes, registers the buffer callbacks and starts the
  * decode worker. No kind is enabled until the first observer. `cfg` may be NULL. Fails with
  * CM_EBUSY when an engine already exists in the process or another CUPTI subscriber holds the
- * process (the detail names it), and with CM_ENOCUPTI when libcupti cannot be loaded. */
-int cm_engine_new(cm_engine **out, const cm_config *cfg);
+ * process (the detail names it), and with CM_ENOCUPTI when libcupti cannot be loaded.
+ * Thread-safe: of concurrent calls, one wins and the others fail with CM_EBUSY. */
+CM_EXTERN int cm_engine_new(cm_engine **out, const cm_config *cfg);
 /* Stops the session (a final fence delivers the last records), unsubscribes and frees the
- * engine. Buffers CUPTI still owns are not freed. NULL is accepted. */
-void cm_engine_free(cm_engine *e);
-/* Changes the configuration. The buffer size applies to buffers allocated from then on. */
-int cm_configure(cm_engine *e, const cm_config *cfg);
-void cm_set_log(cm_engine *e, cm_log_fn fn, void *ud);
+ * engine. Buffers CUPTI still owns are not freed. NULL is accepted. Not thread-safe: any thread,
+ * but no other call on `e` may run concurrently or come after it, and never from an observer,
+ * a callback handler or the log callback. It waits for CUPTI callbacks already inside the
+ * engine to leave. */
+CM_EXTERN void cm_engine_free(cm_engine *e);
+/* Changes the configuration. The buffer size applies to buffers allocated from then on.
+ * Any thread: it is serialized with cm_observe, cm_unobserve and cm_flush by the engine's control
+ * lock. Not from an observer, a callback handler or the log callback. */
+CM_EXTERN int cm_configure(cm_engine *e, const cm_config *cfg);
+/* Sets (or, with fn NULL, removes) the log callback. Thread-safe, except from inside the log
+ * callback itself: it waits for a callback running on another thread, and once it returns the
+ * previous callback is not running and is not called again. No callback is set at creation, so
+ * messages logged before this call (during cm_engine_new) are dropped. */
+CM_EXTERN void cm_set_log(cm_engine *e, cm_log_fn fn, void *ud);
 
 /* Registers an observer for `sel` (copied). The engine flushes pending records to the existing
  * observers first, then applies the new union of selections with a minimal diff. The first
- * observer starts the activity session. On success *id receives the observer's id (> 0). */
-int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *ud, uint32_t *id);
+ * observer starts the activity session. On success *id receives the observer's id (> 0).
+ *
+ * cm_observe, cm_unobserve and cm_flush: any thread. They are serialized with each other and with
+ * cm_configure by the engine's control lock, and they deliver pending batches to the observers on
+ * the calling thread (which is how a deliver_ms = 0 engine delivers on a thread of the caller's
+ * choosing). They must not be called from an observer callback, a callback handler (they may
+ * synchronize the device, which is not allowed inside a CUDA call) or the log callback. */
+CM_EXTERN int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *ud,
+                         uint32_t *id);
 /* Unregisters an observer. Its pending records are delivered to it first. The last observer
  * stops the session (device sync, forced flush, delivery, kinds disabled). */
-int cm_unobserve(cm_engine *e, uint32_t id);
+CM_EXTERN int cm_unobserve(cm_engine *e, uint32_t id);
 
 typedef enum cm_flush_mode {
   CM_FLUSH_PLAIN = 0, /* deliver every buffer CUPTI has completed */
@@ -240,14 +279,15 @@ typedef enum cm_flush_mode {
 } cm_flush_mode;
 
 /* Flushes and delivers. timeout_ms == 0 uses the configured fence timeout. A sync flush that
- * misses its deadline delivers what it has, logs a warning and returns CM_ETIMEDOUT. */
-int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms);
+ * misses its deadline delivers what it has, logs a warning and returns CM_ETIMEDOUT. Any thread,
+ * as cm_observe above. */
+CM_EXTERN int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms);
 
 /* Resolves a string id to its bytes (not NUL-terminated in general; *len receives the length).
  * Returns NULL for an unknown id. Thread-safe; the bytes live as long as the engine. */
-const char *cm_string(cm_engine *e, uint32_t id, size_t *len);
+CM_EXTERN const char *cm_string(cm_engine *e, uint32_t id, size_t *len);
 /* The number of interned strings (ids are 0..count-1). Thread-safe. */
-uint32_t cm_string_count(cm_engine *e);
+CM_EXTERN uint32_t cm_string_count(cm_engine *e);
 
 typedef struct cm_stats {
   uint64_t buffers_allocated;   /* buffers ever allocated by the pool */
@@ -269,8 +309,8 @@ typedef struct cm_stats {
   uint64_t records_by_kind[CM_KIND_MAX];
 } cm_stats;
 
-/* Copies the engine's counters. Thread-safe. */
-int cm_stats_get(cm_engine *e, cm_stats *out);
+/* Copies the engine's counters. Thread-safe; observers may call it. */
+CM_EXTERN int cm_stats_get(cm_engine *e, cm_stats *out);
 
 typedef struct cm_session_info {
   uint32_t cupti_version;     /* cuptiGetVersion */
@@ -282,13 +322,15 @@ typedef struct cm_session_info {
   char cupti_path[512];       /* the libcupti that was loaded */
 } cm_session_info;
 
-int cm_session_info_get(cm_engine *e, cm_session_info *out);
+/* Copies the session facts. Thread-safe; observers may call it. */
+CM_EXTERN int cm_session_info_get(cm_engine *e, cm_session_info *out);
 
-/* The kinds currently enabled in CUPTI, as a bitmask by kind value (bit k for kind k < 64). */
-uint64_t cm_enabled_kinds(cm_engine *e);
+/* The kinds currently enabled in CUPTI, as a bitmask by kind value (bit k for kind k < 64).
+ * Thread-safe; observers may call it. */
+CM_EXTERN uint64_t cm_enabled_kinds(cm_engine *e);
 
 /* The library version as "major.minor.patch". Thread-safe. */
-const char *cm_version(void);
+CM_EXTERN const char *cm_version(void);
 
 /* ---- external correlation ------------------------------------------------------------------
  *
@@ -320,39 +362,39 @@ enum { CM_CORR_MAX_DEPTH = 256 };
  * or CM_CORR_MAX_DEPTH, with cm_errmsg() set). A push that CUPTI rejects still succeeds here: the
  * frame is kept so that the matching pop stays balanced, and CUPTI goes on tagging records with
  * the enclosing id. */
-uint64_t cm_corr_push(void);
+CM_EXTERN uint64_t cm_corr_push(void);
 /* Pushes a caller-chosen id (> 0). The caller keeps ids unique; an id pushed twice while its
  * first chain lives replaces that chain. Returns 0 or CM_EINVAL, CM_ENOMEM, CM_ERANGE. */
-int cm_corr_push_id(uint64_t id);
+CM_EXTERN int cm_corr_push_id(uint64_t id);
 /* Pops the calling thread's innermost frame and stores its id in *id (id may be NULL). CUPTI's
  * stack is popped only when CUPTI accepted that frame's push. With nothing pushed, returns
  * CM_ENOENT and changes nothing. */
-int cm_corr_pop(uint64_t *id);
+CM_EXTERN int cm_corr_pop(uint64_t *id);
 /* The id CUPTI is tagging the calling thread's work with: the innermost frame whose push was not
  * rejected, or 0 when there is none. */
-uint64_t cm_corr_current(void);
+CM_EXTERN uint64_t cm_corr_current(void);
 /* The number of frames on the calling thread's stack (rejected pushes included). */
-int cm_corr_depth(void);
+CM_EXTERN int cm_corr_depth(void);
 /* Copies the chain of `id` (innermost first, so out[0] == id) into out[0..max) and returns its
  * full length (which may exceed max), or 0 when the id is unknown or retired. */
-int cm_corr_chain(uint64_t id, uint64_t *out, int max);
+CM_EXTERN int cm_corr_chain(uint64_t id, uint64_t *out, int max);
 
 /* Batch join for observers. Given the columns of one external_correlation batch (ec_kind may be
  * NULL to accept every external kind, else only CM_CORR_EXTERNAL_KIND rows are used) and the
  * correlation column of a kernel (or any other) batch, writes for each of the n rows the external
  * id its launch was tagged with, or 0. Returns 0 or CM_EINVAL/CM_ENOMEM. */
-int cm_corr_join(const uint32_t *ec_kind, const uint64_t *ec_external_id,
-                 const uint32_t *ec_correlation, uint32_t n_ec, const uint32_t *correlation,
-                 uint32_t n, uint64_t *external_out);
+CM_EXTERN int cm_corr_join(const uint32_t *ec_kind, const uint64_t *ec_external_id,
+                           const uint32_t *ec_correlation, uint32_t n_ec,
+                           const uint32_t *correlation, uint32_t n, uint64_t *external_out);
 /* Like cm_corr_join, but resolves each row to its whole chain, in CSR form: the chain of row i is
  * ids[offsets[i] .. offsets[i+1]) (innermost first; empty when untagged or retired). `offsets`
  * holds n + 1 entries. Returns the number of ids the result needs; when that exceeds cap_ids the
  * ids array is not written past cap_ids and offsets are still complete, so the caller can grow
  * the array and call again. Negative on error. */
-int64_t cm_corr_join_chains(const uint32_t *ec_kind, const uint64_t *ec_external_id,
-                            const uint32_t *ec_correlation, uint32_t n_ec,
-                            const uint32_t *correlation, uint32_t n, uint32_t *offsets,
-                            uint64_t *ids, uint32_t cap_ids);
+CM_EXTERN int64_t cm_corr_join_chains(const uint32_t *ec_kind, const uint64_t *ec_external_id,
+                                      const uint32_t *ec_correlation, uint32_t n_ec,
+                                      const uint32_t *correlation, uint32_t n, uint32_t *offsets,
+                                      uint64_t *ids, uint32_t cap_ids);
 
 /* Metadata. A blob is JSON text (at most CM_CORR_MAX_JSON bytes and CM_CORR_MAX_NESTING levels).
  * Blobs put on one id are merged recursively: objects merge key by key, and on any other conflict
@@ -360,13 +402,13 @@ int64_t cm_corr_join_chains(const uint32_t *ec_kind, const uint64_t *ec_external
  * rejected with CM_EINVAL and a detail giving the byte offset; nothing is stored then. id 0 means
  * cm_corr_current() (CM_ENOENT when there is none). */
 enum { CM_CORR_MAX_JSON = 1 << 20, CM_CORR_MAX_NESTING = 64 };
-int cm_corr_metadata_put(uint64_t id, const char *json, size_t len);
+CM_EXTERN int cm_corr_metadata_put(uint64_t id, const char *json, size_t len);
 /* Moves out every blob put since the last take, as one JSON object {"<id>": blob, ...} with ids
  * as decimal strings in ascending order ("{}" when empty), and resets the store. *json_out is
  * NUL-terminated and is freed with cm_free(); *len_out (may be NULL) receives its length. */
-int cm_corr_metadata_take(char **json_out, size_t *len_out);
-/* Frees memory the library handed out (cm_corr_metadata_take). NULL is accepted. */
-void cm_free(void *p);
+CM_EXTERN int cm_corr_metadata_take(char **json_out, size_t *len_out);
+/* Frees memory the library handed out (cm_corr_metadata_take). NULL is accepted. Thread-safe. */
+CM_EXTERN void cm_free(void *p);
 
 /* ---- subscriber callbacks ------------------------------------------------------------------
  *
@@ -391,16 +433,16 @@ void cm_free(void *p);
  */
 typedef int (*cm_callback_fn)(void *ud, int domain, uint32_t cbid, const void *cbdata);
 
-int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn fn, void *ud,
-                         uint32_t *handle);
+CM_EXTERN int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn fn,
+                                   void *ud, uint32_t *handle);
 /* Returns CM_ENOENT for an unknown handle. */
-int cm_callback_unregister(cm_engine *e, uint32_t handle);
+CM_EXTERN int cm_callback_unregister(cm_engine *e, uint32_t handle);
 /* Arms (enables) or disarms one callback. Disarming one that is not armed returns CM_ENOENT.
  * A failed cuptiEnableCallback leaves the count unchanged and returns CM_ECUPTI. */
-int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid);
-int cm_callback_disarm(cm_engine *e, int domain, uint32_t cbid);
-/* The arm count of (domain, cbid), or a negative error. */
-int cm_callback_armed(cm_engine *e, int domain, uint32_t cbid);
+CM_EXTERN int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid);
+CM_EXTERN int cm_callback_disarm(cm_engine *e, int domain, uint32_t cbid);
+/* The arm count of (domain, cbid), or a negative error. Thread-safe. */
+CM_EXTERN int cm_callback_armed(cm_engine *e, int domain, uint32_t cbid);
 
 typedef struct cm_callback_stats {
   uint64_t dispatched;       /* callbacks received from CUPTI */
@@ -413,7 +455,7 @@ typedef struct cm_callback_stats {
 } cm_callback_stats;
 
 /* Copies the callback counters. Thread-safe. */
-int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out);
+CM_EXTERN int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out);
 
 #ifdef __cplusplus
 }

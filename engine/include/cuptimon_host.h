@@ -8,11 +8,16 @@
  * binary and registered in package.preload; a directory given in CUPTIMON_LUA_PATH (or
  * cm_host_options.lua_path) is searched first, so a developer can edit them without rebuilding.
  *
- * Threads. Every function here must be called on the loop's thread, and every call into Lua
- * (observer callbacks, timers, hooks) happens on that thread under lua_pcall with a traceback
- * handler; an error is reported (through the script's "error" hook or on stderr) and never
- * crashes the host. A source whose data arrives on another thread must hand it to the loop
- * (uv_async_send) before calling cm_host_deliver().
+ * Threads. Nothing here is thread-safe. Every function must be called on the loop's thread (the
+ * thread that called cm_host_new, which runs the loop), and so must every source operation below;
+ * the host checks this in cm_host_deliver, which drops and counts a batch from another thread.
+ * Every call into Lua (observer callbacks, timers, hooks) happens on that thread under lua_pcall
+ * with a traceback handler; an error is reported (through the script's "error" hook or on
+ * stderr) and never crashes the host. A source whose data arrives on another thread must hand it
+ * to the loop (uv_async_send) before calling cm_host_deliver().
+ *
+ * Only the host itself includes lua.h: a source describes its process by filling a C struct
+ * (cm_process_info), and the host turns that into the script's process table.
  *
  * Re-entrancy. Calls that can run observer callbacks (observe, unobserve, flush and freeing an
  * engine) are made only from C: from a lua_CFunction or a uv callback, never from an FFI call,
@@ -31,7 +36,8 @@
 extern "C" {
 #endif
 
-/* Forward declarations, so this header does not need uv.h or lua.h. */
+/* Forward declarations, so this header does not need uv.h or lua.h (cm_host_lua returns the
+ * state to an embedder that wants to use the Lua API itself). */
 struct uv_loop_s;
 struct lua_State;
 
@@ -56,7 +62,7 @@ enum {
 
 /* Creates a host on `loop` (which must outlive it). `opts` may be NULL. Returns 0 or a CM_E*
  * code; on failure *out is NULL and cm_errmsg() has the detail. */
-int cm_host_new(cm_host **out, struct uv_loop_s *loop, const cm_host_options *opts);
+CM_EXTERN int cm_host_new(cm_host **out, struct uv_loop_s *loop, const cm_host_options *opts);
 
 /* Loads and runs the script at `path` with `argv` (argc strings, may be 0) as the global `arg`
  * table and as the chunk's varargs. Returns 0, or CM_EINVAL when the script failed to load or
@@ -65,37 +71,74 @@ int cm_host_new(cm_host **out, struct uv_loop_s *loop, const cm_host_options *op
  * loop afterwards. A script that raises an exit request (a table with a number field
  * exit_status, as cuptimon.args does after --help) is not a failure: its message is printed on
  * stderr, the exit is requested with that status (cm_host_exit_requested) and 0 is returned. */
-int cm_host_run_script(cm_host *h, const char *path, int argc, char **argv);
+CM_EXTERN int cm_host_run_script(cm_host *h, const char *path, int argc, char **argv);
 /* Runs a chunk of Lua source, like cuptimon-lua -e. `name` names it in messages (may be NULL). */
-int cm_host_eval(cm_host *h, const char *chunk, const char *name);
+CM_EXTERN int cm_host_eval(cm_host *h, const char *chunk, const char *name);
 
 /* Ends the script: a final sync flush of every source, then the "exit" hooks, then observers are
  * closed and sources freed. Idempotent. The loop is stopped with uv_stop() so an embedder's
  * uv_run() returns. Returns the exit status the script asked for (cm.exit), or 0. */
-int cm_host_shutdown(cm_host *h);
+CM_EXTERN int cm_host_shutdown(cm_host *h);
 /* Requests a shutdown from a uv callback (SIGINT, for example): it runs on the next iteration of
  * the loop, with `status` as the default exit status. */
-void cm_host_request_exit(cm_host *h, int status);
+CM_EXTERN void cm_host_request_exit(cm_host *h, int status);
 /* Whether the script asked to exit (cm.exit or a requested exit), and the status it asked for. */
-int cm_host_exit_requested(cm_host *h, int *status);
+CM_EXTERN int cm_host_exit_requested(cm_host *h, int *status);
 /* The number of errors raised by the script, its callbacks (observers, timers, luv callbacks,
  * deferred calls) and its hooks (exit hooks included), whether an "error" hook took them or they
  * were printed on stderr. cuptimon-lua turns an exit status of 0 into 1 when it is not 0. */
-uint64_t cm_host_error_count(cm_host *h);
+CM_EXTERN uint64_t cm_host_error_count(cm_host *h);
 
 /* Closes the Lua state and frees the host (shutting down first if needed). NULL is accepted. */
-void cm_host_free(cm_host *h);
+CM_EXTERN void cm_host_free(cm_host *h);
 
-struct lua_State *cm_host_lua(cm_host *h);
-struct uv_loop_s *cm_host_loop(cm_host *h);
+CM_EXTERN struct lua_State *cm_host_lua(cm_host *h);
+CM_EXTERN struct uv_loop_s *cm_host_loop(cm_host *h);
 
 /* ---- sources --------------------------------------------------------------------------------------
  *
- * A source produces batches: the in-process engine (here), live agents and capture replays (the
- * hub, later). The host keeps the script's observers, each with its selection, and applies every
+ * A source produces batches: the in-process engine (cm_host_inproc_source_new), live agents
+ * and capture replays (cuptimon-lua's hub). The host keeps the script's observers, each with its selection, and applies every
  * observer to every source, including sources attached later. A source calls cm_host_deliver()
  * on the loop thread for each batch of an observer; the batch and its columns need only be valid
  * during that call, so a received frame or the engine's own columns are used in place. */
+
+/* What a source knows of its process, for the script's process table (the "process_start" and
+ * "process_exit" hooks, cuptimon.sources()). The host zeroes the struct and calls describe; a
+ * field the source leaves NULL, or whose has_ flag it leaves 0, is left out of the table (argv
+ * and devices are always there, empty when the count is 0). Strings and arrays belong to the
+ * source and need only stay valid until the next call into the source. */
+typedef struct cm_process_device {
+  uint32_t index;   /* the CUDA device ordinal */
+  const char *name; /* "NVIDIA H200" */
+} cm_process_device;
+
+typedef struct cm_process_counter {
+  const char *name; /* "records_dropped", ... */
+  uint64_t value;
+} cm_process_counter;
+
+typedef struct cm_process_info {
+  const char *host;          /* the machine's name; NULL: this machine's (gethostname) */
+  int has_ppid;
+  uint32_t ppid;
+  const char *exe;           /* the executable's path; NULL: unknown */
+  int has_cupti_version;
+  uint32_t cupti_version;    /* cuptiGetVersion in that process */
+  const char *const *argv;   /* argc strings: the command line (an empty table when argc is 0) */
+  uint32_t argc;
+  const cm_process_device *devices; /* ndevices entries (an empty table when 0) */
+  uint32_t ndevices;
+  /* Set only when describing a process that is going away (exiting = 1): */
+  const char *status;        /* "exit", "disconnected", "error", "timeout", "detached", ... */
+  int has_exit_code;
+  int32_t exit_code;
+  const char *message;       /* why it ended, or NULL */
+  int has_dropped;
+  uint64_t dropped;          /* records the process lost */
+  const cm_process_counter *stats; /* nstats counters, the table's `stats`; NULL: no table */
+  uint32_t nstats;
+} cm_process_info;
 
 /* Called by a source when an asynchronous flush completes; `status` is 0 or a CM_E* code. */
 typedef void (*cm_source_done_fn)(void *ud, int status);
@@ -118,10 +161,10 @@ typedef struct cm_source_vtable {
   const char *(*string)(cm_source *s, uint32_t id, size_t *len);
   /* Frees the source; the host has unobserved everything and detached it. */
   void (*free)(cm_source *s);
-  /* Adds what the source knows of its process to the table on top of L's stack: ppid, exe,
-   * argv, devices, and when `exiting` is 1 also status, exit_code, message, dropped and stats.
-   * The host has set source, pid, kind and host already. May be NULL. Must not raise. */
-  void (*describe)(cm_source *s, struct lua_State *L, int exiting);
+  /* Fills what the source knows of its process into *out (zeroed by the host): host, ppid, exe,
+   * cupti_version, argv, devices, and when `exiting` is 1 also status, exit_code, message,
+   * dropped and stats. The host adds source, pid and kind itself. May be NULL. */
+  void (*describe)(cm_source *s, cm_process_info *out, int exiting);
 } cm_source_vtable;
 
 struct cm_source {
@@ -134,27 +177,24 @@ struct cm_source {
 /* Attaches a source: every current observer is applied to it, and the script's
  * "process_start" hooks run with the process table {source=, pid=, kind=, host=, ...} (see
  * describe). Returns its id or a CM_E* code. */
-int cm_host_add_source(cm_host *h, cm_source *s);
+CM_EXTERN int cm_host_add_source(cm_host *h, cm_source *s);
 /* Detaches a source (the script's "process_exit" hooks run) and frees it. */
-void cm_host_remove_source(cm_host *h, cm_source *s);
+CM_EXTERN void cm_host_remove_source(cm_host *h, cm_source *s);
 /* Delivers one batch of observer `obs` from source `s` into Lua. Loop thread only. */
-void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b);
+CM_EXTERN void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b);
 
 /* The in-process engine as a source. The engine is created with deliver_ms = 0 and
  * batch_records = 0, so batches are delivered only inside cm_flush, cm_observe and
  * cm_unobserve, which this source calls on the loop thread; a uv timer on the loop drives the
  * delivery cadence. Returns 0 or a CM_E* code (CM_ENOCUPTI, CM_EBUSY). */
-int cm_host_inproc_source_new(cm_host *h, cm_source **out);
+CM_EXTERN int cm_host_inproc_source_new(cm_host *h, cm_source **out);
 
 /* ---- for the Lua modules (called through the FFI; they never run Lua) --------------------------- */
 
 /* Resolves string `id` of source `source`. NULL for an unknown source or id. */
-const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
+CM_EXTERN const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
 /* Copies the counters of source `source`, or of every source summed when `source` is 0. */
-int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
-/* sizeof and offsetof of the public structs as the C compiler laid them out, for the spec that
- * checks the Lua cdefs: `what` is "cm_batch", "cm_batch.cols", ... Returns -1 for an unknown name. */
-long cm_host_layout(const char *what);
+CM_EXTERN int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
 
 #ifdef __cplusplus
 }

@@ -20,8 +20,14 @@
  * reader (cm_wire_reader_errmsg), not in the engine's per-thread message, so this module can be
  * used on its own (the fuzzer links only wire.c).
  *
- * Thread rules: a reader or a buffer is used by one thread at a time. The CRC function and the
- * writers are thread-safe on distinct buffers.
+ * Threads: nothing here is thread-safe except where stated. The module keeps no shared state (its
+ * CRC table is built once, under pthread_once), so every call may run on any thread, and calls
+ * on distinct objects may run concurrently:
+ *  - a buffer (cm_wire_buf), a reader (cm_wire_reader) or a capture file (cm_wire_file) is used by
+ *    one thread at a time, including the frames it yielded;
+ *  - a decoder reads only its frame and leaves its error detail in the frame's reader, so the
+ *    frames of one reader are decoded by the thread that uses the reader;
+ *  - cm_wire_type_name and cm_wire_crc32c are thread-safe.
  */
 #ifndef CUPTIMON_WIRE_H
 #define CUPTIMON_WIRE_H
@@ -65,8 +71,9 @@ typedef enum cm_wire_type {
   CM_WIRE_FLUSH = 67
 } cm_wire_type;
 
-/* The name of a frame type ("BATCH"), or NULL for a type this version does not know. */
-const char *cm_wire_type_name(uint32_t type);
+/* The name of a frame type ("BATCH"), or NULL for a type this version does not know.
+ * Thread-safe. */
+CM_EXTERN const char *cm_wire_type_name(uint32_t type);
 
 /* Bits of FLUSH's flags. */
 enum { CM_WIRE_FLUSH_SYNC = 1u << 0 };
@@ -82,7 +89,7 @@ typedef enum cm_wire_bye_reason {
  * `crc` is the value returned for the bytes so far (0 to start), so that
  * cm_wire_crc32c(cm_wire_crc32c(0, a, n), b, m) is the CRC of a followed by b.
  * cm_wire_crc32c(0, "123456789", 9) == 0xE3069283. Thread-safe. */
-uint32_t cm_wire_crc32c(uint32_t crc, const void *data, size_t len);
+CM_EXTERN uint32_t cm_wire_crc32c(uint32_t crc, const void *data, size_t len);
 
 /* ---- Views (decoder output, writer input) ------------------------------------------------ */
 
@@ -182,42 +189,44 @@ typedef struct cm_wire_buf {
   size_t cap;
 } cm_wire_buf;
 
-void cm_wire_buf_init(cm_wire_buf *b);
+CM_EXTERN void cm_wire_buf_init(cm_wire_buf *b);
 /* Frees the bytes and leaves an empty buffer. */
-void cm_wire_buf_free(cm_wire_buf *b);
+CM_EXTERN void cm_wire_buf_free(cm_wire_buf *b);
 /* Forgets the bytes but keeps the allocation. */
-void cm_wire_buf_clear(cm_wire_buf *b);
+CM_EXTERN void cm_wire_buf_clear(cm_wire_buf *b);
 
 /* Every writer appends one whole frame (or the file header) to `b` and returns 0, or fails with
  * CM_EINVAL (a bad argument, named below) or CM_ENOMEM and leaves b->len as it was. */
 
 /* The 24-byte capture file header; `flags` must be 0 in this version. */
-int cm_wire_write_file_header(cm_wire_buf *b, uint32_t flags);
+CM_EXTERN int cm_wire_write_file_header(cm_wire_buf *b, uint32_t flags);
 /* A frame of any type with an opaque payload, padded with zeros to a multiple of 8. Used for
  * frame types this version does not define, and by tests. `minor` is the header's minor. */
-int cm_wire_write_frame(cm_wire_buf *b, uint32_t type, uint32_t flags, uint32_t minor,
-                        const void *payload, size_t len);
+CM_EXTERN int cm_wire_write_frame(cm_wire_buf *b, uint32_t type, uint32_t flags, uint32_t minor,
+                                  const void *payload, size_t len);
 /* NULL strings are written as "". Fails with CM_EINVAL when argc or ndevices exceeds the
  * reader's caps (65536 and 1024) or argv/devices is NULL with a nonzero count. */
-int cm_wire_write_hello(cm_wire_buf *b, const cm_wire_hello *h);
+CM_EXTERN int cm_wire_write_hello(cm_wire_buf *b, const cm_wire_hello *h);
 /* Fails with CM_EINVAL when a kind has more than CM_WIRE_MAX_COLS fields, field ids are not
  * strictly ascending, or a width does not match its type. */
-int cm_wire_write_schema(cm_wire_buf *b, const cm_wire_schema *s);
-int cm_wire_write_strings(cm_wire_buf *b, const cm_wire_string *entries, uint32_t count);
+CM_EXTERN int cm_wire_write_schema(cm_wire_buf *b, const cm_wire_schema *s);
+CM_EXTERN int cm_wire_write_strings(cm_wire_buf *b, const cm_wire_string *entries, uint32_t count);
 /* Writes batch->seq, kind, n and every column's data. Fails with CM_EINVAL when ncols exceeds
  * CM_WIRE_MAX_COLS, field ids are not strictly ascending, a width does not match its type, or
  * a column has n > 0 and no data. */
-int cm_wire_write_batch(cm_wire_buf *b, const cm_batch *batch);
-int cm_wire_write_stats(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
-int cm_wire_write_flush_done(cm_wire_buf *b, uint64_t flush_id, int32_t status);
-int cm_wire_write_bye(cm_wire_buf *b, uint32_t reason, int32_t exit_code, const char *message);
+CM_EXTERN int cm_wire_write_batch(cm_wire_buf *b, const cm_batch *batch);
+CM_EXTERN int cm_wire_write_stats(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
+CM_EXTERN int cm_wire_write_flush_done(cm_wire_buf *b, uint64_t flush_id, int32_t status);
+CM_EXTERN int cm_wire_write_bye(cm_wire_buf *b, uint32_t reason, int32_t exit_code,
+                                const char *message);
 /* The monitor's answer to HELLO: status 0 accepts the agent, a negative CM_E* code refuses it. */
-int cm_wire_write_hello_ack(cm_wire_buf *b, int32_t status, const char *message);
+CM_EXTERN int cm_wire_write_hello_ack(cm_wire_buf *b, int32_t status, const char *message);
 /* A selection in cm_selection_parse's text form: "kernel:name,start,stop;memcpy". */
-int cm_wire_write_select(cm_wire_buf *b, const char *spec);
-int cm_wire_write_configure(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
+CM_EXTERN int cm_wire_write_select(cm_wire_buf *b, const char *spec);
+CM_EXTERN int cm_wire_write_configure(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
 /* flags: CM_WIRE_FLUSH_SYNC. timeout_ms 0 means the agent's configured deadline. */
-int cm_wire_write_flush(cm_wire_buf *b, uint64_t flush_id, uint32_t flags, uint32_t timeout_ms);
+CM_EXTERN int cm_wire_write_flush(cm_wire_buf *b, uint64_t flush_id, uint32_t flags,
+                                  uint32_t timeout_ms);
 
 /* ---- Reader ------------------------------------------------------------------------------ */
 
@@ -242,25 +251,25 @@ typedef struct cm_wire_frame {
 } cm_wire_frame;
 
 /* Creates a reader. flags: CM_WIRE_READER_CAPTURE. */
-int cm_wire_reader_new(cm_wire_reader **out, uint32_t flags);
-void cm_wire_reader_free(cm_wire_reader *r);
+CM_EXTERN int cm_wire_reader_new(cm_wire_reader **out, uint32_t flags);
+CM_EXTERN void cm_wire_reader_free(cm_wire_reader *r);
 /* Appends bytes. Returns 0, CM_ENOMEM, or the reader's sticky error. */
-int cm_wire_reader_feed(cm_wire_reader *r, const void *data, size_t len);
+CM_EXTERN int cm_wire_reader_feed(cm_wire_reader *r, const void *data, size_t len);
 /* Yields the next whole, verified frame: returns 1 and fills *f, 0 when more bytes are needed,
  * or a negative code once the stream is known bad (sticky; the detail names the byte offset).
  * Frames of unknown type with a newer minor version are skipped and counted. */
-int cm_wire_reader_next(cm_wire_reader *r, cm_wire_frame *f);
+CM_EXTERN int cm_wire_reader_next(cm_wire_reader *r, cm_wire_frame *f);
 /* Declares the end of the stream, after next() returned 0. Returns 0 when the stream ended on a
  * frame boundary, or CM_EIO with "N whole frames, truncated at byte X (...)", where X is the
  * stream's length. A capture with no complete file header is truncated too. */
-int cm_wire_reader_end(cm_wire_reader *r);
+CM_EXTERN int cm_wire_reader_end(cm_wire_reader *r);
 /* The detail of the last failure of this reader or of a decoder given one of its frames, or "". */
-const char *cm_wire_reader_errmsg(const cm_wire_reader *r);
+CM_EXTERN const char *cm_wire_reader_errmsg(const cm_wire_reader *r);
 /* Whole frames yielded so far, and frames skipped as unknown newer-minor types. */
-uint64_t cm_wire_reader_frames(const cm_wire_reader *r);
-uint64_t cm_wire_reader_skipped(const cm_wire_reader *r);
+CM_EXTERN uint64_t cm_wire_reader_frames(const cm_wire_reader *r);
+CM_EXTERN uint64_t cm_wire_reader_skipped(const cm_wire_reader *r);
 /* The capture header's version and flags, once read (0 before). */
-uint32_t cm_wire_reader_file_minor(const cm_wire_reader *r);
+CM_EXTERN uint32_t cm_wire_reader_file_minor(const cm_wire_reader *r);
 
 /* ---- Decoders ---------------------------------------------------------------------------- */
 
@@ -270,24 +279,27 @@ uint32_t cm_wire_reader_file_minor(const cm_wire_reader *r);
  * it is safe on a zeroed struct and after a failed decode). Everything else points into the
  * frame and shares its lifetime. Bytes after the fields a decoder knows are ignored: later
  * minor versions may append fields. */
-int cm_wire_decode_hello(const cm_wire_frame *f, cm_wire_hello *out);
-void cm_wire_hello_release(cm_wire_hello *h);
-int cm_wire_decode_schema(const cm_wire_frame *f, cm_wire_schema *out);
-void cm_wire_schema_release(cm_wire_schema *s);
-int cm_wire_decode_strings(const cm_wire_frame *f, cm_wire_strings *out);
-void cm_wire_strings_release(cm_wire_strings *s);
+CM_EXTERN int cm_wire_decode_hello(const cm_wire_frame *f, cm_wire_hello *out);
+CM_EXTERN void cm_wire_hello_release(cm_wire_hello *h);
+CM_EXTERN int cm_wire_decode_schema(const cm_wire_frame *f, cm_wire_schema *out);
+CM_EXTERN void cm_wire_schema_release(cm_wire_schema *s);
+CM_EXTERN int cm_wire_decode_strings(const cm_wire_frame *f, cm_wire_strings *out);
+CM_EXTERN void cm_wire_strings_release(cm_wire_strings *s);
 /* STATS and CONFIGURE share the (name, u64) list layout. */
-int cm_wire_decode_kvlist(const cm_wire_frame *f, cm_wire_kvlist *out);
-void cm_wire_kvlist_release(cm_wire_kvlist *l);
+CM_EXTERN int cm_wire_decode_kvlist(const cm_wire_frame *f, cm_wire_kvlist *out);
+CM_EXTERN void cm_wire_kvlist_release(cm_wire_kvlist *l);
 /* Allocates nothing. When `schema` is not NULL, each column's name is looked up in it (NULL
  * when the schema lacks the kind or field). The payload must be 8-byte aligned (CM_EINVAL). */
-int cm_wire_decode_batch(const cm_wire_frame *f, const cm_wire_schema *schema, cm_wire_batch *out);
-int cm_wire_decode_flush_done(const cm_wire_frame *f, uint64_t *flush_id, int32_t *status);
-int cm_wire_decode_bye(const cm_wire_frame *f, cm_wire_bye *out);
-int cm_wire_decode_hello_ack(const cm_wire_frame *f, int32_t *status, const char **message);
-int cm_wire_decode_select(const cm_wire_frame *f, const char **spec, uint32_t *len);
-int cm_wire_decode_flush(const cm_wire_frame *f, uint64_t *flush_id, uint32_t *flags,
-                         uint32_t *timeout_ms);
+CM_EXTERN int cm_wire_decode_batch(const cm_wire_frame *f, const cm_wire_schema *schema,
+                                   cm_wire_batch *out);
+CM_EXTERN int cm_wire_decode_flush_done(const cm_wire_frame *f, uint64_t *flush_id,
+                                        int32_t *status);
+CM_EXTERN int cm_wire_decode_bye(const cm_wire_frame *f, cm_wire_bye *out);
+CM_EXTERN int cm_wire_decode_hello_ack(const cm_wire_frame *f, int32_t *status,
+                                       const char **message);
+CM_EXTERN int cm_wire_decode_select(const cm_wire_frame *f, const char **spec, uint32_t *len);
+CM_EXTERN int cm_wire_decode_flush(const cm_wire_frame *f, uint64_t *flush_id, uint32_t *flags,
+                                   uint32_t *timeout_ms);
 
 /* ---- Capture files ----------------------------------------------------------------------- */
 
@@ -296,13 +308,13 @@ typedef struct cm_wire_file cm_wire_file;
 /* Opens a capture for reading. Fails with CM_ENOENT (or CM_EIO for another open failure); then,
  * when errmsg_out is not NULL, it receives a message naming the path and the reason. errmsg_out
  * must hold CM_WIRE_ERRMSG_SIZE bytes. */
-int cm_wire_file_open(cm_wire_file **out, const char *path, char *errmsg_out);
+CM_EXTERN int cm_wire_file_open(cm_wire_file **out, const char *path, char *errmsg_out);
 /* Yields the next frame (1), the clean end (0), or a negative error whose detail gives the file
  * offset: "N whole frames, truncated at byte X" or "bad checksum at byte X". The frame is valid
  * until the next call. */
-int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f);
-const char *cm_wire_file_errmsg(const cm_wire_file *cf);
-void cm_wire_file_close(cm_wire_file *cf);
+CM_EXTERN int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f);
+CM_EXTERN const char *cm_wire_file_errmsg(const cm_wire_file *cf);
+CM_EXTERN void cm_wire_file_close(cm_wire_file *cf);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 /*
  * host.c: the Lua host. It owns one lua_State with luv on the embedder's libuv loop, the script's
- * observers, the sources that feed them, and the in-process engine source.
+ * observers and the sources that feed them. It is the only file that includes lua.h: the sources
+ * (inproc.c, hub_source.c) describe their processes through cm_process_info.
  *
  * Design. Batches enter Lua through one door, cm_host_deliver(): it pushes the `const cm_batch *`
  * as a light userdata with the source and observer ids and calls the dispatcher that
@@ -12,9 +13,9 @@
  *
  * The host keeps the observers (id, selection) itself and applies each one to every source, so a
  * source attached later (a live agent connecting, a replay) gets the current selections. The
- * in-process source runs the engine with deliver_ms = 0 and batch_records = 0: the decode worker
- * never delivers, and deliveries happen on the loop thread inside the calls above. A delivery on
- * any other thread would be a bug; it is dropped and counted, never run.
+ * in-process source (inproc.c) runs the engine with deliver_ms = 0 and batch_records = 0: the
+ * decode worker never delivers, and deliveries happen on the loop thread inside the calls above.
+ * A delivery on any other thread would be a bug; it is dropped and counted, never run.
  *
  * Ownership. The host owns the lua_State, the observer table and the attached sources; it does
  * not own the loop. All functions run on the loop thread.
@@ -35,6 +36,7 @@
 
 #include "cuptimon.h"
 #include "cuptimon_host.h"
+#include "host_internal.h"
 
 /* The Lua modules embedded at build time (a generated file, lua/CMakeLists.txt). */
 typedef struct cm__lua_module {
@@ -155,6 +157,18 @@ static void report(cm_host *h, const char *where) {
   lua_pop(L, 1);
 }
 
+void cm__host_error(cm_host *h, const char *where, const char *msg) {
+  lua_pushstring(h->L, msg);
+  report(h, where);
+}
+
+int cm__host_in_dispatch(const cm_host *h) { return h->in_dispatch > 0; }
+
+void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms) {
+  *flush_ms = h->flush_ms;
+  *deliver_ms = h->deliver_ms;
+}
+
 /* Calls the script's event function with `nargs` arguments already pushed. */
 static void fire_event(cm_host *h, const char *event, int nargs) {
   lua_State *L = h->L;
@@ -198,11 +212,14 @@ static int find_obs(cm_host *h, uint32_t id) {
   return -1;
 }
 
-/* Pushes the process table of source `s`: source, pid, kind and host, plus whatever the source's
- * describe adds (ppid, exe, argv, devices; status and stats at exit). The same shape for every
+/* Pushes the process table of source `s`: source, pid and kind, then what the source's describe
+ * filled in (host, ppid, exe, argv, devices; status and stats at exit). The same shape for every
  * kind of source, so a script never needs to know where its batches come from. */
 static void push_process(cm_host *h, cm_source *s, int exiting) {
   lua_State *L = h->L;
+  cm_process_info info;
+  memset(&info, 0, sizeof info);
+  if (s->vt->describe) s->vt->describe(s, &info, exiting);
   lua_createtable(L, 0, 8);
   lua_pushinteger(L, s->id);
   lua_setfield(L, -2, "source");
@@ -211,13 +228,64 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
   lua_pushstring(L, s->vt->name);
   lua_setfield(L, -2, "kind");
   char hostname[256] = "";
-  gethostname(hostname, sizeof hostname - 1);
-  lua_pushstring(L, hostname);
+  if (!info.host || !*info.host) {
+    gethostname(hostname, sizeof hostname - 1);
+    info.host = hostname;
+  }
+  lua_pushstring(L, info.host);
   lua_setfield(L, -2, "host");
-  if (s->vt->describe) {
-    int top = lua_gettop(L);
-    s->vt->describe(s, L, exiting);
-    lua_settop(L, top);
+  if (!s->vt->describe) return;
+  if (info.has_ppid) {
+    lua_pushinteger(L, (lua_Integer)info.ppid);
+    lua_setfield(L, -2, "ppid");
+  }
+  if (info.exe) {
+    lua_pushstring(L, info.exe);
+    lua_setfield(L, -2, "exe");
+  }
+  if (info.has_cupti_version) {
+    lua_pushinteger(L, (lua_Integer)info.cupti_version);
+    lua_setfield(L, -2, "cupti_version");
+  }
+  lua_createtable(L, (int)info.argc, 0);
+  for (uint32_t i = 0; i < info.argc; i++) {
+    lua_pushstring(L, info.argv[i]);
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  lua_setfield(L, -2, "argv");
+  lua_createtable(L, (int)info.ndevices, 0);
+  for (uint32_t i = 0; i < info.ndevices; i++) {
+    lua_createtable(L, 0, 2);
+    lua_pushinteger(L, (lua_Integer)info.devices[i].index);
+    lua_setfield(L, -2, "index");
+    lua_pushstring(L, info.devices[i].name);
+    lua_setfield(L, -2, "name");
+    lua_rawseti(L, -2, (int)i + 1);
+  }
+  lua_setfield(L, -2, "devices");
+  if (info.status) {
+    lua_pushstring(L, info.status);
+    lua_setfield(L, -2, "status");
+  }
+  if (info.has_exit_code) {
+    lua_pushinteger(L, info.exit_code);
+    lua_setfield(L, -2, "exit_code");
+  }
+  if (info.message) {
+    lua_pushstring(L, info.message);
+    lua_setfield(L, -2, "message");
+  }
+  if (info.stats) {
+    lua_createtable(L, 0, (int)info.nstats);
+    for (uint32_t i = 0; i < info.nstats; i++) {
+      lua_pushnumber(L, (lua_Number)info.stats[i].value);
+      lua_setfield(L, -2, info.stats[i].name);
+    }
+    lua_setfield(L, -2, "stats");
+  }
+  if (info.has_dropped) {
+    lua_pushnumber(L, (lua_Number)info.dropped);
+    lua_setfield(L, -2, "dropped");
   }
 }
 
@@ -312,40 +380,6 @@ int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
     for (size_t k = 0; k < sizeof one / sizeof(uint64_t); k++) dst[k] += src[k];
   }
   return source && !found ? CM_ENOENT : 0;
-}
-
-long cm_host_layout(const char *what) {
-#define L_(name, value) \
-  if (strcmp(what, name) == 0) return (long)(value);
-  L_("cm_field_info", sizeof(cm_field_info));
-  L_("cm_field_info.name", offsetof(cm_field_info, name));
-  L_("cm_field_info.type", offsetof(cm_field_info, type));
-  L_("cm_field_info.offset", offsetof(cm_field_info, offset));
-  L_("cm_field_info.doc", offsetof(cm_field_info, doc));
-  L_("cm_column", sizeof(cm_column));
-  L_("cm_column.field", offsetof(cm_column, field));
-  L_("cm_column.type", offsetof(cm_column, type));
-  L_("cm_column.width", offsetof(cm_column, width));
-  L_("cm_column.name", offsetof(cm_column, name));
-  L_("cm_column.data", offsetof(cm_column, data));
-  L_("cm_batch", sizeof(cm_batch));
-  L_("cm_batch.kind", offsetof(cm_batch, kind));
-  L_("cm_batch.n", offsetof(cm_batch, n));
-  L_("cm_batch.ncols", offsetof(cm_batch, ncols));
-  L_("cm_batch.cols", offsetof(cm_batch, cols));
-  L_("cm_batch.seq", offsetof(cm_batch, seq));
-  L_("cm_config", sizeof(cm_config));
-  L_("cm_config.deliver_ms", offsetof(cm_config, deliver_ms));
-  L_("cm_config.flags", offsetof(cm_config, flags));
-  L_("cm_stats", sizeof(cm_stats));
-  L_("cm_stats.sessions", offsetof(cm_stats, sessions));
-  L_("cm_stats.strings", offsetof(cm_stats, strings));
-  L_("cm_stats.records_by_kind", offsetof(cm_stats, records_by_kind));
-  L_("cm_session_info", sizeof(cm_session_info));
-  L_("cm_session_info.clock_offset_ns", offsetof(cm_session_info, clock_offset_ns));
-  L_("cm_session_info.cupti_path", offsetof(cm_session_info, cupti_path));
-#undef L_
-  return -1;
 }
 
 /* ---- the cuptimon.core module (lua_CFunctions) -------------------------------------------------- */
@@ -916,204 +950,4 @@ void cm_host_free(cm_host *h) {
   uv_run(h->loop, UV_RUN_NOWAIT);
   free(h->obs);
   free(h);
-}
-
-/* ---- the in-process engine source ------------------------------------------------------------- */
-
-typedef struct inproc inproc;
-
-typedef struct inproc_obs {
-  inproc *src;
-  uint32_t obs;    /* host observer id */
-  uint32_t engine; /* engine observer id */
-} inproc_obs;
-
-struct inproc {
-  cm_source base;
-  cm_engine *e;
-  uv_timer_t timer; /* the delivery cadence: cm_flush(PLAIN) on the loop thread */
-  inproc_obs **obs;
-  int nobs, cap;
-  uint32_t deliver_ms;
-};
-
-static void inproc_cb(void *ud, const cm_batch *b) {
-  inproc_obs *o = ud;
-  cm_host_deliver(o->src->base.host, &o->src->base, o->obs, b);
-}
-
-static int inproc_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const char *spec) {
-  inproc *p = (inproc *)s;
-  if (p->nobs == p->cap) {
-    int cap = p->cap ? p->cap * 2 : 8;
-    inproc_obs **n = realloc(p->obs, (size_t)cap * sizeof *n);
-    if (!n) return CM_ENOMEM;
-    p->obs = n;
-    p->cap = cap;
-  }
-  inproc_obs *o = calloc(1, sizeof *o);
-  if (!o) return CM_ENOMEM;
-  o->src = p;
-  o->obs = obs;
-  int rc = cm_observe(p->e, sel, inproc_cb, o, &o->engine);
-  if (rc) {
-    free(o);
-    return rc;
-  }
-  p->obs[p->nobs++] = o;
-  return 0;
-}
-
-static int inproc_unobserve(cm_source *s, uint32_t obs) {
-  inproc *p = (inproc *)s;
-  for (int i = 0; i < p->nobs; i++) {
-    if (p->obs[i]->obs != obs) continue;
-    inproc_obs *o = p->obs[i];
-    int rc = cm_unobserve(p->e, o->engine); /* delivers o's last records, so remove after */
-    memmove(&p->obs[i], &p->obs[i + 1], (size_t)(p->nobs - i - 1) * sizeof p->obs[0]);
-    p->nobs--;
-    free(o);
-    return rc;
-  }
-  return CM_ENOENT;
-}
-
-static int inproc_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done,
-                        void *ud) {
-  inproc *p = (inproc *)s;
-  int rc = p->nobs ? cm_flush(p->e, mode, timeout_ms) : 0;
-  if (done) done(ud, rc);
-  return rc;
-}
-
-static void inproc_tick(uv_timer_t *t) {
-  inproc *p = t->data;
-  cm_host *h = p->base.host;
-  if (h->in_dispatch || !p->nobs) return; /* a nested uv_run inside a callback; next tick */
-  int rc = cm_flush(p->e, CM_FLUSH_PLAIN, 0);
-  if (rc && rc != CM_ETIMEDOUT) {
-    lua_pushfstring(h->L, "cadenced flush failed: %s", cm_errmsg());
-    report(h, "flush");
-  }
-}
-
-static int inproc_configure(cm_source *s, uint32_t flush_ms, uint32_t deliver_ms) {
-  inproc *p = (inproc *)s;
-  if (flush_ms) {
-    cm_config cfg;
-    cm_config_init(&cfg);
-    cfg.self_flush_ms = flush_ms;
-    cfg.deliver_ms = 0;
-    cfg.batch_records = 0;
-    int rc = cm_configure(p->e, &cfg);
-    if (rc) return rc;
-  }
-  if (deliver_ms) {
-    p->deliver_ms = deliver_ms;
-    uv_timer_start(&p->timer, inproc_tick, deliver_ms, deliver_ms);
-  }
-  return 0;
-}
-
-static int inproc_stats(cm_source *s, cm_stats *out) { return cm_stats_get(((inproc *)s)->e, out); }
-
-static const char *inproc_string(cm_source *s, uint32_t id, size_t *len) {
-  return cm_string(((inproc *)s)->e, id, len);
-}
-
-/* The in-process source's process is this one: its parent, executable and command line come
- * from /proc, so a script sees the same process table as for an agent. */
-static void inproc_describe(cm_source *s, lua_State *L, int exiting) {
-  (void)s;
-  lua_pushinteger(L, (lua_Integer)getppid());
-  lua_setfield(L, -2, "ppid");
-  char exe[4096];
-  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-  exe[n > 0 ? n : 0] = 0;
-  lua_pushstring(L, exe);
-  lua_setfield(L, -2, "exe");
-  lua_newtable(L);
-  FILE *fp = fopen("/proc/self/cmdline", "rb");
-  if (fp) {
-    char buf[8192];
-    size_t len = fread(buf, 1, sizeof buf - 1, fp);
-    fclose(fp);
-    buf[len] = 0;
-    int i = 1;
-    for (size_t at = 0; at < len; at += strlen(buf + at) + 1) {
-      lua_pushstring(L, buf + at);
-      lua_rawseti(L, -2, i++);
-    }
-  }
-  lua_setfield(L, -2, "argv");
-  lua_newtable(L);
-  lua_setfield(L, -2, "devices");
-  if (exiting) {
-    cm_stats st;
-    if (cm_stats_get(((inproc *)s)->e, &st) == 0) {
-      lua_pushnumber(L, (lua_Number)st.records_dropped);
-      lua_setfield(L, -2, "dropped");
-    }
-    lua_pushstring(L, "detached");
-    lua_setfield(L, -2, "status");
-  }
-}
-
-static void inproc_closed(uv_handle_t *hd) { free(hd->data); }
-
-static void inproc_free(cm_source *s) {
-  inproc *p = (inproc *)s;
-  while (p->nobs) inproc_unobserve(s, p->obs[p->nobs - 1]->obs);
-  cm_engine_free(p->e);
-  free(p->obs);
-  uv_close((uv_handle_t *)&p->timer, inproc_closed);
-}
-
-static const cm_source_vtable inproc_vt = {
-    .name = "inproc",
-    .observe = inproc_observe,
-    .unobserve = inproc_unobserve,
-    .flush = inproc_flush,
-    .configure = inproc_configure,
-    .stats = inproc_stats,
-    .string = inproc_string,
-    .free = inproc_free,
-    .describe = inproc_describe,
-};
-
-static void engine_log(void *ud, int level, const char *msg) {
-  static const char *names[] = {"error", "warning", "info", "debug"};
-  int max = CM_LOG_WARN;
-  const char *env = getenv("CUPTIMON_LOG");
-  if (env && *env) max = atoi(env);
-  if (level <= max) fprintf(stderr, "cuptimon: %s: %s\n", names[level & 3], msg);
-}
-
-int cm_host_inproc_source_new(cm_host *h, cm_source **out) {
-  if (!h || !out) return CM_EINVAL;
-  *out = NULL;
-  inproc *p = calloc(1, sizeof *p);
-  if (!p) return CM_ENOMEM;
-  cm_config cfg;
-  cm_config_init(&cfg);
-  cfg.deliver_ms = 0;    /* never on the worker: deliveries must run on the loop thread */
-  cfg.batch_records = 0;
-  if (h->flush_ms) cfg.self_flush_ms = h->flush_ms;
-  int rc = cm_engine_new(&p->e, &cfg);
-  if (rc) {
-    fprintf(stderr, "cuptimon: cannot create the in-process engine: %s: %s\n", cm_err_name(rc),
-            cm_errmsg());
-    free(p);
-    return rc;
-  }
-  cm_set_log(p->e, engine_log, NULL);
-  p->base.vt = &inproc_vt;
-  p->base.pid = (int)getpid();
-  uv_timer_init(h->loop, &p->timer);
-  p->timer.data = p;
-  uv_unref((uv_handle_t *)&p->timer); /* the cadence alone does not keep the script running */
-  p->deliver_ms = h->deliver_ms ? h->deliver_ms : 1000;
-  uv_timer_start(&p->timer, inproc_tick, p->deliver_ms, p->deliver_ms);
-  *out = &p->base;
-  return 0;
 }

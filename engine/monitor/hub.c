@@ -545,6 +545,12 @@ static void proc_exit(uv_process_t *p, int64_t exit_status, int term_signal) {
   maybe_finish(hb);
 }
 
+/* Where an installed cuptimon-lua finds the installed agent, relative to its own directory (the
+ * build sets it from the install's bin and lib directories). */
+#ifndef CM__AGENT_RELDIR
+#define CM__AGENT_RELDIR "../lib"
+#endif
+
 static int find_agent(hub *hb) {
   const char *env = getenv("CUPTIMON_AGENT");
   if (env && *env) {
@@ -563,7 +569,7 @@ static int find_agent(hub *hb) {
   if (slash) *slash = 0;
   char a[PATH_MAX + 64], b[PATH_MAX + 64];
   snprintf(a, sizeof a, "%s/libcuptimon-agent.so", exe);
-  snprintf(b, sizeof b, "%s/../lib/libcuptimon-agent.so", exe);
+  snprintf(b, sizeof b, "%s/" CM__AGENT_RELDIR "/libcuptimon-agent.so", exe);
   const char *found = access(a, R_OK) == 0 ? a : access(b, R_OK) == 0 ? b : NULL;
   if (!found) {
     fprintf(stderr,

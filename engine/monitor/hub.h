@@ -116,6 +116,10 @@ struct cm__wsrc {
   uint64_t records_by_kind[CM_KIND_MAX];
   uint64_t seq;
   int warned_missing;
+
+  /* The arrays of the last describe (the process table's devices and stats). */
+  cm_process_device *desc_devices;
+  cm_process_counter *desc_stats;
 };
 
 /* Initializes `w` (zeroed by the caller) for an owner. */

@@ -19,9 +19,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <lauxlib.h>
-#include <lua.h>
-
 #include "hub.h"
 
 typedef struct cm__wkind {
@@ -157,60 +154,51 @@ static const char *end_name(int end) {
   }
 }
 
-static void ws_describe(cm_source *s, lua_State *L, int exiting) {
+/* The process table's facts, from the HELLO and, at the end, the latest STATS. The device and
+ * counter arrays are rebuilt in the wsrc's own scratch arrays, which live until the next describe
+ * or the release; when they cannot be allocated the table goes without them. */
+static void ws_describe(cm_source *s, cm_process_info *out, int exiting) {
   cm__wsrc *w = (cm__wsrc *)s;
-  lua_pushstring(L, w->origin);
-  lua_setfield(L, -2, "kind");
   if (w->have_hello) {
-    lua_pushinteger(L, w->ppid);
-    lua_setfield(L, -2, "ppid");
-    if (w->host && *w->host) {
-      lua_pushstring(L, w->host);
-      lua_setfield(L, -2, "host");
+    out->has_ppid = 1;
+    out->ppid = w->ppid;
+    out->host = w->host;
+    out->exe = w->exe;
+    out->has_cupti_version = 1;
+    out->cupti_version = w->cupti_version;
+  }
+  out->argv = (const char *const *)w->argv;
+  out->argc = w->argc;
+  free(w->desc_devices);
+  w->desc_devices = w->ndevices ? calloc(w->ndevices, sizeof *w->desc_devices) : NULL;
+  if (w->desc_devices) {
+    for (uint32_t i = 0; i < w->ndevices; i++) {
+      w->desc_devices[i].index = w->dev_index[i];
+      w->desc_devices[i].name = w->dev_names[i];
     }
-    lua_pushstring(L, w->exe);
-    lua_setfield(L, -2, "exe");
-    lua_pushinteger(L, w->cupti_version);
-    lua_setfield(L, -2, "cupti_version");
+    out->devices = w->desc_devices;
+    out->ndevices = w->ndevices;
   }
-  lua_createtable(L, (int)w->argc, 0);
-  for (uint32_t i = 0; i < w->argc; i++) {
-    lua_pushstring(L, w->argv[i]);
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  lua_setfield(L, -2, "argv");
-  lua_createtable(L, (int)w->ndevices, 0);
-  for (uint32_t i = 0; i < w->ndevices; i++) {
-    lua_createtable(L, 0, 2);
-    lua_pushinteger(L, w->dev_index[i]);
-    lua_setfield(L, -2, "index");
-    lua_pushstring(L, w->dev_names[i]);
-    lua_setfield(L, -2, "name");
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  lua_setfield(L, -2, "devices");
   if (!exiting) return;
-  lua_pushstring(L, end_name(w->end));
-  lua_setfield(L, -2, "status");
+  out->status = end_name(w->end);
   if (w->end == CM__END_BYE) {
-    lua_pushinteger(L, w->exit_code);
-    lua_setfield(L, -2, "exit_code");
+    out->has_exit_code = 1;
+    out->exit_code = w->exit_code;
   }
-  lua_pushstring(L, w->end_message ? w->end_message : "");
-  lua_setfield(L, -2, "message");
-  lua_createtable(L, 0, (int)w->nstats + 3);
-  for (uint32_t i = 0; i < w->nstats; i++) {
-    lua_pushnumber(L, (lua_Number)w->stats[i].value);
-    lua_setfield(L, -2, w->stats[i].name);
+  out->message = w->end_message ? w->end_message : "";
+  free(w->desc_stats);
+  w->desc_stats = calloc((size_t)w->nstats + 2, sizeof *w->desc_stats);
+  if (w->desc_stats) {
+    uint32_t n = 0;
+    for (uint32_t i = 0; i < w->nstats; i++)
+      w->desc_stats[n++] = (cm_process_counter){w->stats[i].name, w->stats[i].value};
+    w->desc_stats[n++] = (cm_process_counter){"batches_received", w->batches};
+    w->desc_stats[n++] = (cm_process_counter){"records_received", w->records};
+    out->stats = w->desc_stats;
+    out->nstats = n;
   }
-  lua_pushnumber(L, (lua_Number)w->batches);
-  lua_setfield(L, -2, "batches_received");
-  lua_pushnumber(L, (lua_Number)w->records);
-  lua_setfield(L, -2, "records_received");
-  lua_setfield(L, -2, "stats");
-  lua_pushnumber(L, (lua_Number)(cm__wsrc_stat(w, "records_dropped") +
-                                 cm__wsrc_stat(w, "batches_dropped")));
-  lua_setfield(L, -2, "dropped");
+  out->has_dropped = 1;
+  out->dropped = cm__wsrc_stat(w, "records_dropped") + cm__wsrc_stat(w, "batches_dropped");
 }
 
 static const cm_source_vtable agent_vt = {
@@ -583,6 +571,10 @@ void cm__wsrc_release(cm__wsrc *w) {
   free(w->end_message);
   free(w->obs);
   free(w->union_spec);
+  free(w->desc_devices);
+  free(w->desc_stats);
+  w->desc_devices = NULL;
+  w->desc_stats = NULL;
   w->kinds = NULL;
   w->str = NULL;
   w->stats = NULL;

@@ -1,8 +1,8 @@
 -- cuptimon.cdef: the FFI declarations of engine/include/cuptimon.h and cuptimon_host.h.
 --
--- Design note. The declarations are copied from the headers with the comments stripped, and
--- spec/cdef_spec.lua checks them against the headers (field lists by parsing the header text,
--- sizes and offsets through cm_host_layout). Functions that can deliver batches (cm_observe,
+-- Design note. The declarations are copied from the headers with the comments (and CM_EXTERN)
+-- stripped, and spec/cdef_spec.lua checks them against the headers (field lists by parsing the
+-- header text, sizes and offsets through the test-only libcuptimon_testing.so). Functions that can deliver batches (cm_observe,
 -- cm_unobserve, cm_flush, cm_engine_new/free) are deliberately NOT declared: delivering runs
 -- observer callbacks, and LuaJIT cannot re-enter Lua from inside an FFI call. The host reaches
 -- them from lua_CFunctions (the cuptimon.core module) instead. Everything declared here is safe to
@@ -120,7 +120,6 @@ const char *cm_version(void);
 typedef struct cm_host cm_host;
 const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
 int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
-long cm_host_layout(const char *what);
 ]]
 
 -- Structs checked by spec/cdef_spec.lua, in header order.

@@ -1,0 +1,50 @@
+-- spec/process_spec.lua: the process table a script sees (process_start, process_exit) has the
+-- same shape for every kind of source. The sources fill a C struct (cm_process_info) and only the
+-- host builds the Lua table, so this pins what each source reports: the replay of a capture
+-- (hub_source.c, from HELLO, STATS and BYE) and the in-process engine (inproc.c, from /proc).
+local helpers = require "helpers"
+
+local bin = helpers.binary()
+local fixture = helpers.root() .. "/spec/fixtures/process_table.lua"
+
+-- The lines "start {...}" and "exit {...}" the fixture prints, keys sorted.
+local function tables(out)
+  return out:match("\nstart ({[^\n]*})") or out:match("^start ({[^\n]*})"), out:match("\nexit ({[^\n]*})")
+end
+
+describe("the process table", function()
+  it("of a replayed process carries HELLO, STATS and BYE", function()
+    local gen = os.getenv("CUPTIMON_WIRE_GEN")
+    if not gen then return pending("CUPTIMON_WIRE_GEN is not set (run through ctest)") end
+    local cap = os.tmpname()
+    assert.is_true(os.execute(("%s capture %s --pid 111 --records 500 --kinds kernel"):format(gen, cap)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, fixture))
+    os.remove(cap)
+    assert.are.equal(0, rc, out)
+    local start, exit = tables(out)
+    local ppid = assert(start and start:match(" ppid=(%d+) "), out)
+    assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
+      "devices={1={index=0 name=Fake GPU}} exe=/usr/bin/wire_gen host=testhost kind=replay pid=111 " ..
+      "ppid=" .. ppid .. " source=1}", start)
+    assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
+      "devices={1={index=0 name=Fake GPU}} dropped=0 exe=/usr/bin/wire_gen exit_code=0 host=testhost " ..
+      "kind=replay message= pid=111 ppid=" .. ppid .. " source=1 stats={batches_received=1 " ..
+      "records_decoded=500 records_dropped=0 records_received=500} status=exit}", exit)
+  end)
+
+  it("of the in-process engine comes from /proc", function()
+    local rc, out = helpers.sh(("%s %s one two"):format(bin, fixture))
+    assert.are.equal(0, rc, out)
+    local start, exit = tables(out)
+    assert.is_string(start, out)
+    local pid = assert(start:match(" pid=(%d+) "), start)
+    local ppid = assert(start:match(" ppid=(%d+) "), start)
+    local exe = assert(start:match(" exe=(%S+) "), start)
+    local host = assert(start:match(" host=(%S+) "), start)
+    assert.matches("cuptimon%-lua$", exe)
+    local head = ("{argv={1=%s 2=%s 3=one 4=two} devices={}"):format(bin, fixture)
+    local tail = ("exe=%s host=%s kind=inproc pid=%s ppid=%s source=1"):format(exe, host, pid, ppid)
+    assert.are.equal(head .. " " .. tail .. "}", start)
+    assert.are.equal(head .. " dropped=0 " .. tail .. " status=detached}", exit)
+  end)
+end)
