@@ -39,7 +39,10 @@ for f in libcuptimon-agent.so libcuptimon.so libcuptimon.a libcuptimon_host.a \
     pkgconfig/cuptimon.pc pkgconfig/cuptimon-host.pc; do
   [ -e "$libdir/$f" ] || fail "${libdir#$P/}/$f is not installed"
 done
-if find "$P" -name '*testing*' | grep -q .; then fail "a test-only file is installed"; fi
+# grep reads whole files here, never a pipe: with pipefail, `cmd | grep -q` fails at random when
+# grep exits early and cmd dies of SIGPIPE.
+find "$P" -name '*testing*' >"$tmp/testing.txt"
+if [ -s "$tmp/testing.txt" ]; then fail "a test-only file is installed: $(cat "$tmp/testing.txt")"; fi
 
 export PKG_CONFIG_PATH=$libdir/pkgconfig
 for m in cuptimon cuptimon-host; do
@@ -61,8 +64,9 @@ cc -std=gnu11 -O2 -o embed_c "$src/examples/embed_c/embed_c.c" \
 # shellcheck disable=SC2046
 cc -std=gnu11 -O2 -o embed_script "$src/examples/embed_script/embed_script.c" \
   $(pkg-config --cflags --libs cuptimon-host) || fail "building embed_script"
-ldd ./embed_c | grep -q "libcuptimon.so.0 => $libdir/" ||
-  { ldd ./embed_c; fail "embed_c does not load the installed libcuptimon.so"; }
+ldd ./embed_c >"$tmp/ldd.txt" || fail "ldd embed_c"
+grep -q "libcuptimon.so.0 => $libdir/" "$tmp/ldd.txt" ||
+  { cat "$tmp/ldd.txt"; fail "embed_c does not load the installed libcuptimon.so"; }
 
 export CUPTIMON_LIBCUPTI=$fake CUPTIMON_LIBCUDA=$fake
 unset CUPTIMON_LUA_PATH CUPTIMON_AGENT
