@@ -28,7 +28,8 @@
  * a signal killed it). SIGINT and SIGTERM are forwarded to the command, followed by SIGKILL after
  * a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default); a second signal sends SIGKILL at once.
  *
- * --record writes every agent's frames (HELLO with its token blanked) to a capture per process.
+ * --record writes every agent's frames to a capture per process (record.c); the command's
+ * spawn, signals and exit status are supervise.c's.
  *
  * Threads: everything runs on the loop thread; no other thread exists in the monitor besides
  * libuv's own. Ownership: the hub is a singleton owned by lua_main.c through cm__main_attach and
@@ -47,8 +48,8 @@
 #include <unistd.h>
 
 #include "hub.h"
-
-extern char **environ;
+#include "record.h"
+#include "supervise.h"
 
 typedef struct pending_flush {
   uint64_t id;
@@ -69,16 +70,8 @@ typedef struct conn {
   char rbuf[64 * 1024];
   pending_flush *flushes;
   int nflush, cap_flush;
-  FILE *cap;           /* --record */
-  char *cap_path;
-  uint64_t cap_frames;
+  cm__capture *cap;    /* --record */
 } conn;
-
-typedef struct record_summary {
-  char *path;
-  uint64_t frames, batches, records, dropped;
-  struct record_summary *next;
-} record_summary;
 
 typedef struct hub {
   cm_host *host;
@@ -90,11 +83,11 @@ typedef struct hub {
   char agent[PATH_MAX];
   uv_pipe_t server;
   int server_open;
-  uv_process_t proc;
-  int proc_started, proc_done, proc_closed;
+  cm__proc proc;       /* the command (supervise.c) */
+  int proc_done;
   int cmd_status;
   char **cmd;
-  uv_timer_t spawn_timer, drain_timer, kill_timer, tick_timer;
+  uv_timer_t spawn_timer, drain_timer, tick_timer;
   int timers_init;
   int signals;
   conn *conns;
@@ -102,9 +95,7 @@ typedef struct hub {
   uint64_t next_flush;
   uint32_t flush_ms, deliver_ms;
   cm_selection *extra;
-  const char *record;
-  int recorded;        /* processes recorded so far (the first gets the plain path) */
-  record_summary *summaries, **summaries_tail;
+  cm__record *rec;     /* --record (record.c), or NULL */
   int finished, status;
 } hub;
 
@@ -137,7 +128,6 @@ static void finish(hub *hb) {
     hb->server_open = 0;
   }
   uv_timer_stop(&hb->drain_timer);
-  uv_timer_stop(&hb->kill_timer);
   uv_timer_stop(&hb->tick_timer);
   uv_stop(hb->loop);
 }
@@ -285,19 +275,9 @@ static const cm__wsrc_ops conn_ops = {
 
 static void close_capture(hub *hb, conn *c) {
   if (!c->cap) return;
-  int bad = fclose(c->cap) != 0;
+  cm__record_close(hb->rec, c->cap, c->w.batches, c->w.records,
+                   cm__wsrc_stat(&c->w, "records_dropped") + cm__wsrc_stat(&c->w, "batches_dropped"));
   c->cap = NULL;
-  if (bad) fprintf(stderr, "cuptimon-lua: error writing capture %s: %s\n", c->cap_path, strerror(errno));
-  record_summary *s = calloc(1, sizeof *s);
-  if (!s) return;
-  s->path = c->cap_path;
-  c->cap_path = NULL;
-  s->frames = c->cap_frames;
-  s->batches = c->w.batches;
-  s->records = c->w.records;
-  s->dropped = cm__wsrc_stat(&c->w, "records_dropped") + cm__wsrc_stat(&c->w, "batches_dropped");
-  *hb->summaries_tail = s;
-  hb->summaries_tail = &s->next;
 }
 
 static void conn_closed(uv_handle_t *hd) {
@@ -313,7 +293,6 @@ static void conn_closed(uv_handle_t *hd) {
   cm__wsrc_release(&c->w);
   cm_wire_reader_free(c->r);
   free(c->flushes);
-  free(c->cap_path);
   free(c);
   maybe_finish(hb);
 }
@@ -331,40 +310,6 @@ static void conn_end(conn *c, int end) {
   c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
   if (c->w.attached) cm__wsrc_detach(&c->w); /* calls conn_detached */
   else conn_close(c);
-}
-
-/* Opens the --record capture of a process and writes the file header. */
-static void open_capture(hub *hb, conn *c) {
-  const char *path = hb->record;
-  char buf[PATH_MAX];
-  const char *pp = strstr(path, "%p");
-  if (pp) {
-    snprintf(buf, sizeof buf, "%.*s%u%s", (int)(pp - path), path, c->w.pid, pp + 2);
-  } else if (hb->recorded) {
-    snprintf(buf, sizeof buf, "%s.%u", path, c->w.pid);
-  } else {
-    snprintf(buf, sizeof buf, "%s", path);
-  }
-  hb->recorded++;
-  c->cap = fopen(buf, "wb");
-  if (!c->cap) {
-    fprintf(stderr, "cuptimon-lua: cannot create capture %s: %s\n", buf, strerror(errno));
-    return;
-  }
-  c->cap_path = strdup(buf);
-  cm_wire_buf b;
-  cm_wire_buf_init(&b);
-  cm_wire_write_file_header(&b, 0);
-  fwrite(b.data, 1, b.len, c->cap);
-  cm_wire_buf_free(&b);
-}
-
-static void record_frame(conn *c, const cm_wire_frame *f) {
-  if (!c->cap || f->type == CM_WIRE_FLUSH_DONE) return;
-  /* The reader keeps the verified header just before the payload. */
-  fwrite(f->payload - CM_WIRE_FRAME_HEADER_SIZE, 1, CM_WIRE_FRAME_HEADER_SIZE + (size_t)f->len,
-         c->cap);
-  c->cap_frames++;
 }
 
 static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
@@ -386,18 +331,7 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
     cm_wire_buf_free(&b);
     return;
   }
-  if (hb->record) {
-    open_capture(hb, c);
-    if (c->cap) {
-      /* The token was a secret of this run; a capture carries an empty one, like an agent's. */
-      cm_wire_hello copy = hl;
-      copy.token = "";
-      cm_wire_write_hello(&b, &copy);
-      fwrite(b.data, 1, b.len, c->cap);
-      c->cap_frames++;
-      cm_wire_buf_clear(&b);
-    }
-  }
+  if (hb->rec) c->cap = cm__record_open(hb->rec, hl.pid, &hl);
   cm_wire_hello_release(&hl);
   char err[256] = "";
   cm__wsrc_frame(&c->w, f, err, sizeof err);
@@ -438,7 +372,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
     on_hello(hb, c, f);
     return;
   }
-  record_frame(c, f);
+  cm__record_frame(c->cap, f);
   if (f->type == CM_WIRE_FLUSH_DONE) {
     uint64_t id;
     int32_t status;
@@ -534,14 +468,11 @@ static void tick_cb(uv_timer_t *t) {
 
 /* ---- the command ------------------------------------------------------------------------------------ */
 
-static void proc_closed(uv_handle_t *hd) { ((hub *)hd->data)->proc_closed = 1; }
-
-static void proc_exit(uv_process_t *p, int64_t exit_status, int term_signal) {
-  hub *hb = p->data;
+static void proc_exit(void *ud, int status, int64_t exit_status, int term_signal) {
+  hub *hb = ud;
+  (void)exit_status, (void)term_signal;
   hb->proc_done = 1;
-  hb->cmd_status = term_signal ? 128 + term_signal : (int)exit_status;
-  uv_timer_stop(&hb->kill_timer);
-  uv_close((uv_handle_t *)p, proc_closed);
+  hb->cmd_status = status;
   maybe_finish(hb);
 }
 
@@ -576,60 +507,15 @@ static int find_agent(hub *hb) {
   return 0;
 }
 
-static int is_ours(const char *e) {
-  static const char *names[] = {"CUDA_INJECTION64_PATH=", "NVTX_INJECTION64_PATH=",
-                                "CUPTIMON_SOCKET=", "CUPTIMON_TOKEN=", NULL};
-  for (int i = 0; names[i]; i++)
-    if (strncmp(e, names[i], strlen(names[i])) == 0) return 1;
-  return 0;
-}
-
 static void spawn_cb(uv_timer_t *t) {
   hub *hb = t->data;
-  size_t n = 0;
-  while (environ[n]) n++;
-  char **env = calloc(n + 5, sizeof *env);
   char v[4][PATH_MAX + 64];
-  size_t k = 0;
-  for (size_t i = 0; env && i < n; i++)
-    if (!is_ours(environ[i])) env[k++] = environ[i];
   snprintf(v[0], sizeof v[0], "CUDA_INJECTION64_PATH=%s", hb->agent);
   snprintf(v[1], sizeof v[1], "NVTX_INJECTION64_PATH=%s", hb->agent);
   snprintf(v[2], sizeof v[2], "CUPTIMON_SOCKET=%s", hb->sock);
   snprintf(v[3], sizeof v[3], "CUPTIMON_TOKEN=%s", hb->token);
-  for (int i = 0; env && i < 4; i++) env[k++] = v[i];
-  uv_stdio_container_t stdio[3];
-  for (int i = 0; i < 3; i++) {
-    stdio[i].flags = UV_INHERIT_FD;
-    stdio[i].data.fd = i;
-  }
-  uv_process_options_t o = {0};
-  o.file = hb->cmd[0];
-  o.args = hb->cmd;
-  o.env = env;
-  o.stdio = stdio;
-  o.stdio_count = 3;
-  o.exit_cb = proc_exit;
-  hb->proc.data = hb;
-  int rc = env ? uv_spawn(hb->loop, &hb->proc, &o) : UV_ENOMEM;
-  free(env);
-  if (rc) {
-    fprintf(stderr, "cuptimon-lua: cannot run %s: %s\n", hb->cmd[0], uv_strerror(rc));
-    uv_close((uv_handle_t *)&hb->proc, proc_closed);
-    hb->proc_done = 1;
-    hb->cmd_status = rc == UV_ENOENT ? 127 : 126;
-    maybe_finish(hb);
-    return;
-  }
-  hb->proc_started = 1;
-}
-
-static void kill_cb(uv_timer_t *t) {
-  hub *hb = t->data;
-  if (hb->proc_started && !hb->proc_done) {
-    fprintf(stderr, "cuptimon-lua: the command did not exit; sending SIGKILL\n");
-    uv_process_kill(&hb->proc, SIGKILL);
-  }
+  const char *env[] = {v[0], v[1], v[2], v[3], NULL};
+  cm__proc_spawn(&hb->proc, hb->cmd, env);
 }
 
 /* ---- the interface to lua_main.c ------------------------------------------------------------------- */
@@ -691,12 +577,11 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   g_hub = hb;
   hb->host = h;
   hb->loop = loop;
-  hb->summaries_tail = &hb->summaries;
   uv_timer_init(loop, &hb->spawn_timer);
   uv_timer_init(loop, &hb->drain_timer);
-  uv_timer_init(loop, &hb->kill_timer);
   uv_timer_init(loop, &hb->tick_timer);
-  hb->spawn_timer.data = hb->drain_timer.data = hb->kill_timer.data = hb->tick_timer.data = hb;
+  hb->spawn_timer.data = hb->drain_timer.data = hb->tick_timer.data = hb;
+  cm__proc_init(&hb->proc, loop, proc_exit, hb);
   hb->timers_init = 1;
   if (req->nreplay) {
     if (req->cmd || req->record) {
@@ -715,7 +600,10 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   /* An agent that goes away mid-write must not kill the monitor; uv_spawn resets the
    * disposition in the command, so it still gets the default. */
   signal(SIGPIPE, SIG_IGN);
-  hb->record = req->record;
+  if (req->record) {
+    int rc = cm__record_new(&hb->rec, req->record, 0);
+    if (rc) return rc;
+  }
   const char *sel = req->select;
   if (!sel && req->record && !req->has_script) sel = default_record_select;
   if (sel) {
@@ -739,7 +627,7 @@ void cm__hub_start(void) {
   hub *hb = g_hub;
   /* The command starts on the loop's first turn, after the script has registered its observers,
    * so the first SELECT already holds them; a script that fails to load never starts it. */
-  if (hb && hb->live && !hb->proc_started && !hb->proc_done)
+  if (hb && hb->live && !hb->proc.started && !hb->proc_done)
     uv_timer_start(&hb->spawn_timer, spawn_cb, 0, 0);
 }
 
@@ -755,7 +643,7 @@ int cm__hub_signal(int signum) {
     return 1;
   }
   if (!hb->live) return 0;
-  if (!hb->proc_started || hb->proc_done) {
+  if (!cm__proc_running(&hb->proc)) {
     /* Nothing to stop but the wait for agents. */
     if (!hb->proc_done) {
       hb->proc_done = 1;
@@ -767,10 +655,9 @@ int cm__hub_signal(int signum) {
   if (hb->signals == 1) {
     fprintf(stderr, "cuptimon-lua: %s: stopping the command (again to kill it)\n",
             signum == SIGINT ? "interrupted" : "terminated");
-    uv_process_kill(&hb->proc, signum);
-    uv_timer_start(&hb->kill_timer, kill_cb, env_ms("CUPTIMON_KILL_GRACE_MS", 3000), 0);
+    cm__proc_stop(&hb->proc, signum);
   } else {
-    uv_process_kill(&hb->proc, SIGKILL);
+    cm__proc_kill(&hb->proc);
   }
   return 1;
 }
@@ -801,24 +688,12 @@ void cm__hub_free(void) {
   if (hb->timers_init) {
     close_if_open((uv_handle_t *)&hb->spawn_timer);
     close_if_open((uv_handle_t *)&hb->drain_timer);
-    close_if_open((uv_handle_t *)&hb->kill_timer);
     close_if_open((uv_handle_t *)&hb->tick_timer);
+    cm__proc_close(&hb->proc);
   }
-  if (hb->proc_started && !hb->proc_done)
-    fprintf(stderr, "cuptimon-lua: the command (pid %d) is still running; it goes on untraced\n",
-            hb->proc.pid);
-  if (hb->proc_started && !hb->proc_closed && !uv_is_closing((uv_handle_t *)&hb->proc))
-    uv_close((uv_handle_t *)&hb->proc, NULL);
   uv_run(hb->loop, UV_RUN_NOWAIT);
   uv_run(hb->loop, UV_RUN_NOWAIT);
-  for (record_summary *s = hb->summaries, *next; s; s = next) {
-    next = s->next;
-    fprintf(stderr, "cuptimon-lua: recorded %s: %llu frames, %llu batches, %llu records, %llu dropped\n",
-            s->path, (unsigned long long)s->frames, (unsigned long long)s->batches,
-            (unsigned long long)s->records, (unsigned long long)s->dropped);
-    free(s->path);
-    free(s);
-  }
+  cm__record_free(hb->rec);
   if (hb->sock[0]) unlink(hb->sock);
   if (hb->dir[0]) rmdir(hb->dir);
   cm_selection_free(hb->extra);
