@@ -135,6 +135,12 @@ int cm_host_add_source(cm_host *h, cm_source *s);
 void cm_host_remove_source(cm_host *h, cm_source *s);
 /* Delivers one batch of observer `obs` from source `s` into Lua. Loop thread only. */
 void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b);
+/* Calls fn(ud, id, sel, spec) for each observer, oldest first, without running Lua: what a source
+ * attached now would be asked to observe (the hub answers agents' handshakes from it). Stops at
+ * the first non-zero return and returns it; 0 otherwise. Loop thread only. */
+int cm_host_each_observer(cm_host *h,
+                          int (*fn)(void *ud, uint32_t id, const cm_selection *sel, const char *spec),
+                          void *ud);
 
 /* The in-process engine as a source. The engine is created with deliver_ms = 0 and
  * batch_records = 0, so batches are delivered only inside cm_flush, cm_observe and

@@ -47,6 +47,9 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <sys/socket.h>
+
+#include "gate.h"
 #include "hub.h"
 #include "record.h"
 #include "supervise.h"
@@ -58,7 +61,7 @@ typedef struct pending_flush {
   void *ud;
 } pending_flush;
 
-enum { CONN_HANDSHAKE = 0, CONN_ACTIVE, CONN_CLOSING };
+enum { CONN_ACTIVE = 1, CONN_CLOSING };
 
 typedef struct conn {
   cm__wsrc w;          /* first: the host's cm_source is w.base */
@@ -71,6 +74,14 @@ typedef struct conn {
   pending_flush *flushes;
   int nflush, cap_flush;
   cm__capture *cap;    /* --record */
+  pid_t kpid;          /* the peer's pid, from the kernel (SO_PEERCRED) */
+  char *sent_select;   /* the SELECT the gate answered the HELLO with */
+  uint32_t sent_flush_ms, sent_deliver_ms;
+  /* The command's own process said BYE: process_exit waits (briefly) for the exit status that
+   * the supervisor reaps, so it reports the real one. Until then the connection is closed for
+   * I/O but still attached. */
+  int await_status;
+  uint64_t await_deadline;
 } conn;
 
 typedef struct hub {
@@ -81,8 +92,12 @@ typedef struct hub {
   char sock[PATH_MAX];
   char token[33];
   char agent[PATH_MAX];
-  uv_pipe_t server;
-  int server_open;
+  int listen_fd;       /* the listening socket; the gate thread accepts on it */
+  cm__gate *gate;
+  uv_async_t admit_async;
+  int async_init;
+  char *published;     /* the union selection last published to the gate */
+  uint32_t pub_flush_ms, pub_deliver_ms;
   cm__proc proc;       /* the command (supervise.c) */
   int proc_done;
   int cmd_status;
@@ -97,6 +112,7 @@ typedef struct hub {
   cm_selection *extra;
   cm__record *rec;     /* --record (record.c), or NULL */
   int finished, status;
+  int attached_any;    /* some process completed its handshake */
 } hub;
 
 static hub *g_hub;
@@ -112,28 +128,54 @@ static uint64_t env_ms(const char *name, uint64_t dflt) {
 /* ---- the end ------------------------------------------------------------------------------------ */
 
 static void conn_end(conn *c, int end);
+static void conn_detach_now(conn *c);
+
+/* Stops accepting: the gate thread ends and closes every connection that has not completed its
+ * handshake (idle ones are not agents: they neither delay the end nor get a message each). */
+static void stop_gate(hub *hb) {
+  if (hb->gate) {
+    cm__gate_stop(hb->gate);
+    cm__gate_stats st;
+    cm__gate_get_stats(hb->gate, &st);
+    uint64_t closed = st.refused_uid + st.wrong_token + st.bad_hello + st.oversized +
+                      st.timed_out + st.evicted;
+    if (closed > 3)
+      fprintf(stderr, "cuptimon-lua: %llu connections were refused or closed before their "
+              "handshake (%llu another uid, %llu wrong token, %llu bad HELLO, %llu oversized, "
+              "%llu timed out, %llu over the cap)\n", (unsigned long long)closed,
+              (unsigned long long)st.refused_uid, (unsigned long long)st.wrong_token,
+              (unsigned long long)st.bad_hello, (unsigned long long)st.oversized,
+              (unsigned long long)st.timed_out, (unsigned long long)st.evicted);
+  }
+  if (hb->listen_fd >= 0) {
+    close(hb->listen_fd);
+    hb->listen_fd = -1;
+  }
+}
 
 static void finish(hub *hb) {
   if (hb->finished) return;
   hb->finished = 1;
+  stop_gate(hb);
   /* Agents still connected after the drain period are cut off (their processes run on). */
-  for (conn *c = hb->conns; c; c = c->next)
-    if (c->state != CONN_CLOSING) {
+  for (conn *c = hb->conns; c; c = c->next) {
+    if (c->await_status) {
+      conn_detach_now(c);
+    } else if (c->state != CONN_CLOSING) {
       fprintf(stderr, "cuptimon-lua: agent pid %u is still connected after the command ended; "
               "closing its connection\n", c->w.pid);
       conn_end(c, CM__END_TIMEOUT);
     }
-  if (hb->server_open) {
-    uv_close((uv_handle_t *)&hb->server, NULL);
-    hb->server_open = 0;
   }
   uv_timer_stop(&hb->drain_timer);
   uv_timer_stop(&hb->tick_timer);
   uv_stop(hb->loop);
 }
 
+/* Agents the end waits for: connected ones, and those the gate has answered but the loop has
+ * not taken yet. */
 static int live_conns(hub *hb) {
-  int n = 0;
+  int n = hb->gate ? cm__gate_admitting(hb->gate) : 0;
   for (conn *c = hb->conns; c; c = c->next)
     if (c->state != CONN_CLOSING) n++;
   return n;
@@ -203,6 +245,7 @@ static int conn_flush(cm__wsrc *w, int mode, uint32_t timeout_ms, cm_source_done
     if (done) done(ud, 0);
     return 0;
   }
+
   if (c->nflush == c->cap_flush) {
     int cap = c->cap_flush ? c->cap_flush * 2 : 4;
     pending_flush *p = realloc(c->flushes, (size_t)cap * sizeof *p);
@@ -261,6 +304,8 @@ static void conn_configure(cm__wsrc *w, uint32_t flush_ms, uint32_t deliver_ms) 
   if (flush_ms) g_hub->flush_ms = flush_ms;
   if (deliver_ms) g_hub->deliver_ms = deliver_ms;
   if (c->handshaking || c->state != CONN_ACTIVE) return;
+  if (flush_ms) c->sent_flush_ms = flush_ms;
+  if (deliver_ms) c->sent_deliver_ms = deliver_ms;
   send_configure(c, flush_ms, deliver_ms);
 }
 
@@ -293,6 +338,7 @@ static void conn_closed(uv_handle_t *hd) {
   cm__wsrc_release(&c->w);
   cm_wire_reader_free(c->r);
   free(c->flushes);
+  free(c->sent_select);
   free(c);
   maybe_finish(hb);
 }
@@ -304,71 +350,88 @@ static void conn_close(conn *c) {
   if (!uv_is_closing((uv_handle_t *)&c->pipe)) uv_close((uv_handle_t *)&c->pipe, conn_closed);
 }
 
-/* Ends the process's connection: process_exit runs when it was attached. */
-static void conn_end(conn *c, int end) {
-  if (c->w.end == CM__END_NONE) c->w.end = end;
-  c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
+/* Detaches the source now (process_exit runs), or closes the connection when never attached. */
+static void conn_detach_now(conn *c) {
+  c->await_status = 0;
   if (c->w.attached) cm__wsrc_detach(&c->w); /* calls conn_detached */
   else conn_close(c);
 }
 
+/* The command's own exit status reached a connection of its process. */
+static void conn_set_status(conn *c, int status) {
+  c->w.exit_code = status;
+  c->w.exit_known = 1;
+}
+
+/* Ends the process's connection: process_exit runs when it was attached. */
+static void conn_end(conn *c, int end) {
+  hub *hb = g_hub;
+  if (c->w.end == CM__END_NONE) c->w.end = end;
+  c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
+  if (c->w.attached && hb->proc.started && c->kpid == cm__proc_pid(&hb->proc)) {
+    if (hb->proc_done) {
+      conn_set_status(c, hb->cmd_status);
+    } else if (c->w.end == CM__END_BYE || c->w.end == CM__END_EOF) {
+      /* The process is exiting: its status comes within moments (bounded by tick_cb). */
+      c->await_status = 1;
+      c->await_deadline = uv_now(hb->loop) + 2000;
+      uv_read_stop((uv_stream_t *)&c->pipe);
+      return;
+    }
+  }
+  conn_detach_now(c);
+}
+
+/* The HELLO of an admitted connection: the gate checked its token and answered it, so this
+ * records it, attaches the process (process_start hooks run) and corrects the gate's answer when
+ * the selection or the cadences changed since the gate's copy was published. */
 static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
   cm_wire_hello hl;
-  int rc = cm_wire_decode_hello(f, &hl);
-  cm_wire_buf b;
-  cm_wire_buf_init(&b);
-  if (rc || !hl.token || strcmp(hl.token, hb->token) != 0) {
-    fprintf(stderr, "cuptimon-lua: refusing an agent (pid %u): %s\n", rc ? 0 : hl.pid,
-            rc ? cm_wire_reader_errmsg(f->reader) : "wrong token");
-    cm_wire_write_hello_ack(&b, CM_EINVAL,
-                            rc ? "malformed HELLO"
-                               : "wrong token: this agent's CUPTIMON_TOKEN does not belong to "
-                                 "this cuptimon-lua run");
-    cm_wire_hello_release(&hl);
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    conn_send(c, &b, 1);
-    c->state = CONN_CLOSING;
-    cm_wire_buf_free(&b);
+  char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
+  int rc = cm__wsrc_frame(&c->w, f, err, sizeof err);
+  if (rc) { /* the gate decoded it already: only memory can fail here */
+    fprintf(stderr, "cuptimon-lua: agent pid %d: %s; closing its connection\n", (int)c->kpid, err);
+    conn_end(c, CM__END_ERROR);
     return;
   }
-  if (hb->rec) c->cap = cm__record_open(hb->rec, hl.pid, &hl);
-  cm_wire_hello_release(&hl);
-  char err[256] = "";
-  cm__wsrc_frame(&c->w, f, err, sizeof err);
+  /* The process table carries the kernel's pid, never the one the peer wrote. */
+  c->w.pid = (uint32_t)c->kpid;
+  if (hb->rec && cm_wire_decode_hello(f, &hl) == 0) {
+    c->cap = cm__record_open(hb->rec, (uint32_t)c->kpid, &hl);
+    cm_wire_hello_release(&hl);
+  }
+  hb->attached_any = 1;
   c->w.extra = hb->extra;
+  c->w.union_spec = c->sent_select;
+  c->sent_select = NULL;
   c->handshaking = 1;
   c->state = CONN_ACTIVE;
   rc = cm__wsrc_attach(&c->w, hb->host);
   c->handshaking = 0;
   if (rc) {
     fprintf(stderr, "cuptimon-lua: cannot attach agent pid %u: %s\n", c->w.pid, cm_strerror(rc));
-    cm_wire_write_hello_ack(&b, rc, "the monitor cannot take another process");
-    conn_send(c, &b, 1);
-    c->state = CONN_CLOSING;
-    cm_wire_buf_free(&b);
+    conn_end(c, CM__END_ERROR);
     return;
   }
-  if (c->state != CONN_ACTIVE) { /* a process_start hook ended the run */
-    cm_wire_buf_free(&b);
-    return;
+  if (c->state != CONN_ACTIVE) return; /* a process_start hook ended the run */
+  if (hb->flush_ms != c->sent_flush_ms || hb->deliver_ms != c->sent_deliver_ms) {
+    send_configure(c, hb->flush_ms != c->sent_flush_ms ? hb->flush_ms : 0,
+                   hb->deliver_ms != c->sent_deliver_ms ? hb->deliver_ms : 0);
+    c->sent_flush_ms = hb->flush_ms;
+    c->sent_deliver_ms = hb->deliver_ms;
   }
-  send_configure(c, hb->flush_ms, hb->deliver_ms);
-  free(c->w.union_spec);
-  c->w.union_spec = cm__wsrc_union(&c->w);
-  cm_wire_write_select(&b, c->w.union_spec ? c->w.union_spec : "");
-  cm_wire_write_hello_ack(&b, 0, "");
-  conn_send(c, &b, 0);
-  cm_wire_buf_free(&b);
+  char *u = cm__wsrc_union(&c->w);
+  if (u && (!c->w.union_spec || strcmp(u, c->w.union_spec) != 0)) {
+    free(c->w.union_spec);
+    c->w.union_spec = u;
+    conn_select(&c->w, u);
+  } else {
+    free(u);
+  }
 }
 
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
-  if (c->state == CONN_HANDSHAKE) {
-    if (f->type != CM_WIRE_HELLO) {
-      fprintf(stderr, "cuptimon-lua: an agent sent %s before HELLO; closing its connection\n",
-              cm_wire_type_name(f->type));
-      conn_end(c, CM__END_ERROR);
-      return;
-    }
+  if (!c->w.have_hello) { /* the gate admitted it on this very frame */
     on_hello(hb, c, f);
     return;
   }
@@ -400,6 +463,30 @@ static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
 }
 
+/* Feeds bytes to the connection's reader and handles the frames they complete. */
+static void conn_feed(hub *hb, conn *c, const void *data, size_t len) {
+  int rc = cm_wire_reader_feed(c->r, data, len);
+  cm_wire_frame f;
+  while (rc == 0 && c->state != CONN_CLOSING) {
+    rc = cm_wire_reader_next(c->r, &f);
+    if (rc == 1) {
+      on_frame(hb, c, &f);
+      rc = 0;
+    } else {
+      break;
+    }
+  }
+  if (rc == CM_ERANGE && c->state != CONN_CLOSING) {
+    fprintf(stderr, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
+            "(%s); closing its connection\n", c->w.pid, cm_wire_reader_errmsg(c->r));
+    conn_end(c, CM__END_ERROR);
+  } else if (rc < 0 && c->state != CONN_CLOSING) {
+    fprintf(stderr, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
+            c->w.pid, cm_wire_reader_errmsg(c->r));
+    conn_end(c, CM__END_ERROR);
+  }
+}
+
 static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn *c = st->data;
   hub *hb = g_hub;
@@ -411,39 +498,34 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     conn_end(c, CM__END_EOF);
     return;
   }
-  int rc = cm_wire_reader_feed(c->r, c->rbuf, (size_t)nread);
-  cm_wire_frame f;
-  while (rc == 0 && c->state != CONN_CLOSING) {
-    rc = cm_wire_reader_next(c->r, &f);
-    if (rc == 1) {
-      on_frame(hb, c, &f);
-      rc = 0;
-    } else {
-      break;
-    }
-  }
-  if (rc < 0 && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
-            c->w.pid, cm_wire_reader_errmsg(c->r));
-    conn_end(c, CM__END_ERROR);
-  }
+  conn_feed(hb, c, c->rbuf, (size_t)nread);
 }
 
 static void free_data(uv_handle_t *hd) {
   conn *c = hd->data;
   cm_wire_reader_free(c->r);
+  free(c->sent_select);
   free(c);
 }
 
-static void on_connection(uv_stream_t *server, int status) {
-  hub *hb = g_hub;
-  if (status < 0) return;
+/* Takes a connection the gate admitted: from here on the loop thread owns it. */
+static void conn_admit(hub *hb, cm__gate_conn *gc) {
   conn *c = calloc(1, sizeof *c);
-  if (!c) return;
+  if (!c) {
+    close(gc->fd);
+    return;
+  }
   cm__wsrc_init(&c->w, &conn_ops, c, "agent");
+  c->kpid = gc->pid;
+  c->sent_select = gc->select;
+  gc->select = NULL;
+  c->sent_flush_ms = gc->flush_ms;
+  c->sent_deliver_ms = gc->deliver_ms;
+  c->state = CONN_ACTIVE;
   uv_pipe_init(hb->loop, &c->pipe, 0);
   c->pipe.data = c;
-  if (uv_accept(server, (uv_stream_t *)&c->pipe) || cm_wire_reader_new(&c->r, 0)) {
+  if (uv_pipe_open(&c->pipe, gc->fd) || cm_wire_reader_new(&c->r, 0)) {
+    close(gc->fd);
     uv_close((uv_handle_t *)&c->pipe, free_data);
     return;
   }
@@ -451,12 +533,67 @@ static void on_connection(uv_stream_t *server, int status) {
   hb->conns = c;
   hb->nconns++;
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);
+  conn_feed(hb, c, gc->bytes, gc->len);
 }
 
-/* Completes flushes whose deadline passed (an agent that stopped answering). */
+static void admit_cb(uv_async_t *a) {
+  hub *hb = a->data;
+  cm__gate_conn gc;
+  while (hb->gate && cm__gate_take(hb->gate, &gc)) {
+    if (hb->finished) close(gc.fd);
+    else conn_admit(hb, &gc);
+    cm__gate_conn_release(&gc);
+  }
+}
+
+/* Runs on the gate thread. */
+static void gate_admitted(void *ud) { uv_async_send(&((hub *)ud)->admit_async); }
+
+/* Observers of the script, collected into a wire source that is never attached, for the union. */
+static int probe_observer(void *ud, uint32_t id, const cm_selection *sel, const char *spec) {
+  cm__wsrc *w = ud;
+  return w->base.vt->observe(&w->base, id, sel, spec);
+}
+
+static const cm__wsrc_ops probe_ops = {0};
+
+/* Publishes to the gate what a new agent's handshake must answer, when it changed. */
+static void publish(hub *hb) {
+  if (!hb->gate) return;
+  cm__wsrc probe;
+  memset(&probe, 0, sizeof probe);
+  cm__wsrc_init(&probe, &probe_ops, NULL, "agent");
+  probe.extra = hb->extra;
+  cm_host_each_observer(hb->host, probe_observer, &probe);
+  char *u = cm__wsrc_union(&probe);
+  cm__wsrc_release(&probe);
+  if (!u) return;
+  if (hb->published && strcmp(u, hb->published) == 0 && hb->pub_flush_ms == hb->flush_ms &&
+      hb->pub_deliver_ms == hb->deliver_ms) {
+    free(u);
+    return;
+  }
+  if (cm__gate_publish(hb->gate, u, hb->flush_ms, hb->deliver_ms) == 0) {
+    free(hb->published);
+    hb->published = u;
+    hb->pub_flush_ms = hb->flush_ms;
+    hb->pub_deliver_ms = hb->deliver_ms;
+  } else {
+    free(u);
+  }
+}
+
+/* Completes flushes whose deadline passed (an agent that stopped answering), ends the wait for
+ * an exit status that does not come, and keeps the gate's answer current. */
 static void tick_cb(uv_timer_t *t) {
   hub *hb = t->data;
   uint64_t now = uv_now(hb->loop);
+  publish(hb);
+  for (conn *c = hb->conns; c; c = c->next)
+    if (c->await_status && c->await_deadline <= now) {
+      conn_detach_now(c);
+      break; /* the list may have changed; the next tick goes on */
+    }
   for (conn *c = hb->conns; c; c = c->next)
     for (int i = 0; i < c->nflush; i++)
       if (c->flushes[i].deadline <= now) {
@@ -473,6 +610,18 @@ static void proc_exit(void *ud, int status, int64_t exit_status, int term_signal
   (void)exit_status, (void)term_signal;
   hb->proc_done = 1;
   hb->cmd_status = status;
+  int pid = cm__proc_pid(&hb->proc);
+  for (conn *c = hb->conns; c; c = c->next)
+    if (c->kpid == pid && c->w.attached) conn_set_status(c, status);
+  for (int again = 1; again;) { /* a detach runs Lua, which may change the list */
+    again = 0;
+    for (conn *c = hb->conns; c; c = c->next)
+      if (c->await_status) {
+        conn_detach_now(c);
+        again = 1;
+        break;
+      }
+  }
   maybe_finish(hb);
 }
 
@@ -546,12 +695,14 @@ static int make_socket(hub *hb) {
       return CM_EIO;
     }
     snprintf(hb->sock, sizeof hb->sock, "%s/agent.sock", hb->dir);
-    uv_pipe_init(hb->loop, &hb->server, 0);
-    hb->server_open = 1;
-    int rc = uv_pipe_bind(&hb->server, hb->sock);
-    if (!rc) rc = uv_listen((uv_stream_t *)&hb->server, 128, on_connection);
-    if (rc) {
-      fprintf(stderr, "cuptimon-lua: cannot listen on %s: %s\n", hb->sock, uv_strerror(rc));
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, hb->sock, strlen(hb->sock) + 1); /* the length was checked above */
+    hb->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    /* The directory is 0700 already; the socket itself is 0600 too, and the gate checks each
+     * peer's uid (SO_PEERCRED) besides. */
+    if (hb->listen_fd < 0 || bind(hb->listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        chmod(hb->sock, 0600) != 0 || listen(hb->listen_fd, SOMAXCONN) != 0) {
+      fprintf(stderr, "cuptimon-lua: cannot listen on %s: %s\n", hb->sock, strerror(errno));
       return CM_EIO;
     }
     return 0;
@@ -577,6 +728,7 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   g_hub = hb;
   hb->host = h;
   hb->loop = loop;
+  hb->listen_fd = -1;
   uv_timer_init(loop, &hb->spawn_timer);
   uv_timer_init(loop, &hb->drain_timer);
   uv_timer_init(loop, &hb->tick_timer);
@@ -601,7 +753,7 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
    * disposition in the command, so it still gets the default. */
   signal(SIGPIPE, SIG_IGN);
   if (req->record) {
-    int rc = cm__record_new(&hb->rec, req->record, 0);
+    int rc = cm__record_new(&hb->rec, req->record, req->force);
     if (rc) return rc;
   }
   const char *sel = req->select;
@@ -627,8 +779,30 @@ void cm__hub_start(void) {
   hub *hb = g_hub;
   /* The command starts on the loop's first turn, after the script has registered its observers,
    * so the first SELECT already holds them; a script that fails to load never starts it. */
-  if (hb && hb->live && !hb->proc.started && !hb->proc_done)
-    uv_timer_start(&hb->spawn_timer, spawn_cb, 0, 0);
+  if (!hb || !hb->live || hb->proc.started || hb->proc_done || hb->gate) return;
+  /* The gate answers handshakes from what the script has registered by now. */
+  cm__gate_options o = {
+      .token = hb->token,
+      .uid = geteuid(),
+      .hello_timeout_ms = (uint32_t)env_ms("CUPTIMON_HELLO_TIMEOUT_MS", 5000),
+      .max_pending = (uint32_t)env_ms("CUPTIMON_MAX_STARTUPS", 64),
+      .hello_max_bytes = (uint32_t)env_ms("CUPTIMON_HELLO_MAX_BYTES", 512u << 10),
+      .admitted = gate_admitted,
+      .ud = hb,
+  };
+  if (o.max_pending > 65536) o.max_pending = 65536;
+  if (o.hello_max_bytes > (64u << 20)) o.hello_max_bytes = 64u << 20;
+  if (uv_async_init(hb->loop, &hb->admit_async, admit_cb) == 0) {
+    hb->async_init = 1;
+    hb->admit_async.data = hb;
+    uv_unref((uv_handle_t *)&hb->admit_async);
+  }
+  if (!hb->async_init || cm__gate_start(&hb->gate, hb->listen_fd, &o) != 0) {
+    fprintf(stderr, "cuptimon-lua: cannot start the handshake thread; the command runs untraced\n");
+    hb->gate = NULL;
+  }
+  publish(hb);
+  uv_timer_start(&hb->spawn_timer, spawn_cb, 0, 0);
 }
 
 int cm__hub_signal(int signum) {
@@ -666,6 +840,8 @@ int cm__hub_finished(int *status) {
   hub *hb = g_hub;
   if (!hb || !hb->finished) return 0;
   if (status) *status = hb->live ? hb->cmd_status : hb->status;
+  /* A capture that could not be written fails a run that otherwise succeeded. */
+  if (status && *status == 0 && cm__record_failures(hb->rec)) *status = 1;
   return 1;
 }
 
@@ -677,14 +853,12 @@ void cm__hub_free(void) {
   hub *hb = g_hub;
   if (!hb) return;
   cm__replay_free();
+  stop_gate(hb);
   /* Connections still open (the script ended first): close them and let the loop run their
    * close callbacks, which write the capture summaries. */
   for (conn *c = hb->conns; c; c = c->next)
     if (!uv_is_closing((uv_handle_t *)&c->pipe)) conn_close(c);
-  if (hb->server_open) {
-    uv_close((uv_handle_t *)&hb->server, NULL);
-    hb->server_open = 0;
-  }
+  if (hb->async_init) close_if_open((uv_handle_t *)&hb->admit_async);
   if (hb->timers_init) {
     close_if_open((uv_handle_t *)&hb->spawn_timer);
     close_if_open((uv_handle_t *)&hb->drain_timer);
@@ -693,7 +867,9 @@ void cm__hub_free(void) {
   }
   uv_run(hb->loop, UV_RUN_NOWAIT);
   uv_run(hb->loop, UV_RUN_NOWAIT);
-  cm__record_free(hb->rec);
+  cm__record_free(hb->rec, hb->live && hb->proc.started && !hb->attached_any);
+  cm__gate_free(hb->gate);
+  free(hb->published);
   if (hb->sock[0]) unlink(hb->sock);
   if (hb->dir[0]) rmdir(hb->dir);
   cm_selection_free(hb->extra);

@@ -192,7 +192,7 @@ static void ws_describe(cm_source *s, lua_State *L, int exiting) {
   if (!exiting) return;
   lua_pushstring(L, end_name(w->end));
   lua_setfield(L, -2, "status");
-  if (w->end == CM__END_BYE) {
+  if (w->end == CM__END_BYE || w->exit_known) {
     lua_pushinteger(L, w->exit_code);
     lua_setfield(L, -2, "exit_code");
   }

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <luajit.h>
 #include <uv.h>
 
 #include "cuptimon.h"
@@ -46,11 +47,13 @@ static void usage(FILE *out) {
 "                    processes replay concurrently, merged in timestamp order, as fast as the\n"
 "                    script consumes. A truncated or corrupt capture replays up to its last good\n"
 "                    frame with a warning naming the byte offset.\n"
-"  --record CAPTURE  writes every agent's frames to CAPTURE (%%p in the path becomes the pid;\n"
-"                    without %%p the first process gets CAPTURE, later ones CAPTURE.<pid>), with\n"
-"                    or without a script, and prints a summary line per capture.\n"
+"  --record CAPTURE  writes every agent's frames to one new file per process: %%p in CAPTURE\n"
+"                    becomes the pid (without %%p the pid goes before the extension:\n"
+"                    run.cmcap -> run.<pid>.cmcap), with or without a script, and prints a\n"
+"                    summary line per capture. Existing files are refused (see --force).\n"
 "Without `-- cmd` or --replay, the script observes this process through the in-process engine\n"
-"(embedding, tests with the fake CUPTI). A script runs unchanged in all three modes.\n"
+"(embedding, tests with the fake CUPTI); a script whose observers saw nothing at all there\n"
+"fails with a hint. A script runs unchanged in all three modes.\n"
 "\n");
   /* Split so that no string literal passes the 4095 bytes C99 compilers must support. */
   fprintf(out,
@@ -60,6 +63,7 @@ static void usage(FILE *out) {
 "                    0 when it is valid, 1 with the message otherwise\n"
 "  --replay FILE     replay a capture (repeatable)\n"
 "  --record FILE     record what the command's agents send to a capture FILE\n"
+"  --force           let --record replace existing regular files\n"
 "  --select SPEC     also trace SPEC (\"kernel:name,start,stop;memcpy\") in the command; the\n"
 "                    default for --record with no script is\n"
 "                    kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data\n"
@@ -116,7 +120,7 @@ static void usage(FILE *out) {
 }
 
 static void version(void) {
-  printf("cuptimon-lua %s (LuaJIT, libuv %s)\n", cm_version(), uv_version_string());
+  printf("cuptimon-lua %s (%s, libuv %s)\n", cm_version(), LUAJIT_VERSION, uv_version_string());
 }
 
 static cm_host *g_host;
@@ -167,6 +171,8 @@ int main(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "--check") == 0) {
       check = 1;
+    } else if (strcmp(a, "--force") == 0) {
+      req.force = 1;
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--replay") == 0 || strcmp(a, "--record") == 0 ||
                strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0) {
       if (i + 1 >= argc) {
@@ -221,6 +227,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cuptimon-lua: --record needs a command: cuptimon-lua --record FILE [script] -- cmd\n");
     return EXIT_USAGE;
   }
+  if (req.force && !req.record) {
+    fprintf(stderr, "cuptimon-lua: --force applies to --record\n");
+    return EXIT_USAGE;
+  }
   if (req.select && !req.cmd) {
     fprintf(stderr, "cuptimon-lua: --select applies to a command: it needs `-- cmd`\n");
     return EXIT_USAGE;
@@ -266,9 +276,10 @@ int main(int argc, char **argv) {
   if (!failed && script) failed = cm_host_run_script(h, script, script_argc, script_argv) != 0;
 
   int status = failed ? 1 : 0;
+  /* At function scope: the loop finishes closing them later, in cm_host_free's last turns. */
+  uv_signal_t sigint, sigterm;
   if (!failed && !check) {
     cm__hub_start();
-    uv_signal_t sigint, sigterm;
     uv_signal_init(&loop, &sigint);
     uv_signal_init(&loop, &sigterm);
     uv_signal_start(&sigint, on_signal, SIGINT);
@@ -285,6 +296,14 @@ int main(int argc, char **argv) {
   }
   int asked = 0;
   int requested = cm_host_exit_requested(h, &asked);
+  /* A script that observes, run with no command and no capture, watches this process only: when
+   * its observers saw nothing at all (the in-process engine, source 1, was never handed a
+   * buffer), the likely mistake is a missing `-- cmd`; say so and fail rather than print an
+   * empty report with status 0. Scripts that observe nothing, or chose their status, are fine. */
+  cm_stats inproc;
+  int nothing_traced = !failed && !check && !wants_hub && !requested &&
+                       cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
+                       inproc.records_decoded == 0 && inproc.records_delivered == 0;
   int hub_status = 0;
   int hub_done = cm__hub_finished(&hub_status);
   int shut = cm_host_shutdown(h);
@@ -296,6 +315,12 @@ int main(int argc, char **argv) {
    * the run fail, so a broken script never looks like a clean one. A failing command's own
    * status is kept. */
   if (!requested && status == 0 && cm_host_error_count(h)) status = 1;
+  if (nothing_traced) {
+    fprintf(stderr, "cuptimon-lua: the script observed nothing: there is no command to monitor. "
+            "Run `cuptimon-lua %s -- cmd args...` to monitor a program, or `cuptimon-lua --replay "
+            "CAPTURE %s` to read a capture\n", script ? script : "SCRIPT", script ? script : "SCRIPT");
+    if (status == 0) status = 1;
+  }
   cm_host_free(h);
   cm__hub_free();
   uv_walk(&loop, close_walk, NULL);
