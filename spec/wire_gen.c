@@ -266,6 +266,8 @@ static int idle(int n, int hold_ms, const char *ready) {
     usleep(20000);
   }
   printf("wire_gen: idle opened=%d closed=%d\n", opened, closed);
+  free(done);
+  free(fds);
   return 0;
 }
 
@@ -310,13 +312,19 @@ static int agent(const char *token, int garbage, int exit_code, uint64_t oversiz
     }
   }
   fprintf(stderr, "wire_gen: real_pid=%d handshake_ms=%.0f\n", (int)getpid(), now_ms() - t0);
-  if (status) return 4;
+  if (status) {
+    cm_wire_buf_free(&b);
+    cm_wire_reader_free(rd);
+    cm_selection_free(sel);
+    return 4;
+  }
   if (big) {
     uint8_t h[24];
     claim_header(h, CM_WIRE_BATCH, big);
     if (write(sock_fd, h, sizeof h) != (ssize_t)sizeof h) return 3;
     int c = closed_within(sock_fd, 3000);
     printf("wire_gen: big frame %s\n", c ? "closed by the monitor" : "still open after 3 s");
+    cm_wire_buf_free(&b);
     return c ? 0 : 5;
   }
   strings(&b);
@@ -353,6 +361,9 @@ static int agent(const char *token, int garbage, int exit_code, uint64_t oversiz
   }
   cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, "");
   send_buf(&b);
+  cm_wire_buf_free(&b);
+  cm_wire_reader_free(rd);
+  cm_selection_free(sel);
   close(sock_fd);
   printf("wire_gen: pid=%u sent=%llu\n", pid, (unsigned long long)sent);
   return exit_code;

@@ -42,6 +42,8 @@ typedef struct cm__gate_options {
   uint32_t max_pending;      /* connections waiting for their HELLO at once; 0: 64 */
   uint32_t hello_max_bytes;  /* the cap on the HELLO frame's payload; 0: 512 KiB */
   cm__gate_cred_fn cred;     /* NULL: SO_PEERCRED */
+  const char *select;        /* the first answer (copied), until cm__gate_publish: see there */
+  uint32_t flush_ms, deliver_ms;
   /* Runs on the gate thread after a connection was admitted (the hub's uv_async_send). */
   void (*admitted)(void *ud);
   void *ud;

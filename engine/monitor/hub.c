@@ -2,20 +2,28 @@
  * hub.c: the live-agent hub of cuptimon-lua: `cuptimon-lua script.lua -- cmd args...` and
  * `cuptimon-lua --record FILE -- cmd`.
  *
- * Design note. The hub creates a private 0700 directory (mkdtemp) holding a unix socket, and a
- * per-run token of 128 random bits. It starts the command with uv_spawn (stdio inherited) and the
- * injection variables of the agent contract: CUDA_INJECTION64_PATH and NVTX_INJECTION64_PATH name
+ * Design note. The hub creates a private 0700 directory (mkdtemp) holding a 0600 unix socket,
+ * and a per-run token of 128 random bits. It starts the command (supervise.c) with the injection
+ * variables of the agent contract: CUDA_INJECTION64_PATH and NVTX_INJECTION64_PATH name
  * libcuptimon-agent.so, CUPTIMON_SOCKET and CUPTIMON_TOKEN say where and how to connect. Every
- * CUDA process of the job (children included: they inherit the environment) connects; each
- * connection is a wire source (hub_source.c) attached to the host once its HELLO carries the
- * right token. The handshake follows docs/wire.md: on HELLO the hub answers CONFIGURE (when the
- * script set cadences), SELECT (the union of every observer's selection, plus --select) and
- * HELLO_ACK. Later selection changes are sent to every live agent as new SELECT frames.
+ * CUDA process of the job (children included: they inherit the environment) connects.
+ *
+ * Handshakes are the gate's (gate.c), a thread of their own: the agent waits for the answer
+ * inside the application's cuInit, and the loop thread may be busy in the script for seconds.
+ * The gate checks the peer's uid (SO_PEERCRED), reads only the HELLO (capped before the peer is
+ * authenticated), compares the token in constant time, and answers CONFIGURE (when the script set
+ * cadences), SELECT (the union of every observer's selection, plus --select) and HELLO_ACK from
+ * what this file last published (publish(): at start and on every tick); idle or hostile
+ * connections are closed by its deadline and its cap and never reach this file. An admitted
+ * connection comes here through a uv_async: it becomes a wire source (hub_source.c) named by the
+ * kernel's pid, is attached to the host (process_start hooks run), and gets a corrective SELECT or
+ * CONFIGURE when the gate's copy was stale. Later selection changes are sent to every live agent
+ * as new SELECT frames.
  *
  * Bytes come from uv_read callbacks into a per-connection wire reader, whose frames are handled
- * in place: a BATCH is delivered straight from the reader's buffer. A corrupt stream closes that
- * agent's connection with a message naming the byte offset; the monitor and the other agents
- * go on.
+ * in place: a BATCH is delivered straight from the reader's buffer. A corrupt stream, or a frame
+ * over the wire format's size limit, closes that agent's connection with a message naming the
+ * byte offset; the monitor and the other agents go on.
  *
  * Flushes: the host asks each source to flush; the hub sends FLUSH{id, sync} and calls the host's
  * done when FLUSH_DONE{id} comes back, when the agent goes away, or when the deadline (the
@@ -23,16 +31,18 @@
  * script's done once every source has answered.
  *
  * The end: when the command exits, the hub waits (at most CUPTIMON_DRAIN_MS, 5 s by default) for
- * the connected agents to send BYE or close, then stops the loop; cuptimon-lua then runs the
- * final flush and the script's exit hooks and exits with the command's status (128 + signal when
- * a signal killed it). SIGINT and SIGTERM are forwarded to the command, followed by SIGKILL after
- * a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default); a second signal sends SIGKILL at once.
+ * the connected agents (and those the gate has admitted but this file has not taken yet) to send
+ * BYE or close, then stops the loop; cuptimon-lua then runs the final flush and the script's exit
+ * hooks and exits with the command's status (128 + signal when a signal killed it). The command's
+ * own process reports that status in process_exit: when its agent says BYE first, its detach
+ * waits (at most 2 s) for the status the supervisor reaps. SIGINT and SIGTERM are forwarded to
+ * the command, followed by SIGKILL after a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default);
+ * a second signal sends SIGKILL at once.
  *
- * --record writes every agent's frames to a capture per process (record.c); the command's
- * spawn, signals and exit status are supervise.c's.
+ * --record writes every agent's frames to a capture per process (record.c).
  *
- * Threads: everything runs on the loop thread; no other thread exists in the monitor besides
- * libuv's own. Ownership: the hub is a singleton owned by lua_main.c through cm__main_attach and
+ * Threads: the loop thread, and the gate's thread, which shares only the gate's locked state
+ * (gate.h). Ownership: the hub is a singleton owned by lua_main.c through cm__main_attach and
  * cm__hub_free; a connection is freed in its pipe's close callback, after the host has detached
  * its source.
  */
@@ -557,9 +567,8 @@ static int probe_observer(void *ud, uint32_t id, const cm_selection *sel, const 
 
 static const cm__wsrc_ops probe_ops = {0};
 
-/* Publishes to the gate what a new agent's handshake must answer, when it changed. */
-static void publish(hub *hb) {
-  if (!hb->gate) return;
+/* The union selection a process attached now would get, or NULL (out of memory). */
+static char *current_union(hub *hb) {
   cm__wsrc probe;
   memset(&probe, 0, sizeof probe);
   cm__wsrc_init(&probe, &probe_ops, NULL, "agent");
@@ -567,6 +576,13 @@ static void publish(hub *hb) {
   cm_host_each_observer(hb->host, probe_observer, &probe);
   char *u = cm__wsrc_union(&probe);
   cm__wsrc_release(&probe);
+  return u;
+}
+
+/* Publishes to the gate what a new agent's handshake must answer, when it changed. */
+static void publish(hub *hb) {
+  if (!hb->gate) return;
+  char *u = current_union(hb);
   if (!u) return;
   if (hb->published && strcmp(u, hb->published) == 0 && hb->pub_flush_ms == hb->flush_ms &&
       hb->pub_deliver_ms == hb->deliver_ms) {
@@ -797,11 +813,15 @@ void cm__hub_start(void) {
     hb->admit_async.data = hb;
     uv_unref((uv_handle_t *)&hb->admit_async);
   }
-  if (!hb->async_init || cm__gate_start(&hb->gate, hb->listen_fd, &o) != 0) {
+  /* The first answer is set before the thread starts, so no handshake ever gets none. */
+  hb->published = current_union(hb);
+  o.select = hb->published;
+  o.flush_ms = hb->pub_flush_ms = hb->flush_ms;
+  o.deliver_ms = hb->pub_deliver_ms = hb->deliver_ms;
+  if (!hb->async_init || !hb->published || cm__gate_start(&hb->gate, hb->listen_fd, &o) != 0) {
     fprintf(stderr, "cuptimon-lua: cannot start the handshake thread; the command runs untraced\n");
     hb->gate = NULL;
   }
-  publish(hb);
   uv_timer_start(&hb->spawn_timer, spawn_cb, 0, 0);
 }
 

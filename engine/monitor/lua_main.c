@@ -102,6 +102,10 @@ static void usage(FILE *out) {
 "                      binary, then ../lib/libcuptimon-agent.so)\n"
 "  CUPTIMON_DRAIN_MS   how long to wait for agents after the command exits (default 5000)\n"
 "  CUPTIMON_KILL_GRACE_MS  after Control-C, how long before the command gets SIGKILL (3000)\n"
+"  CUPTIMON_HELLO_TIMEOUT_MS  a connection that sends no valid HELLO in time is closed (5000)\n"
+"  CUPTIMON_MAX_STARTUPS      connections waiting for their HELLO at once; more close the\n"
+"                             oldest (64)\n"
+"  CUPTIMON_HELLO_MAX_BYTES   the largest HELLO accepted before the handshake (524288)\n"
 "  CUPTIMON_LIBCUPTI   path of the libcupti to load (default: libcupti.so.13, CUDA_HOME,\n"
 "                      /usr/local/cuda); passed on to the command\n"
 "  CUPTIMON_LIBCUDA    path of the libcuda the fence uses (tests use the fake CUPTI here)\n"
@@ -113,10 +117,12 @@ static void usage(FILE *out) {
 "  CUPTIMON_TOKEN (a private socket and a per-run token) on top of this environment.\n"
 "\n"
 "Exit status: with `-- cmd`, the command's status (128 + signal if a signal killed it; 127\n"
-"when it cannot be run), or 1 when it exited 0 but the script raised errors; the script's\n"
+"when it cannot be run), or 1 when it exited 0 but the script raised errors or a --record\n"
+"capture could not be written; the script's\n"
 "cm.exit()/os.exit() status when it chose one. Without a command: 0 when the loop runs out of\n"
-"work or the replay ends, 1 on a script error or an unreadable capture (a truncated or corrupt\n"
-"one only warns), 2 on a usage error, 130 after Control-C.\n");
+"work or the replay ends, 1 on a script error, an unreadable capture (a truncated or corrupt\n"
+"one only warns) or a script whose observers saw nothing, 2 on a usage error, 130 after\n"
+"Control-C.\n");
 }
 
 static void version(void) {

@@ -21,13 +21,13 @@
 #include "gate.h"
 
 static char sock_path[108];
-static volatile uid_t fake_uid;
-static volatile pid_t fake_pid = 4242;
+/* Set by the test, read on the gate thread. */
+static _Atomic unsigned fake_uid;
 
 static int fake_cred(int fd, pid_t *pid, uid_t *uid) {
   (void)fd;
-  *pid = fake_pid;
-  *uid = fake_uid;
+  *pid = 4242;
+  *uid = (uid_t)fake_uid;
   return 0;
 }
 
