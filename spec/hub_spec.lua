@@ -108,11 +108,12 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
   end)
 
   it("records every agent's frames and replays them to the same output", function()
-    local cap = tmp .. "/rec.cmcap"
+    local cap = tmp .. "/rec.%p.cmcap"
     local rc1, live = helpers.sh(("%s%s --record %s %s -- %s agent --records 4000 --kinds kernel,memcpy")
       :format(synth, bin, cap, script("count.lua"), gen))
     assert.are.equal(0, rc1, live)
-    assert.matches("recorded .*rec%.cmcap: %d+ frames, %d+ batches, 8000 records, 7 dropped", live)
+    assert.matches("recorded .*rec%.%d+%.cmcap: %d+ frames, %d+ batches, 8000 records, 7 dropped", live)
+    cap = live:match("recorded (%S+): ")
     local rc2, replay = helpers.sh(("%s --replay %s %s"):format(bin, cap, script("count.lua")))
     assert.are.equal(0, rc2, replay)
     local table_of = function(s) return s:match("(kind%s+records\n.-total%s+%d+)") end
@@ -125,10 +126,11 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
       :format(gen, gen)
     local rc, out = helpers.sh(("%s%s --record %s -- %s"):format(synth, bin, cap, cmd))
     assert.are.equal(0, rc, out)
+    assert.matches("has no %%p: each process is written to its own file, .*norec%.<pid>%.cmcap", out)
     local n = 0
-    for _ in out:gmatch("recorded [^\n]*norec%.cmcap[^\n]*") do n = n + 1 end
+    for _ in out:gmatch("recorded [^\n]*norec%.%d+%.cmcap[^\n]*") do n = n + 1 end
     assert.are.equal(2, n, out)
-    local _, files = helpers.sh("ls " .. tmp .. "/norec.cmcap*")
+    local _, files = helpers.sh("ls " .. tmp .. "/norec.*.cmcap")
     local reps = {}
     for path in files:gmatch("%S+") do reps[#reps + 1] = "--replay " .. path end
     assert.are.equal(2, #reps, files)
@@ -229,14 +231,24 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   end)
 
   it("gives the same output on --record then --replay", function()
-    local cap = tmp .. "/app.cmcap"
+    local cap = tmp .. "/app.%p.cmcap"
     local rc1, live = helpers.sh(("%s --record %s %s -- %s --records 20000 --threads 2 --kinds kernel,memcpy")
       :format(bin, cap, script("count.lua"), app))
     assert.are.equal(0, rc1, live)
+    cap = assert(live:match("recorded (%S+): "), live)
     local rc2, replay = helpers.sh(("%s --replay %s %s"):format(bin, cap, script("count.lua")))
     assert.are.equal(0, rc2, replay)
     local table_of = function(s) return s:match("(kind%s+records\n.-total%s+%d+)") end
     assert.are.equal(table_of(live), table_of(replay))
+  end)
+
+  it("reports the command's real exit status in process_exit (issue 9, item 15)", function()
+    local rc, out = helpers.sh(("%s %s -- %s --records 1000 --exit-code 7"):format(bin, fixture("exit_codes.lua"), app))
+    assert.are.equal(7, rc, out)
+    assert.matches("exit pid=%d+ status=exit exit_code=7\n", out)
+    rc, out = helpers.sh(("%s %s -- %s --records 1000"):format(bin, fixture("exit_codes.lua"), app))
+    assert.are.equal(0, rc, out)
+    assert.matches("exit pid=%d+ status=exit exit_code=0\n", out)
   end)
 
   it("counts two concurrent processes separately", function()
@@ -244,6 +256,167 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     local rc, out = helpers.sh(("%s %s --per-process -- %s"):format(bin, script("count.lua"), cmd))
     assert.are.equal(0, rc, out)
     assert.matches("kind%s+records\nconcurrent_kernel%s+8000", out)
+  end)
+end)
+
+-- Issue 9: the hub's data-loss, hang and access paths, each with a test that failed before.
+describe("cuptimon-lua hub hardening (synthetic agents)", function()
+  if not gen then
+    pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+    return
+  end
+  local count = script("count.lua")
+  local function now() return require("luv").hrtime() / 1e6 end
+
+  it("names each capture by the kernel's pid and never shares a file (item 1)", function()
+    local d = tmp .. "/i1"
+    os.execute("mkdir -p " .. d)
+    -- Both agents claim pid 4242 in their HELLO; the captures must carry their real pids.
+    local cmd = ("sh -c '%s agent --pid 4242 --records 3000 --kinds kernel & %s agent --pid 4242 --records 5000 --kinds kernel; wait'")
+      :format(gen, gen)
+    local rc, out = helpers.sh(("%s%s --record %s/run.%%p.cmcap -- %s"):format(synth, bin, d, cmd))
+    assert.are.equal(0, rc, out)
+    local real = {}
+    for p in out:gmatch("real_pid=(%d+)") do real[#real + 1] = p end
+    assert.are.equal(2, #real, out)
+    assert.is_nil(io.open(d .. "/run.4242.cmcap"), "no capture named by the HELLO's pid")
+    local counts = {}
+    for _, p in ipairs(real) do
+      local rc2, rep = helpers.sh(("%s --replay %s/run.%s.cmcap %s"):format(bin, d, p, count))
+      assert.are.equal(0, rc2, rep)
+      counts[#counts + 1] = tonumber(rep:match("total%s+(%d+)"))
+    end
+    table.sort(counts)
+    assert.are.same({ 3000, 5000 }, counts)
+  end)
+
+  it("checks that captures can be created before the command runs (item 1)", function()
+    local rc, out = helpers.sh(("%s%s --record %s/no/such/dir/x.%%p.cmcap -- sh -c 'echo COMMAND RAN'")
+      :format(synth, bin, tmp))
+    assert.are.equal(2, rc, out)
+    assert.matches("cannot create files in .*no/such/dir: No such file or directory", out)
+    assert.is_nil(out:match("COMMAND RAN"), out)
+  end)
+
+  it("refuses an existing capture unless --force, creates new ones 0600, never follows a symlink (item 4)", function()
+    local d = tmp .. "/i4"
+    os.execute("mkdir -p " .. d .. " && echo keep > " .. d .. "/target")
+    -- `exec` keeps the shell's pid, so $$ is the agent's pid: the file is there before it connects.
+    local function run(prep, force)
+      return helpers.sh(("cd %s && %s%s --record %s/c.%%p.cmcap %s -- sh -c '%s; exec %s agent --records 1000 --kinds kernel'")
+        :format(d, synth, bin, d, force and "--force" or "", prep, gen))
+    end
+    local rc, out = run("echo old > c.$$.cmcap")
+    assert.are.equal(1, rc, out)
+    assert.matches("not recording pid %d+: .*c%.%d+%.cmcap exists %(%-%-force replaces it%)", out)
+    local pid = out:match("not recording pid (%d+)")
+    local f = assert(io.open(d .. "/c." .. pid .. ".cmcap"))
+    assert.are.equal("old\n", f:read("*a"))
+    f:close()
+    rc, out = run("echo old > c.$$.cmcap; chmod 666 c.$$.cmcap", true)
+    assert.are.equal(0, rc, out)
+    local path = assert(out:match("recorded (%S+): %d+ frames, %d+ batches, 1000 records"), out)
+    local _, mode = helpers.sh("stat -c %a " .. path)
+    assert.are.equal("600", mode:match("%d+"))
+    rc, out = run("ln -s target c.$$.cmcap", true)
+    assert.are.equal(1, rc, out)
+    assert.matches("not recording pid %d+: .* is a symbolic link", out)
+    f = assert(io.open(d .. "/target"))
+    assert.are.equal("keep\n", f:read("*a"))
+    f:close()
+  end)
+
+  it("refuses a FIFO, at start and per process, without hanging (item 8)", function()
+    local d = tmp .. "/i8"
+    os.execute("mkdir -p " .. d .. " && mkfifo " .. d .. "/fifo")
+    local t0 = now()
+    local rc, out = helpers.sh(("%stimeout -s KILL 20 %s --record %s/fifo -- %s agent --records 100")
+      :format(synth, bin, d, gen))
+    assert.are.equal(2, rc, out)
+    assert.matches("%-%-record .*fifo: it is a FIFO; a capture must be a regular file", out)
+    rc, out = helpers.sh(("cd %s && %stimeout -s KILL 20 %s --record %s/p.%%p.cmcap -- sh -c 'mkfifo p.$$.cmcap; exec %s agent --records 1000 --kinds kernel'")
+      :format(d, synth, bin, d, gen))
+    assert.are.equal(1, rc, out)
+    assert.matches("not recording pid %d+: .*p%.%d+%.cmcap is a FIFO", out)
+    assert.is_true(now() - t0 < 15000, "no hang")
+  end)
+
+  it("says so when --record saw no CUDA process (item 15)", function()
+    local rc, out = helpers.sh(("%s%s --record %s/none.%%p.cmcap -- true"):format(synth, bin, tmp))
+    assert.are.equal(0, rc, out)
+    assert.matches("no CUDA process connected, so nothing was recorded", out)
+  end)
+
+  it("closes idle connections at the handshake deadline (item 9)", function()
+    local rc, out = helpers.sh(("CUPTIMON_HELLO_TIMEOUT_MS=300 %s%s %s -- %s idle 5 --hold-ms 4000")
+      :format(synth, bin, count, gen))
+    assert.are.equal(0, rc, out)
+    assert.matches("wire_gen: idle opened=5 closed=5", out)
+    assert.matches("sent no valid HELLO within 300 ms", out)
+  end)
+
+  it("lets idle connections neither delay the end nor print lines (item 9)", function()
+    local ready = tmp .. "/i9a.ready"
+    local cmd = ("sh -c '%s idle 50 --hold-ms 8000 --ready %s >/dev/null 2>&1 & while [ ! -e %s ]; do sleep 0.02; done; exec %s agent --records 2000 --kinds kernel'")
+      :format(gen, ready, ready, gen)
+    local t0 = now()
+    local rc, out = helpers.sh(("%s%s %s -- %s"):format(synth, bin, count, cmd))
+    local took = now() - t0
+    assert.are.equal(0, rc, out)
+    assert.matches("total%s+2000", out)
+    assert.is_nil(out:match("still connected"), out)
+    assert.is_true(took < 4000, ("the run took %d ms"):format(took))
+  end)
+
+  it("serves the real agent despite 1100 idle connections (item 9)", function()
+    local ready = tmp .. "/i9b.ready"
+    -- The monitor gets 256 descriptors; the idle peer raises its own limit.
+    local cmd = ("sh -c 'ulimit -Sn 4096; %s idle 1100 --hold-ms 8000 --ready %s >/dev/null 2>&1 & while [ ! -e %s ]; do sleep 0.02; done; exec %s agent --records 5000 --kinds kernel'")
+      :format(gen, ready, ready, gen)
+    local rc, out = helpers.sh(("ulimit -Sn 256; %s%s %s -- %s"):format(synth, bin, count, cmd))
+    assert.are.equal(0, rc, out)
+    assert.matches("total%s+5000", out)
+    assert.is_nil(out:match("still connected"), out)
+  end)
+
+  it("caps a frame before HELLO and closes with a message (item 12)", function()
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --oversize-hello 1073741824"):format(synth, bin, count, gen))
+    assert.are.equal(0, rc, out)
+    assert.matches("its HELLO declares 1073741824 bytes, over the cap of 524288 bytes before the handshake", out)
+    assert.matches("wire_gen: oversized HELLO closed by the monitor", out)
+  end)
+
+  it("caps a frame after HELLO at the wire format's maximum, with a message (item 12)", function()
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --big-frame 1073741832"):format(synth, bin, count, gen))
+    assert.are.equal(0, rc, out)
+    assert.matches("agent pid %d+ sent a frame over the wire format's size limit", out)
+    assert.matches("wire_gen: big frame closed by the monitor", out)
+  end)
+
+  it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()
+    local rc, out = helpers.sh(("%s%s %s -- sh -c 'stat -c mode=%%a \"$CUPTIMON_SOCKET\"'"):format(synth, bin, count))
+    assert.are.equal(0, rc, out)
+    assert.matches("mode=600", out)
+    rc, out = helpers.sh(("%s%s %s -- %s agent --pid 4242 --records 100 --kinds kernel")
+      :format(synth, bin, fixture("hub_events.lua"), gen))
+    assert.are.equal(0, rc, out)
+    local real = assert(out:match("real_pid=(%d+)"), out)
+    assert.matches("start pid=" .. real .. " ", out)
+    assert.is_nil(out:match("start pid=4242"), out)
+  end)
+
+  it("answers a handshake while the script is busy (item 7)", function()
+    local marker = tmp .. "/i7.busy"
+    local cmd = ("sh -c '%s agent --records 2000 --kinds kernel & while [ ! -e %s ]; do sleep 0.02; done; %s agent --records 10 --kinds kernel; wait'")
+      :format(gen, marker, gen)
+    local rc, out = helpers.sh(("SLOW_MARKER=%s %s%s %s -- %s"):format(marker, synth, bin, fixture("slow_observer.lua"), cmd))
+    assert.are.equal(0, rc, out)
+    assert.matches("records=2010", out)
+    local times = {}
+    for ms in out:gmatch("handshake_ms=(%d+)") do times[#times + 1] = tonumber(ms) end
+    assert.are.equal(2, #times, out)
+    -- The observer holds the loop for 3 s; the second handshake must not wait for it.
+    assert.is_true(times[2] < 1000, out)
   end)
 end)
 

@@ -4,6 +4,8 @@
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
+ *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
+ *   wire_gen idle N [--hold-ms MS] [--ready FILE]
  *
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
  * stop = start + 500 + (i % 7) * 100 (end, completed likewise), string fields cycle over three
@@ -13,12 +15,24 @@
  * The agent mode follows docs/wire.md: HELLO (with CUPTIMON_TOKEN, or --token) and SCHEMA, then
  * it waits for HELLO_ACK, applying SELECT; it sends the records of the selected kinds that are in
  * --kinds, answers FLUSH with FLUSH_DONE, and ends with STATS and BYE. --garbage sends a corrupt
- * frame after the first batch. It exits with --exit-code. Single-threaded, blocking I/O.
+ * frame after the first batch. It exits with --exit-code. Single-threaded, blocking I/O. It
+ * prints how long the handshake took ("handshake_ms=") and its real pid (--pid only changes the
+ * pid its HELLO claims). --oversize-hello sends, instead of HELLO, a valid HELLO header that
+ * declares BYTES of payload, and reports whether the monitor closed the connection;
+ * --big-frame sends such a header (a BATCH) after the handshake.
+ *
+ * The idle mode opens N connections to CUPTIMON_SOCKET that never send anything (non-blocking
+ * connects; failures are counted), creates --ready FILE once they are open, holds them for
+ * --hold-ms (default 3000), and prints how many the monitor closed meanwhile.
  */
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -180,7 +194,84 @@ static void apply_select(const cm_wire_frame *f) {
   fprintf(stderr, "wire_gen: pid %u SELECT %s\n", pid, spec);
 }
 
-static int agent(const char *token, int garbage, int exit_code) {
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+/* Writes a frame header of `type` that declares `len` payload bytes, with a valid header crc. */
+static void claim_header(uint8_t h[24], uint32_t type, uint64_t len) {
+  memset(h, 0, 24);
+  h[0] = 'C';
+  h[1] = 'M';
+  h[2] = 1;
+  h[4] = (uint8_t)type;
+  h[5] = (uint8_t)(type >> 8);
+  for (int i = 0; i < 8; i++) h[8 + i] = (uint8_t)(len >> (8 * i));
+  uint32_t crc = cm_wire_crc32c(0, h, 20);
+  for (int i = 0; i < 4; i++) h[20 + i] = (uint8_t)(crc >> (8 * i));
+}
+
+/* Waits up to `ms` for the peer to close; returns 1 when it did. */
+static int closed_within(int fd, int ms) {
+  double end = now_ms() + ms;
+  for (;;) {
+    int left = (int)(end - now_ms());
+    if (left <= 0) return 0;
+    struct pollfd pf = {.fd = fd, .events = POLLIN};
+    if (poll(&pf, 1, left) <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(fd, buf, sizeof buf);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) return 1;
+  }
+}
+
+static int idle(int n, int hold_ms, const char *ready) {
+  const char *path = getenv("CUPTIMON_SOCKET");
+  if (!path) {
+    fprintf(stderr, "wire_gen: CUPTIMON_SOCKET is not set\n");
+    return 2;
+  }
+  int *fds = calloc((size_t)n, sizeof *fds);
+  int opened = 0;
+  struct sockaddr_un sa = {.sun_family = AF_UNIX};
+  snprintf(sa.sun_path, sizeof sa.sun_path, "%s", path);
+  for (int i = 0; i < n; i++) {
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    if (fd < 0) break;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0) {
+      close(fd);
+      continue;
+    }
+    fds[opened++] = fd;
+  }
+  if (ready) {
+    FILE *f = fopen(ready, "w");
+    if (f) fclose(f);
+  }
+  double end = now_ms() + hold_ms;
+  int closed = 0;
+  char *done = calloc((size_t)opened + 1, 1);
+  while (now_ms() < end && closed < opened) {
+    for (int i = 0; i < opened; i++) {
+      if (done[i]) continue;
+      char b;
+      ssize_t r = read(fds[i], &b, 1);
+      if (r == 0 || (r < 0 && errno != EAGAIN)) {
+        done[i] = 1;
+        closed++;
+      }
+    }
+    usleep(20000);
+  }
+  printf("wire_gen: idle opened=%d closed=%d\n", opened, closed);
+  free(done);
+  free(fds);
+  return 0;
+}
+
+static int agent(const char *token, int garbage, int exit_code, uint64_t oversize, uint64_t big) {
   const char *path = getenv("CUPTIMON_SOCKET");
   if (!token) token = getenv("CUPTIMON_TOKEN");
   if (!path || !token) {
@@ -197,6 +288,15 @@ static int agent(const char *token, int garbage, int exit_code) {
   cm_wire_reader_new(&rd, 0);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
+  if (oversize) {
+    uint8_t h[24];
+    claim_header(h, CM_WIRE_HELLO, oversize);
+    if (write(sock_fd, h, sizeof h) != (ssize_t)sizeof h) return 3;
+    int c = closed_within(sock_fd, 3000);
+    printf("wire_gen: oversized HELLO %s\n", c ? "closed by the monitor" : "still open after 3 s");
+    return c ? 0 : 5;
+  }
+  double t0 = now_ms();
   hello(&b, token);
   schema(&b);
   send_buf(&b);
@@ -211,7 +311,22 @@ static int agent(const char *token, int garbage, int exit_code) {
       break;
     }
   }
-  if (status) return 4;
+  fprintf(stderr, "wire_gen: real_pid=%d handshake_ms=%.0f\n", (int)getpid(), now_ms() - t0);
+  if (status) {
+    cm_wire_buf_free(&b);
+    cm_wire_reader_free(rd);
+    cm_selection_free(sel);
+    return 4;
+  }
+  if (big) {
+    uint8_t h[24];
+    claim_header(h, CM_WIRE_BATCH, big);
+    if (write(sock_fd, h, sizeof h) != (ssize_t)sizeof h) return 3;
+    int c = closed_within(sock_fd, 3000);
+    printf("wire_gen: big frame %s\n", c ? "closed by the monitor" : "still open after 3 s");
+    cm_wire_buf_free(&b);
+    return c ? 0 : 5;
+  }
   strings(&b);
   send_buf(&b);
   uint64_t seq = 0, sent = 0;
@@ -246,6 +361,9 @@ static int agent(const char *token, int garbage, int exit_code) {
   }
   cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, "");
   send_buf(&b);
+  cm_wire_buf_free(&b);
+  cm_wire_reader_free(rd);
+  cm_selection_free(sel);
   close(sock_fd);
   printf("wire_gen: pid=%u sent=%llu\n", pid, (unsigned long long)sent);
   return exit_code;
@@ -257,10 +375,12 @@ int main(int argc, char **argv) {
     return 2;
   }
   pid = (uint32_t)getpid();
-  const char *path = NULL, *token = NULL;
+  const char *path = NULL, *token = NULL, *ready = NULL;
   long truncate_at = -1, corrupt_at = -1;
-  int garbage = 0, exit_code = 0, i = 2;
+  int garbage = 0, exit_code = 0, i = 2, nidle = 0, hold_ms = 3000;
+  uint64_t oversize = 0, big = 0;
   if (!strcmp(argv[1], "capture")) path = argv[i++];
+  if (!strcmp(argv[1], "idle")) nidle = argc > 2 ? atoi(argv[i++]) : 0;
   for (; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     if (!strcmp(a, "--pid")) pid = (uint32_t)atoi(v), i++;
@@ -271,6 +391,10 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--token")) token = v, i++;
     else if (!strcmp(a, "--exit-code")) exit_code = atoi(v), i++;
     else if (!strcmp(a, "--garbage")) garbage = 1;
+    else if (!strcmp(a, "--oversize-hello")) oversize = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--big-frame")) big = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--hold-ms")) hold_ms = atoi(v), i++;
+    else if (!strcmp(a, "--ready")) ready = v, i++;
     else {
       fprintf(stderr, "wire_gen: unknown option %s\n", a);
       return 2;
@@ -278,5 +402,6 @@ int main(int argc, char **argv) {
   }
   if (!nkinds) parse_kinds("kernel,memcpy");
   if (path) return capture(path, truncate_at, corrupt_at);
-  return agent(token, garbage, exit_code);
+  if (!strcmp(argv[1], "idle")) return idle(nidle, hold_ms, ready);
+  return agent(token, garbage, exit_code, oversize, big);
 }

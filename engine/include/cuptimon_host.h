@@ -181,7 +181,13 @@ CM_EXTERN int cm_host_add_source(cm_host *h, cm_source *s);
 /* Detaches a source (the script's "process_exit" hooks run) and frees it. */
 CM_EXTERN void cm_host_remove_source(cm_host *h, cm_source *s);
 /* Delivers one batch of observer `obs` from source `s` into Lua. Loop thread only. */
-CM_EXTERN void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b);
+void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b);
+/* Calls fn(ud, id, sel, spec) for each observer, oldest first, without running Lua: what a source
+ * attached now would be asked to observe (the hub answers agents' handshakes from it). Stops at
+ * the first non-zero return and returns it; 0 otherwise. Loop thread only. */
+CM_EXTERN int cm_host_each_observer(cm_host *h,
+                                    int (*fn)(void *ud, uint32_t id, const cm_selection *sel, const char *spec),
+                                    void *ud);
 
 /* The in-process engine as a source. The engine is created with deliver_ms = 0 and
  * batch_records = 0, so batches are delivered only inside cm_flush, cm_observe and

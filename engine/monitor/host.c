@@ -359,6 +359,17 @@ void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b) 
   lua_settop(L, top);
 }
 
+int cm_host_each_observer(cm_host *h,
+                          int (*fn)(void *ud, uint32_t id, const cm_selection *sel, const char *spec),
+                          void *ud) {
+  if (!h || !fn) return CM_EINVAL;
+  for (int i = 0; i < h->nobs; i++) {
+    int rc = fn(ud, h->obs[i].id, h->obs[i].sel, h->obs[i].spec);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
 const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len) {
   if (!h) return NULL;
   for (int i = 0; i < h->nsources; i++)

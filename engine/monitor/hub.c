@@ -2,20 +2,28 @@
  * hub.c: the live-agent hub of cuptimon-lua: `cuptimon-lua script.lua -- cmd args...` and
  * `cuptimon-lua --record FILE -- cmd`.
  *
- * Design note. The hub creates a private 0700 directory (mkdtemp) holding a unix socket, and a
- * per-run token of 128 random bits. It starts the command with uv_spawn (stdio inherited) and the
- * injection variables of the agent contract: CUDA_INJECTION64_PATH and NVTX_INJECTION64_PATH name
+ * Design note. The hub creates a private 0700 directory (mkdtemp) holding a 0600 unix socket,
+ * and a per-run token of 128 random bits. It starts the command (supervise.c) with the injection
+ * variables of the agent contract: CUDA_INJECTION64_PATH and NVTX_INJECTION64_PATH name
  * libcuptimon-agent.so, CUPTIMON_SOCKET and CUPTIMON_TOKEN say where and how to connect. Every
- * CUDA process of the job (children included: they inherit the environment) connects; each
- * connection is a wire source (hub_source.c) attached to the host once its HELLO carries the
- * right token. The handshake follows docs/wire.md: on HELLO the hub answers CONFIGURE (when the
- * script set cadences), SELECT (the union of every observer's selection, plus --select) and
- * HELLO_ACK. Later selection changes are sent to every live agent as new SELECT frames.
+ * CUDA process of the job (children included: they inherit the environment) connects.
+ *
+ * Handshakes are the gate's (gate.c), a thread of their own: the agent waits for the answer
+ * inside the application's cuInit, and the loop thread may be busy in the script for seconds.
+ * The gate checks the peer's uid (SO_PEERCRED), reads only the HELLO (capped before the peer is
+ * authenticated), compares the token in constant time, and answers CONFIGURE (when the script set
+ * cadences), SELECT (the union of every observer's selection, plus --select) and HELLO_ACK from
+ * what this file last published (publish(): at start and on every tick); idle or hostile
+ * connections are closed by its deadline and its cap and never reach this file. An admitted
+ * connection comes here through a uv_async: it becomes a wire source (hub_source.c) named by the
+ * kernel's pid, is attached to the host (process_start hooks run), and gets a corrective SELECT or
+ * CONFIGURE when the gate's copy was stale. Later selection changes are sent to every live agent
+ * as new SELECT frames.
  *
  * Bytes come from uv_read callbacks into a per-connection wire reader, whose frames are handled
- * in place: a BATCH is delivered straight from the reader's buffer. A corrupt stream closes that
- * agent's connection with a message naming the byte offset; the monitor and the other agents
- * go on.
+ * in place: a BATCH is delivered straight from the reader's buffer. A corrupt stream, or a frame
+ * over the wire format's size limit, closes that agent's connection with a message naming the
+ * byte offset; the monitor and the other agents go on.
  *
  * Flushes: the host asks each source to flush; the hub sends FLUSH{id, sync} and calls the host's
  * done when FLUSH_DONE{id} comes back, when the agent goes away, or when the deadline (the
@@ -23,15 +31,18 @@
  * script's done once every source has answered.
  *
  * The end: when the command exits, the hub waits (at most CUPTIMON_DRAIN_MS, 5 s by default) for
- * the connected agents to send BYE or close, then stops the loop; cuptimon-lua then runs the
- * final flush and the script's exit hooks and exits with the command's status (128 + signal when
- * a signal killed it). SIGINT and SIGTERM are forwarded to the command, followed by SIGKILL after
- * a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default); a second signal sends SIGKILL at once.
+ * the connected agents (and those the gate has admitted but this file has not taken yet) to send
+ * BYE or close, then stops the loop; cuptimon-lua then runs the final flush and the script's exit
+ * hooks and exits with the command's status (128 + signal when a signal killed it). The command's
+ * own process reports that status in process_exit: when its agent says BYE first, its detach
+ * waits (at most 2 s) for the status the supervisor reaps. SIGINT and SIGTERM are forwarded to
+ * the command, followed by SIGKILL after a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default);
+ * a second signal sends SIGKILL at once.
  *
- * --record writes every agent's frames (HELLO with its token blanked) to a capture per process.
+ * --record writes every agent's frames to a capture per process (record.c).
  *
- * Threads: everything runs on the loop thread; no other thread exists in the monitor besides
- * libuv's own. Ownership: the hub is a singleton owned by lua_main.c through cm__main_attach and
+ * Threads: the loop thread, and the gate's thread, which shares only the gate's locked state
+ * (gate.h). Ownership: the hub is a singleton owned by lua_main.c through cm__main_attach and
  * cm__hub_free; a connection is freed in its pipe's close callback, after the host has detached
  * its source.
  */
@@ -46,9 +57,12 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-#include "hub.h"
+#include <sys/socket.h>
 
-extern char **environ;
+#include "gate.h"
+#include "hub.h"
+#include "record.h"
+#include "supervise.h"
 
 typedef struct pending_flush {
   uint64_t id;
@@ -57,7 +71,7 @@ typedef struct pending_flush {
   void *ud;
 } pending_flush;
 
-enum { CONN_HANDSHAKE = 0, CONN_ACTIVE, CONN_CLOSING };
+enum { CONN_ACTIVE = 1, CONN_CLOSING };
 
 typedef struct conn {
   cm__wsrc w;          /* first: the host's cm_source is w.base */
@@ -69,16 +83,16 @@ typedef struct conn {
   char rbuf[64 * 1024];
   pending_flush *flushes;
   int nflush, cap_flush;
-  FILE *cap;           /* --record */
-  char *cap_path;
-  uint64_t cap_frames;
+  cm__capture *cap;    /* --record */
+  pid_t kpid;          /* the peer's pid, from the kernel (SO_PEERCRED) */
+  char *sent_select;   /* the SELECT the gate answered the HELLO with */
+  uint32_t sent_flush_ms, sent_deliver_ms;
+  /* The command's own process said BYE: process_exit waits (briefly) for the exit status that
+   * the supervisor reaps, so it reports the real one. Until then the connection is closed for
+   * I/O but still attached. */
+  int await_status;
+  uint64_t await_deadline;
 } conn;
-
-typedef struct record_summary {
-  char *path;
-  uint64_t frames, batches, records, dropped;
-  struct record_summary *next;
-} record_summary;
 
 typedef struct hub {
   cm_host *host;
@@ -88,13 +102,17 @@ typedef struct hub {
   char sock[PATH_MAX];
   char token[33];
   char agent[PATH_MAX];
-  uv_pipe_t server;
-  int server_open;
-  uv_process_t proc;
-  int proc_started, proc_done, proc_closed;
+  int listen_fd;       /* the listening socket; the gate thread accepts on it */
+  cm__gate *gate;
+  uv_async_t admit_async;
+  int async_init;
+  char *published;     /* the union selection last published to the gate */
+  uint32_t pub_flush_ms, pub_deliver_ms;
+  cm__proc proc;       /* the command (supervise.c) */
+  int proc_done;
   int cmd_status;
   char **cmd;
-  uv_timer_t spawn_timer, drain_timer, kill_timer, tick_timer;
+  uv_timer_t spawn_timer, drain_timer, tick_timer;
   int timers_init;
   int signals;
   conn *conns;
@@ -102,10 +120,9 @@ typedef struct hub {
   uint64_t next_flush;
   uint32_t flush_ms, deliver_ms;
   cm_selection *extra;
-  const char *record;
-  int recorded;        /* processes recorded so far (the first gets the plain path) */
-  record_summary *summaries, **summaries_tail;
+  cm__record *rec;     /* --record (record.c), or NULL */
   int finished, status;
+  int attached_any;    /* some process completed its handshake */
 } hub;
 
 static hub *g_hub;
@@ -121,29 +138,54 @@ static uint64_t env_ms(const char *name, uint64_t dflt) {
 /* ---- the end ------------------------------------------------------------------------------------ */
 
 static void conn_end(conn *c, int end);
+static void conn_detach_now(conn *c);
+
+/* Stops accepting: the gate thread ends and closes every connection that has not completed its
+ * handshake (idle ones are not agents: they neither delay the end nor get a message each). */
+static void stop_gate(hub *hb) {
+  if (hb->gate) {
+    cm__gate_stop(hb->gate);
+    cm__gate_stats st;
+    cm__gate_get_stats(hb->gate, &st);
+    uint64_t closed = st.refused_uid + st.wrong_token + st.bad_hello + st.oversized +
+                      st.timed_out + st.evicted;
+    if (closed > 3)
+      fprintf(stderr, "cuptimon-lua: %llu connections were refused or closed before their "
+              "handshake (%llu another uid, %llu wrong token, %llu bad HELLO, %llu oversized, "
+              "%llu timed out, %llu over the cap)\n", (unsigned long long)closed,
+              (unsigned long long)st.refused_uid, (unsigned long long)st.wrong_token,
+              (unsigned long long)st.bad_hello, (unsigned long long)st.oversized,
+              (unsigned long long)st.timed_out, (unsigned long long)st.evicted);
+  }
+  if (hb->listen_fd >= 0) {
+    close(hb->listen_fd);
+    hb->listen_fd = -1;
+  }
+}
 
 static void finish(hub *hb) {
   if (hb->finished) return;
   hb->finished = 1;
+  stop_gate(hb);
   /* Agents still connected after the drain period are cut off (their processes run on). */
-  for (conn *c = hb->conns; c; c = c->next)
-    if (c->state != CONN_CLOSING) {
+  for (conn *c = hb->conns; c; c = c->next) {
+    if (c->await_status) {
+      conn_detach_now(c);
+    } else if (c->state != CONN_CLOSING) {
       fprintf(stderr, "cuptimon-lua: agent pid %u is still connected after the command ended; "
               "closing its connection\n", c->w.pid);
       conn_end(c, CM__END_TIMEOUT);
     }
-  if (hb->server_open) {
-    uv_close((uv_handle_t *)&hb->server, NULL);
-    hb->server_open = 0;
   }
   uv_timer_stop(&hb->drain_timer);
-  uv_timer_stop(&hb->kill_timer);
   uv_timer_stop(&hb->tick_timer);
   uv_stop(hb->loop);
 }
 
+/* Agents the end waits for: connected ones, and those the gate has answered but the loop has
+ * not taken yet. */
 static int live_conns(hub *hb) {
-  int n = 0;
+  int n = hb->gate ? cm__gate_admitting(hb->gate) : 0;
   for (conn *c = hb->conns; c; c = c->next)
     if (c->state != CONN_CLOSING) n++;
   return n;
@@ -213,6 +255,7 @@ static int conn_flush(cm__wsrc *w, int mode, uint32_t timeout_ms, cm_source_done
     if (done) done(ud, 0);
     return 0;
   }
+
   if (c->nflush == c->cap_flush) {
     int cap = c->cap_flush ? c->cap_flush * 2 : 4;
     pending_flush *p = realloc(c->flushes, (size_t)cap * sizeof *p);
@@ -271,6 +314,8 @@ static void conn_configure(cm__wsrc *w, uint32_t flush_ms, uint32_t deliver_ms) 
   if (flush_ms) g_hub->flush_ms = flush_ms;
   if (deliver_ms) g_hub->deliver_ms = deliver_ms;
   if (c->handshaking || c->state != CONN_ACTIVE) return;
+  if (flush_ms) c->sent_flush_ms = flush_ms;
+  if (deliver_ms) c->sent_deliver_ms = deliver_ms;
   send_configure(c, flush_ms, deliver_ms);
 }
 
@@ -285,19 +330,9 @@ static const cm__wsrc_ops conn_ops = {
 
 static void close_capture(hub *hb, conn *c) {
   if (!c->cap) return;
-  int bad = fclose(c->cap) != 0;
+  cm__record_close(hb->rec, c->cap, c->w.batches, c->w.records,
+                   cm__wsrc_stat(&c->w, "records_dropped") + cm__wsrc_stat(&c->w, "batches_dropped"));
   c->cap = NULL;
-  if (bad) fprintf(stderr, "cuptimon-lua: error writing capture %s: %s\n", c->cap_path, strerror(errno));
-  record_summary *s = calloc(1, sizeof *s);
-  if (!s) return;
-  s->path = c->cap_path;
-  c->cap_path = NULL;
-  s->frames = c->cap_frames;
-  s->batches = c->w.batches;
-  s->records = c->w.records;
-  s->dropped = cm__wsrc_stat(&c->w, "records_dropped") + cm__wsrc_stat(&c->w, "batches_dropped");
-  *hb->summaries_tail = s;
-  hb->summaries_tail = &s->next;
 }
 
 static void conn_closed(uv_handle_t *hd) {
@@ -313,7 +348,7 @@ static void conn_closed(uv_handle_t *hd) {
   cm__wsrc_release(&c->w);
   cm_wire_reader_free(c->r);
   free(c->flushes);
-  free(c->cap_path);
+  free(c->sent_select);
   free(c);
   maybe_finish(hb);
 }
@@ -325,120 +360,92 @@ static void conn_close(conn *c) {
   if (!uv_is_closing((uv_handle_t *)&c->pipe)) uv_close((uv_handle_t *)&c->pipe, conn_closed);
 }
 
-/* Ends the process's connection: process_exit runs when it was attached. */
-static void conn_end(conn *c, int end) {
-  if (c->w.end == CM__END_NONE) c->w.end = end;
-  c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
+/* Detaches the source now (process_exit runs), or closes the connection when never attached. */
+static void conn_detach_now(conn *c) {
+  c->await_status = 0;
   if (c->w.attached) cm__wsrc_detach(&c->w); /* calls conn_detached */
   else conn_close(c);
 }
 
-/* Opens the --record capture of a process and writes the file header. */
-static void open_capture(hub *hb, conn *c) {
-  const char *path = hb->record;
-  char buf[PATH_MAX];
-  const char *pp = strstr(path, "%p");
-  if (pp) {
-    snprintf(buf, sizeof buf, "%.*s%u%s", (int)(pp - path), path, c->w.pid, pp + 2);
-  } else if (hb->recorded) {
-    snprintf(buf, sizeof buf, "%s.%u", path, c->w.pid);
-  } else {
-    snprintf(buf, sizeof buf, "%s", path);
-  }
-  hb->recorded++;
-  c->cap = fopen(buf, "wb");
-  if (!c->cap) {
-    fprintf(stderr, "cuptimon-lua: cannot create capture %s: %s\n", buf, strerror(errno));
-    return;
-  }
-  c->cap_path = strdup(buf);
-  cm_wire_buf b;
-  cm_wire_buf_init(&b);
-  cm_wire_write_file_header(&b, 0);
-  fwrite(b.data, 1, b.len, c->cap);
-  cm_wire_buf_free(&b);
+/* The command's own exit status reached a connection of its process. */
+static void conn_set_status(conn *c, int status) {
+  c->w.exit_code = status;
+  c->w.exit_known = 1;
 }
 
-static void record_frame(conn *c, const cm_wire_frame *f) {
-  if (!c->cap || f->type == CM_WIRE_FLUSH_DONE) return;
-  /* The reader keeps the verified header just before the payload. */
-  fwrite(f->payload - CM_WIRE_FRAME_HEADER_SIZE, 1, CM_WIRE_FRAME_HEADER_SIZE + (size_t)f->len,
-         c->cap);
-  c->cap_frames++;
-}
-
-static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
-  cm_wire_hello hl;
-  int rc = cm_wire_decode_hello(f, &hl);
-  cm_wire_buf b;
-  cm_wire_buf_init(&b);
-  if (rc || !hl.token || strcmp(hl.token, hb->token) != 0) {
-    fprintf(stderr, "cuptimon-lua: refusing an agent (pid %u): %s\n", rc ? 0 : hl.pid,
-            rc ? cm_wire_reader_errmsg(f->reader) : "wrong token");
-    cm_wire_write_hello_ack(&b, CM_EINVAL,
-                            rc ? "malformed HELLO"
-                               : "wrong token: this agent's CUPTIMON_TOKEN does not belong to "
-                                 "this cuptimon-lua run");
-    cm_wire_hello_release(&hl);
-    uv_read_stop((uv_stream_t *)&c->pipe);
-    conn_send(c, &b, 1);
-    c->state = CONN_CLOSING;
-    cm_wire_buf_free(&b);
-    return;
-  }
-  if (hb->record) {
-    open_capture(hb, c);
-    if (c->cap) {
-      /* The token was a secret of this run; a capture carries an empty one, like an agent's. */
-      cm_wire_hello copy = hl;
-      copy.token = "";
-      cm_wire_write_hello(&b, &copy);
-      fwrite(b.data, 1, b.len, c->cap);
-      c->cap_frames++;
-      cm_wire_buf_clear(&b);
+/* Ends the process's connection: process_exit runs when it was attached. */
+static void conn_end(conn *c, int end) {
+  hub *hb = g_hub;
+  if (c->w.end == CM__END_NONE) c->w.end = end;
+  c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
+  if (c->w.attached && hb->proc.started && c->kpid == cm__proc_pid(&hb->proc)) {
+    if (hb->proc_done) {
+      conn_set_status(c, hb->cmd_status);
+    } else if (c->w.end == CM__END_BYE || c->w.end == CM__END_EOF) {
+      /* The process is exiting: its status comes within moments (bounded by tick_cb). */
+      c->await_status = 1;
+      c->await_deadline = uv_now(hb->loop) + 2000;
+      uv_read_stop((uv_stream_t *)&c->pipe);
+      return;
     }
   }
-  cm_wire_hello_release(&hl);
-  char err[256] = "";
-  cm__wsrc_frame(&c->w, f, err, sizeof err);
+  conn_detach_now(c);
+}
+
+/* The HELLO of an admitted connection: the gate checked its token and answered it, so this
+ * records it, attaches the process (process_start hooks run) and corrects the gate's answer when
+ * the selection or the cadences changed since the gate's copy was published. */
+static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
+  cm_wire_hello hl;
+  char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
+  int rc = cm__wsrc_frame(&c->w, f, err, sizeof err);
+  if (rc) { /* the gate decoded it already: only memory can fail here */
+    fprintf(stderr, "cuptimon-lua: agent pid %d: %s; closing its connection\n", (int)c->kpid, err);
+    conn_end(c, CM__END_ERROR);
+    return;
+  }
+  /* The process table carries the kernel's pid, never the one the peer wrote. */
+  c->w.pid = (uint32_t)c->kpid;
+  if (hb->rec && cm_wire_decode_hello(f, &hl) == 0) {
+    c->cap = cm__record_open(hb->rec, (uint32_t)c->kpid, &hl);
+    cm_wire_hello_release(&hl);
+  }
+  hb->attached_any = 1;
   c->w.extra = hb->extra;
+  c->w.union_spec = c->sent_select;
+  c->sent_select = NULL;
   c->handshaking = 1;
   c->state = CONN_ACTIVE;
   rc = cm__wsrc_attach(&c->w, hb->host);
   c->handshaking = 0;
   if (rc) {
     fprintf(stderr, "cuptimon-lua: cannot attach agent pid %u: %s\n", c->w.pid, cm_strerror(rc));
-    cm_wire_write_hello_ack(&b, rc, "the monitor cannot take another process");
-    conn_send(c, &b, 1);
-    c->state = CONN_CLOSING;
-    cm_wire_buf_free(&b);
+    conn_end(c, CM__END_ERROR);
     return;
   }
-  if (c->state != CONN_ACTIVE) { /* a process_start hook ended the run */
-    cm_wire_buf_free(&b);
-    return;
+  if (c->state != CONN_ACTIVE) return; /* a process_start hook ended the run */
+  if (hb->flush_ms != c->sent_flush_ms || hb->deliver_ms != c->sent_deliver_ms) {
+    send_configure(c, hb->flush_ms != c->sent_flush_ms ? hb->flush_ms : 0,
+                   hb->deliver_ms != c->sent_deliver_ms ? hb->deliver_ms : 0);
+    c->sent_flush_ms = hb->flush_ms;
+    c->sent_deliver_ms = hb->deliver_ms;
   }
-  send_configure(c, hb->flush_ms, hb->deliver_ms);
-  free(c->w.union_spec);
-  c->w.union_spec = cm__wsrc_union(&c->w);
-  cm_wire_write_select(&b, c->w.union_spec ? c->w.union_spec : "");
-  cm_wire_write_hello_ack(&b, 0, "");
-  conn_send(c, &b, 0);
-  cm_wire_buf_free(&b);
+  char *u = cm__wsrc_union(&c->w);
+  if (u && (!c->w.union_spec || strcmp(u, c->w.union_spec) != 0)) {
+    free(c->w.union_spec);
+    c->w.union_spec = u;
+    conn_select(&c->w, u);
+  } else {
+    free(u);
+  }
 }
 
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
-  if (c->state == CONN_HANDSHAKE) {
-    if (f->type != CM_WIRE_HELLO) {
-      fprintf(stderr, "cuptimon-lua: an agent sent %s before HELLO; closing its connection\n",
-              cm_wire_type_name(f->type));
-      conn_end(c, CM__END_ERROR);
-      return;
-    }
+  if (!c->w.have_hello) { /* the gate admitted it on this very frame */
     on_hello(hb, c, f);
     return;
   }
-  record_frame(c, f);
+  cm__record_frame(c->cap, f);
   if (f->type == CM_WIRE_FLUSH_DONE) {
     uint64_t id;
     int32_t status;
@@ -466,6 +473,30 @@ static void alloc_cb(uv_handle_t *hd, size_t suggested, uv_buf_t *buf) {
   *buf = uv_buf_init(c->rbuf, sizeof c->rbuf);
 }
 
+/* Feeds bytes to the connection's reader and handles the frames they complete. */
+static void conn_feed(hub *hb, conn *c, const void *data, size_t len) {
+  int rc = cm_wire_reader_feed(c->r, data, len);
+  cm_wire_frame f;
+  while (rc == 0 && c->state != CONN_CLOSING) {
+    rc = cm_wire_reader_next(c->r, &f);
+    if (rc == 1) {
+      on_frame(hb, c, &f);
+      rc = 0;
+    } else {
+      break;
+    }
+  }
+  if (rc == CM_ERANGE && c->state != CONN_CLOSING) {
+    fprintf(stderr, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
+            "(%s); closing its connection\n", c->w.pid, cm_wire_reader_errmsg(c->r));
+    conn_end(c, CM__END_ERROR);
+  } else if (rc < 0 && c->state != CONN_CLOSING) {
+    fprintf(stderr, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
+            c->w.pid, cm_wire_reader_errmsg(c->r));
+    conn_end(c, CM__END_ERROR);
+  }
+}
+
 static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   conn *c = st->data;
   hub *hb = g_hub;
@@ -477,39 +508,34 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
     conn_end(c, CM__END_EOF);
     return;
   }
-  int rc = cm_wire_reader_feed(c->r, c->rbuf, (size_t)nread);
-  cm_wire_frame f;
-  while (rc == 0 && c->state != CONN_CLOSING) {
-    rc = cm_wire_reader_next(c->r, &f);
-    if (rc == 1) {
-      on_frame(hb, c, &f);
-      rc = 0;
-    } else {
-      break;
-    }
-  }
-  if (rc < 0 && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
-            c->w.pid, cm_wire_reader_errmsg(c->r));
-    conn_end(c, CM__END_ERROR);
-  }
+  conn_feed(hb, c, c->rbuf, (size_t)nread);
 }
 
 static void free_data(uv_handle_t *hd) {
   conn *c = hd->data;
   cm_wire_reader_free(c->r);
+  free(c->sent_select);
   free(c);
 }
 
-static void on_connection(uv_stream_t *server, int status) {
-  hub *hb = g_hub;
-  if (status < 0) return;
+/* Takes a connection the gate admitted: from here on the loop thread owns it. */
+static void conn_admit(hub *hb, cm__gate_conn *gc) {
   conn *c = calloc(1, sizeof *c);
-  if (!c) return;
+  if (!c) {
+    close(gc->fd);
+    return;
+  }
   cm__wsrc_init(&c->w, &conn_ops, c, "agent");
+  c->kpid = gc->pid;
+  c->sent_select = gc->select;
+  gc->select = NULL;
+  c->sent_flush_ms = gc->flush_ms;
+  c->sent_deliver_ms = gc->deliver_ms;
+  c->state = CONN_ACTIVE;
   uv_pipe_init(hb->loop, &c->pipe, 0);
   c->pipe.data = c;
-  if (uv_accept(server, (uv_stream_t *)&c->pipe) || cm_wire_reader_new(&c->r, 0)) {
+  if (uv_pipe_open(&c->pipe, gc->fd) || cm_wire_reader_new(&c->r, 0)) {
+    close(gc->fd);
     uv_close((uv_handle_t *)&c->pipe, free_data);
     return;
   }
@@ -517,12 +543,73 @@ static void on_connection(uv_stream_t *server, int status) {
   hb->conns = c;
   hb->nconns++;
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);
+  conn_feed(hb, c, gc->bytes, gc->len);
 }
 
-/* Completes flushes whose deadline passed (an agent that stopped answering). */
+static void admit_cb(uv_async_t *a) {
+  hub *hb = a->data;
+  cm__gate_conn gc;
+  while (hb->gate && cm__gate_take(hb->gate, &gc)) {
+    if (hb->finished) close(gc.fd);
+    else conn_admit(hb, &gc);
+    cm__gate_conn_release(&gc);
+  }
+}
+
+/* Runs on the gate thread. */
+static void gate_admitted(void *ud) { uv_async_send(&((hub *)ud)->admit_async); }
+
+/* Observers of the script, collected into a wire source that is never attached, for the union. */
+static int probe_observer(void *ud, uint32_t id, const cm_selection *sel, const char *spec) {
+  cm__wsrc *w = ud;
+  return w->base.vt->observe(&w->base, id, sel, spec);
+}
+
+static const cm__wsrc_ops probe_ops = {0};
+
+/* The union selection a process attached now would get, or NULL (out of memory). */
+static char *current_union(hub *hb) {
+  cm__wsrc probe;
+  memset(&probe, 0, sizeof probe);
+  cm__wsrc_init(&probe, &probe_ops, NULL, "agent");
+  probe.extra = hb->extra;
+  cm_host_each_observer(hb->host, probe_observer, &probe);
+  char *u = cm__wsrc_union(&probe);
+  cm__wsrc_release(&probe);
+  return u;
+}
+
+/* Publishes to the gate what a new agent's handshake must answer, when it changed. */
+static void publish(hub *hb) {
+  if (!hb->gate) return;
+  char *u = current_union(hb);
+  if (!u) return;
+  if (hb->published && strcmp(u, hb->published) == 0 && hb->pub_flush_ms == hb->flush_ms &&
+      hb->pub_deliver_ms == hb->deliver_ms) {
+    free(u);
+    return;
+  }
+  if (cm__gate_publish(hb->gate, u, hb->flush_ms, hb->deliver_ms) == 0) {
+    free(hb->published);
+    hb->published = u;
+    hb->pub_flush_ms = hb->flush_ms;
+    hb->pub_deliver_ms = hb->deliver_ms;
+  } else {
+    free(u);
+  }
+}
+
+/* Completes flushes whose deadline passed (an agent that stopped answering), ends the wait for
+ * an exit status that does not come, and keeps the gate's answer current. */
 static void tick_cb(uv_timer_t *t) {
   hub *hb = t->data;
   uint64_t now = uv_now(hb->loop);
+  publish(hb);
+  for (conn *c = hb->conns; c; c = c->next)
+    if (c->await_status && c->await_deadline <= now) {
+      conn_detach_now(c);
+      break; /* the list may have changed; the next tick goes on */
+    }
   for (conn *c = hb->conns; c; c = c->next)
     for (int i = 0; i < c->nflush; i++)
       if (c->flushes[i].deadline <= now) {
@@ -534,14 +621,23 @@ static void tick_cb(uv_timer_t *t) {
 
 /* ---- the command ------------------------------------------------------------------------------------ */
 
-static void proc_closed(uv_handle_t *hd) { ((hub *)hd->data)->proc_closed = 1; }
-
-static void proc_exit(uv_process_t *p, int64_t exit_status, int term_signal) {
-  hub *hb = p->data;
+static void proc_exit(void *ud, int status, int64_t exit_status, int term_signal) {
+  hub *hb = ud;
+  (void)exit_status, (void)term_signal;
   hb->proc_done = 1;
-  hb->cmd_status = term_signal ? 128 + term_signal : (int)exit_status;
-  uv_timer_stop(&hb->kill_timer);
-  uv_close((uv_handle_t *)p, proc_closed);
+  hb->cmd_status = status;
+  int pid = cm__proc_pid(&hb->proc);
+  for (conn *c = hb->conns; c; c = c->next)
+    if (c->kpid == pid && c->w.attached) conn_set_status(c, status);
+  for (int again = 1; again;) { /* a detach runs Lua, which may change the list */
+    again = 0;
+    for (conn *c = hb->conns; c; c = c->next)
+      if (c->await_status) {
+        conn_detach_now(c);
+        again = 1;
+        break;
+      }
+  }
   maybe_finish(hb);
 }
 
@@ -582,60 +678,15 @@ static int find_agent(hub *hb) {
   return 0;
 }
 
-static int is_ours(const char *e) {
-  static const char *names[] = {"CUDA_INJECTION64_PATH=", "NVTX_INJECTION64_PATH=",
-                                "CUPTIMON_SOCKET=", "CUPTIMON_TOKEN=", NULL};
-  for (int i = 0; names[i]; i++)
-    if (strncmp(e, names[i], strlen(names[i])) == 0) return 1;
-  return 0;
-}
-
 static void spawn_cb(uv_timer_t *t) {
   hub *hb = t->data;
-  size_t n = 0;
-  while (environ[n]) n++;
-  char **env = calloc(n + 5, sizeof *env);
   char v[4][PATH_MAX + 64];
-  size_t k = 0;
-  for (size_t i = 0; env && i < n; i++)
-    if (!is_ours(environ[i])) env[k++] = environ[i];
   snprintf(v[0], sizeof v[0], "CUDA_INJECTION64_PATH=%s", hb->agent);
   snprintf(v[1], sizeof v[1], "NVTX_INJECTION64_PATH=%s", hb->agent);
   snprintf(v[2], sizeof v[2], "CUPTIMON_SOCKET=%s", hb->sock);
   snprintf(v[3], sizeof v[3], "CUPTIMON_TOKEN=%s", hb->token);
-  for (int i = 0; env && i < 4; i++) env[k++] = v[i];
-  uv_stdio_container_t stdio[3];
-  for (int i = 0; i < 3; i++) {
-    stdio[i].flags = UV_INHERIT_FD;
-    stdio[i].data.fd = i;
-  }
-  uv_process_options_t o = {0};
-  o.file = hb->cmd[0];
-  o.args = hb->cmd;
-  o.env = env;
-  o.stdio = stdio;
-  o.stdio_count = 3;
-  o.exit_cb = proc_exit;
-  hb->proc.data = hb;
-  int rc = env ? uv_spawn(hb->loop, &hb->proc, &o) : UV_ENOMEM;
-  free(env);
-  if (rc) {
-    fprintf(stderr, "cuptimon-lua: cannot run %s: %s\n", hb->cmd[0], uv_strerror(rc));
-    uv_close((uv_handle_t *)&hb->proc, proc_closed);
-    hb->proc_done = 1;
-    hb->cmd_status = rc == UV_ENOENT ? 127 : 126;
-    maybe_finish(hb);
-    return;
-  }
-  hb->proc_started = 1;
-}
-
-static void kill_cb(uv_timer_t *t) {
-  hub *hb = t->data;
-  if (hb->proc_started && !hb->proc_done) {
-    fprintf(stderr, "cuptimon-lua: the command did not exit; sending SIGKILL\n");
-    uv_process_kill(&hb->proc, SIGKILL);
-  }
+  const char *env[] = {v[0], v[1], v[2], v[3], NULL};
+  cm__proc_spawn(&hb->proc, hb->cmd, env);
 }
 
 /* ---- the interface to lua_main.c ------------------------------------------------------------------- */
@@ -666,12 +717,14 @@ static int make_socket(hub *hb) {
       return CM_EIO;
     }
     snprintf(hb->sock, sizeof hb->sock, "%s/agent.sock", hb->dir);
-    uv_pipe_init(hb->loop, &hb->server, 0);
-    hb->server_open = 1;
-    int rc = uv_pipe_bind(&hb->server, hb->sock);
-    if (!rc) rc = uv_listen((uv_stream_t *)&hb->server, 128, on_connection);
-    if (rc) {
-      fprintf(stderr, "cuptimon-lua: cannot listen on %s: %s\n", hb->sock, uv_strerror(rc));
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, hb->sock, strlen(hb->sock) + 1); /* the length was checked above */
+    hb->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    /* The directory is 0700 already; the socket itself is 0600 too, and the gate checks each
+     * peer's uid (SO_PEERCRED) besides. */
+    if (hb->listen_fd < 0 || bind(hb->listen_fd, (struct sockaddr *)&sa, sizeof sa) != 0 ||
+        chmod(hb->sock, 0600) != 0 || listen(hb->listen_fd, SOMAXCONN) != 0) {
+      fprintf(stderr, "cuptimon-lua: cannot listen on %s: %s\n", hb->sock, strerror(errno));
       return CM_EIO;
     }
     return 0;
@@ -697,12 +750,12 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   g_hub = hb;
   hb->host = h;
   hb->loop = loop;
-  hb->summaries_tail = &hb->summaries;
+  hb->listen_fd = -1;
   uv_timer_init(loop, &hb->spawn_timer);
   uv_timer_init(loop, &hb->drain_timer);
-  uv_timer_init(loop, &hb->kill_timer);
   uv_timer_init(loop, &hb->tick_timer);
-  hb->spawn_timer.data = hb->drain_timer.data = hb->kill_timer.data = hb->tick_timer.data = hb;
+  hb->spawn_timer.data = hb->drain_timer.data = hb->tick_timer.data = hb;
+  cm__proc_init(&hb->proc, loop, proc_exit, hb);
   hb->timers_init = 1;
   if (req->nreplay) {
     if (req->cmd || req->record) {
@@ -721,7 +774,10 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   /* An agent that goes away mid-write must not kill the monitor; uv_spawn resets the
    * disposition in the command, so it still gets the default. */
   signal(SIGPIPE, SIG_IGN);
-  hb->record = req->record;
+  if (req->record) {
+    int rc = cm__record_new(&hb->rec, req->record, req->force);
+    if (rc) return rc;
+  }
   const char *sel = req->select;
   if (!sel && req->record && !req->has_script) sel = default_record_select;
   if (sel) {
@@ -745,8 +801,34 @@ void cm__hub_start(void) {
   hub *hb = g_hub;
   /* The command starts on the loop's first turn, after the script has registered its observers,
    * so the first SELECT already holds them; a script that fails to load never starts it. */
-  if (hb && hb->live && !hb->proc_started && !hb->proc_done)
-    uv_timer_start(&hb->spawn_timer, spawn_cb, 0, 0);
+  if (!hb || !hb->live || hb->proc.started || hb->proc_done || hb->gate) return;
+  /* The gate answers handshakes from what the script has registered by now. */
+  cm__gate_options o = {
+      .token = hb->token,
+      .uid = geteuid(),
+      .hello_timeout_ms = (uint32_t)env_ms("CUPTIMON_HELLO_TIMEOUT_MS", 5000),
+      .max_pending = (uint32_t)env_ms("CUPTIMON_MAX_STARTUPS", 64),
+      .hello_max_bytes = (uint32_t)env_ms("CUPTIMON_HELLO_MAX_BYTES", 512u << 10),
+      .admitted = gate_admitted,
+      .ud = hb,
+  };
+  if (o.max_pending > 65536) o.max_pending = 65536;
+  if (o.hello_max_bytes > (64u << 20)) o.hello_max_bytes = 64u << 20;
+  if (uv_async_init(hb->loop, &hb->admit_async, admit_cb) == 0) {
+    hb->async_init = 1;
+    hb->admit_async.data = hb;
+    uv_unref((uv_handle_t *)&hb->admit_async);
+  }
+  /* The first answer is set before the thread starts, so no handshake ever gets none. */
+  hb->published = current_union(hb);
+  o.select = hb->published;
+  o.flush_ms = hb->pub_flush_ms = hb->flush_ms;
+  o.deliver_ms = hb->pub_deliver_ms = hb->deliver_ms;
+  if (!hb->async_init || !hb->published || cm__gate_start(&hb->gate, hb->listen_fd, &o) != 0) {
+    fprintf(stderr, "cuptimon-lua: cannot start the handshake thread; the command runs untraced\n");
+    hb->gate = NULL;
+  }
+  uv_timer_start(&hb->spawn_timer, spawn_cb, 0, 0);
 }
 
 int cm__hub_signal(int signum) {
@@ -761,7 +843,7 @@ int cm__hub_signal(int signum) {
     return 1;
   }
   if (!hb->live) return 0;
-  if (!hb->proc_started || hb->proc_done) {
+  if (!cm__proc_running(&hb->proc)) {
     /* Nothing to stop but the wait for agents. */
     if (!hb->proc_done) {
       hb->proc_done = 1;
@@ -773,10 +855,9 @@ int cm__hub_signal(int signum) {
   if (hb->signals == 1) {
     fprintf(stderr, "cuptimon-lua: %s: stopping the command (again to kill it)\n",
             signum == SIGINT ? "interrupted" : "terminated");
-    uv_process_kill(&hb->proc, signum);
-    uv_timer_start(&hb->kill_timer, kill_cb, env_ms("CUPTIMON_KILL_GRACE_MS", 3000), 0);
+    cm__proc_stop(&hb->proc, signum);
   } else {
-    uv_process_kill(&hb->proc, SIGKILL);
+    cm__proc_kill(&hb->proc);
   }
   return 1;
 }
@@ -785,6 +866,8 @@ int cm__hub_finished(int *status) {
   hub *hb = g_hub;
   if (!hb || !hb->finished) return 0;
   if (status) *status = hb->live ? hb->cmd_status : hb->status;
+  /* A capture that could not be written fails a run that otherwise succeeded. */
+  if (status && *status == 0 && cm__record_failures(hb->rec)) *status = 1;
   return 1;
 }
 
@@ -796,35 +879,23 @@ void cm__hub_free(void) {
   hub *hb = g_hub;
   if (!hb) return;
   cm__replay_free();
+  stop_gate(hb);
   /* Connections still open (the script ended first): close them and let the loop run their
    * close callbacks, which write the capture summaries. */
   for (conn *c = hb->conns; c; c = c->next)
     if (!uv_is_closing((uv_handle_t *)&c->pipe)) conn_close(c);
-  if (hb->server_open) {
-    uv_close((uv_handle_t *)&hb->server, NULL);
-    hb->server_open = 0;
-  }
+  if (hb->async_init) close_if_open((uv_handle_t *)&hb->admit_async);
   if (hb->timers_init) {
     close_if_open((uv_handle_t *)&hb->spawn_timer);
     close_if_open((uv_handle_t *)&hb->drain_timer);
-    close_if_open((uv_handle_t *)&hb->kill_timer);
     close_if_open((uv_handle_t *)&hb->tick_timer);
+    cm__proc_close(&hb->proc);
   }
-  if (hb->proc_started && !hb->proc_done)
-    fprintf(stderr, "cuptimon-lua: the command (pid %d) is still running; it goes on untraced\n",
-            hb->proc.pid);
-  if (hb->proc_started && !hb->proc_closed && !uv_is_closing((uv_handle_t *)&hb->proc))
-    uv_close((uv_handle_t *)&hb->proc, NULL);
   uv_run(hb->loop, UV_RUN_NOWAIT);
   uv_run(hb->loop, UV_RUN_NOWAIT);
-  for (record_summary *s = hb->summaries, *next; s; s = next) {
-    next = s->next;
-    fprintf(stderr, "cuptimon-lua: recorded %s: %llu frames, %llu batches, %llu records, %llu dropped\n",
-            s->path, (unsigned long long)s->frames, (unsigned long long)s->batches,
-            (unsigned long long)s->records, (unsigned long long)s->dropped);
-    free(s->path);
-    free(s);
-  }
+  cm__record_free(hb->rec, hb->live && hb->proc.started && !hb->attached_any);
+  cm__gate_free(hb->gate);
+  free(hb->published);
   if (hb->sock[0]) unlink(hb->sock);
   if (hb->dir[0]) rmdir(hb->dir);
   cm_selection_free(hb->extra);

@@ -31,6 +31,7 @@ typedef struct cm__main_request {
   const char **replay;  /* --replay FILE (repeatable), NULL-terminated, or NULL */
   int nreplay;
   const char *record;   /* --record FILE */
+  int force;            /* --force: --record may replace existing regular files */
   const char *select;   /* --select SPEC: kinds traced in addition to the script's */
   int has_script;       /* 0 for --record with no script */
 } cm__main_request;
@@ -102,6 +103,7 @@ struct cm__wsrc {
   uint32_t nstats;
   int end;              /* CM__END_* */
   int32_t exit_code;
+  int exit_known;       /* exit_code is the status the monitor reaped (it spawned the process) */
   uint32_t bye_reason;
   char *end_message;
 

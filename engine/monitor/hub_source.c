@@ -181,7 +181,7 @@ static void ws_describe(cm_source *s, cm_process_info *out, int exiting) {
   }
   if (!exiting) return;
   out->status = end_name(w->end);
-  if (w->end == CM__END_BYE) {
+  if (w->end == CM__END_BYE || w->exit_known) {
     out->has_exit_code = 1;
     out->exit_code = w->exit_code;
   }

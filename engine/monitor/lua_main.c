@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <luajit.h>
 #include <uv.h>
 
 #include "cuptimon.h"
@@ -47,11 +48,13 @@ static void usage(FILE *out) {
 "                    processes replay concurrently, merged in timestamp order, as fast as the\n"
 "                    script consumes. A truncated or corrupt capture replays up to its last good\n"
 "                    frame with a warning naming the byte offset.\n"
-"  --record CAPTURE  writes every agent's frames to CAPTURE (%%p in the path becomes the pid;\n"
-"                    without %%p the first process gets CAPTURE, later ones CAPTURE.<pid>), with\n"
-"                    or without a script, and prints a summary line per capture.\n"
+"  --record CAPTURE  writes every agent's frames to one new file per process: %%p in CAPTURE\n"
+"                    becomes the pid (without %%p the pid goes before the extension:\n"
+"                    run.cmcap -> run.<pid>.cmcap), with or without a script, and prints a\n"
+"                    summary line per capture. Existing files are refused (see --force).\n"
 "Without `-- cmd` or --replay, the script observes this process through the in-process engine\n"
-"(embedding, tests with the fake CUPTI). A script runs unchanged in all three modes.\n"
+"(embedding, tests with the fake CUPTI); a script whose observers saw nothing at all there\n"
+"fails with a hint. A script runs unchanged in all three modes.\n"
 "\n");
   /* Split so that no string literal passes the 4095 bytes C99 compilers must support. */
   fprintf(out,
@@ -61,6 +64,7 @@ static void usage(FILE *out) {
 "                    0 when it is valid, 1 with the message otherwise\n"
 "  --replay FILE     replay a capture (repeatable)\n"
 "  --record FILE     record what the command's agents send to a capture FILE\n"
+"  --force           let --record replace existing regular files\n"
 "  --select SPEC     also trace SPEC (\"kernel:name,start,stop;memcpy\") in the command; the\n"
 "                    default for --record with no script is\n"
 "                    kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data\n"
@@ -99,6 +103,10 @@ static void usage(FILE *out) {
 "                      binary, then ../lib/libcuptimon-agent.so)\n"
 "  CUPTIMON_DRAIN_MS   how long to wait for agents after the command exits (default 5000)\n"
 "  CUPTIMON_KILL_GRACE_MS  after Control-C, how long before the command gets SIGKILL (3000)\n"
+"  CUPTIMON_HELLO_TIMEOUT_MS  a connection that sends no valid HELLO in time is closed (5000)\n"
+"  CUPTIMON_MAX_STARTUPS      connections waiting for their HELLO at once; more close the\n"
+"                             oldest (64)\n"
+"  CUPTIMON_HELLO_MAX_BYTES   the largest HELLO accepted before the handshake (524288)\n"
 "  CUPTIMON_LIBCUPTI   path of the libcupti to load (default: libcupti.so.13, CUDA_HOME,\n"
 "                      /usr/local/cuda); passed on to the command\n"
 "  CUPTIMON_LIBCUDA    path of the libcuda the fence uses (tests use the fake CUPTI here)\n"
@@ -110,15 +118,16 @@ static void usage(FILE *out) {
 "  CUPTIMON_TOKEN (a private socket and a per-run token) on top of this environment.\n"
 "\n"
 "Exit status: with `-- cmd`, the command's status (128 + signal if a signal killed it; 127\n"
-"when it cannot be run); the script's cm.exit()/os.exit() status when it chose one. Without a\n"
-"command: 0 when the loop runs out of work or the replay ends, 1 on an unreadable capture (a\n"
-"truncated or corrupt one only warns), 2 on a usage error (the script's too), 130 after\n"
-"Control-C. Any error of the script, an observer, a timer, a hook (exit hooks included) or a\n"
-"deferred call turns a status of 0 into 1.\n");
+"when it cannot be run), or 1 when it exited 0 but a --record capture could not be written;\n"
+"the script's cm.exit()/os.exit() status when it chose one. Without a command: 0 when the loop\n"
+"runs out of work or the replay ends, 1 on an unreadable capture (a truncated or corrupt one\n"
+"only warns) or a script whose observers saw nothing, 2 on a usage error (the script's too),\n"
+"130 after Control-C. Any error of the script, an observer, a timer, a hook (exit hooks\n"
+"included) or a deferred call turns a status of 0 into 1.\n");
 }
 
 static void version(void) {
-  printf("cuptimon-lua %s (LuaJIT, libuv %s)\n", cm_version(), uv_version_string());
+  printf("cuptimon-lua %s (%s, libuv %s)\n", cm_version(), LUAJIT_VERSION, uv_version_string());
 }
 
 static cm_host *g_host;
@@ -169,6 +178,8 @@ int main(int argc, char **argv) {
       return 0;
     } else if (strcmp(a, "--check") == 0) {
       check = 1;
+    } else if (strcmp(a, "--force") == 0) {
+      req.force = 1;
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--replay") == 0 || strcmp(a, "--record") == 0 ||
                strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0) {
       if (i + 1 >= argc) {
@@ -223,6 +234,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cuptimon-lua: --record needs a command: cuptimon-lua --record FILE [script] -- cmd\n");
     return EXIT_USAGE;
   }
+  if (req.force && !req.record) {
+    fprintf(stderr, "cuptimon-lua: --force applies to --record\n");
+    return EXIT_USAGE;
+  }
   if (req.select && !req.cmd) {
     fprintf(stderr, "cuptimon-lua: --select applies to a command: it needs `-- cmd`\n");
     return EXIT_USAGE;
@@ -271,9 +286,10 @@ int main(int argc, char **argv) {
   /* A script that asked to exit while loading (cm.exit, or --help and usage errors raised by
    * cuptimon.args) never starts the command, a replay or the loop. */
   int exit_at_load = !failed && cm_host_exit_requested(h, NULL);
+  /* At function scope: the loop finishes closing them later, in cm_host_free's last turns. */
+  uv_signal_t sigint, sigterm;
   if (!failed && !check && !exit_at_load) {
     cm__hub_start();
-    uv_signal_t sigint, sigterm;
     uv_signal_init(&loop, &sigint);
     uv_signal_init(&loop, &sigterm);
     uv_signal_start(&sigint, on_signal, SIGINT);
@@ -290,6 +306,14 @@ int main(int argc, char **argv) {
   }
   int asked = 0;
   int requested = cm_host_exit_requested(h, &asked);
+  /* A script that observes, run with no command and no capture, watches this process only: when
+   * its observers saw nothing at all (the in-process engine, source 1, was never handed a
+   * buffer), the likely mistake is a missing `-- cmd`; say so and fail rather than print an
+   * empty report with status 0. Scripts that observe nothing, or chose their status, are fine. */
+  cm_stats inproc;
+  int nothing_traced = !failed && !check && !wants_hub && !requested &&
+                       cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
+                       inproc.records_decoded == 0 && inproc.records_delivered == 0;
   int hub_status = 0;
   int hub_done = cm__hub_finished(&hub_status);
   int shut = cm_host_shutdown(h);
@@ -302,6 +326,12 @@ int main(int argc, char **argv) {
    * cm.exit(0), so a broken script never looks like a clean one. A non-zero status (a failing
    * command's, or one the script chose) is kept. */
   if (status == 0 && cm_host_error_count(h)) status = 1;
+  if (nothing_traced) {
+    fprintf(stderr, "cuptimon-lua: the script observed nothing: there is no command to monitor. "
+            "Run `cuptimon-lua %s -- cmd args...` to monitor a program, or `cuptimon-lua --replay "
+            "CAPTURE %s` to read a capture\n", script ? script : "SCRIPT", script ? script : "SCRIPT");
+    if (status == 0) status = 1;
+  }
   cm_host_free(h);
   cm__hub_free();
   uv_walk(&loop, close_walk, NULL);
