@@ -14,6 +14,15 @@
  * with dec_mu held, on the worker or on the thread calling cm_flush, so one engine never runs two
  * callbacks at once and the columns cannot change under a callback.
  *
+ * The device synchronize of a fence runs on a short-lived helper thread, because cuCtxSynchronize
+ * has no deadline: with a kernel that never ends it never returns. The caller waits for the helper
+ * until its own deadline and then abandons it; at most one abandoned helper exists at a time (while
+ * one is still blocked, later fences do not synchronize). The helper runs in relaxed stream-capture
+ * mode, and no fence synchronizes while the application has a stream capture in progress (the
+ * callback registry tracks them), because a synchronize call invalidates a graph capture in the
+ * default, global mode. The exit fence (cm__engine_exit_flush) sets `exiting`, which ends the waits
+ * of any other control call at once, so a monitor's long sync flush cannot hold the exit.
+ *
  * Selection changes follow two rules from the reference monitor. A kind whose selection does not
  * change is never toggled, because disabling and re-enabling RUNTIME or DRIVER stops kernel records
  * of CUDA graphs captured earlier. And pending records are delivered before the decode table
@@ -103,6 +112,12 @@ struct cm_engine {
   /* Counters, updated with relaxed atomics from any thread. */
   _Atomic uint64_t st_buffers_decoded, st_bytes_decoded, st_records_decoded, st_records_delivered,
       st_records_dropped, st_drains, st_fences, st_fence_timeouts, st_sessions;
+  /* Fences that did not synchronize the device: a capture was in progress, or an abandoned sync
+   * was still blocked. */
+  _Atomic uint64_t st_sync_skipped_capture, st_sync_skipped_busy, st_sync_abandoned;
+
+  /* Set by the exit fence: waits of other control calls end at once (see t_exit_fence). */
+  atomic_bool exiting;
 };
 
 /* CUPTI's buffer callbacks carry no user data, and they are registered once per process, so they
@@ -114,6 +129,14 @@ static _Atomic(cm_engine *) g_engine;
  * callback can touch an engine being freed (sequentially consistent atomics make the two orders
  * agree). */
 static atomic_int g_inflight;
+
+/* Device syncs still running on a helper thread (see sync_job). */
+static atomic_int g_sync_helpers;
+/* True on the thread running the exit fence, whose own waits keep their deadlines. */
+static _Thread_local bool t_exit_fence;
+
+/* Whether a wait of the calling thread must end now: the exit fence runs on another thread. */
+static bool hurried(cm_engine *e) { return atomic_load(&e->exiting) && !t_exit_fence; }
 
 static cm_engine *callback_enter(void) {
   atomic_fetch_add(&g_inflight, 1);
@@ -361,7 +384,7 @@ static bool wait_decoded(cm_engine *e, uint64_t deadline) {
   uint64_t target = e->enqueued;
   while (e->decoded < target) {
     uint64_t now = cm__mono_ms();
-    if (now >= deadline) {
+    if (now >= deadline || hurried(e)) {
       ok = false;
       break;
     }
@@ -375,26 +398,52 @@ static bool wait_decoded(cm_engine *e, uint64_t deadline) {
 
 /* ---- device synchronization ----------------------------------------------------------------- */
 
-/* Synchronizes every active primary context, and the calling thread's current context. Returns
- * the number of contexts synchronized; 0 means there was no GPU work to wait for (or no libcuda). */
-static int device_sync(cm_engine *e) {
-  cm__cupti *c = &e->cupti;
+/* One device synchronize on a helper thread. The waiter and the helper share the job; the last
+ * of the two to leave frees it. The helper works from a copy of the binding table, so it never
+ * touches the engine, which may be freed while an abandoned helper is still blocked. */
+typedef struct sync_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;     /* guarded by mu */
+  bool done;    /* guarded by mu */
+  int synced;   /* written by the helper before done */
+  void *cur;    /* the caller's current context, synchronized first */
+  cm__cupti c;
+} sync_job;
+
+static void job_release(sync_job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+/* Synchronizes the caller's current context and every active primary context, in relaxed capture
+ * mode. Returns the number of contexts synchronized. Runs on the helper thread. */
+static int sync_contexts(const cm__cupti *c, void *cur) {
   int synced = 0;
-  void *cur = NULL;
-  if (c->cuCtxGetCurrent && c->cuCtxSynchronize && c->cuCtxGetCurrent(&cur) == 0 && cur) {
+  int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+  bool relaxed = c->cuThreadExchangeStreamCaptureMode &&
+                 c->cuThreadExchangeStreamCaptureMode(&mode) == 0;
+  if (cur && c->cuCtxPushCurrent && c->cuCtxPopCurrent && c->cuCtxPushCurrent(cur) == 0) {
     if (c->cuCtxSynchronize() == 0) synced++;
+    void *popped = NULL;
+    c->cuCtxPopCurrent(&popped);
   }
   int ndev = 0;
   if (c->cuDeviceGetCount && c->cuDevicePrimaryCtxGetState && c->cuDevicePrimaryCtxRetain &&
       c->cuDevicePrimaryCtxRelease && c->cuCtxPushCurrent && c->cuCtxPopCurrent &&
-      c->cuCtxSynchronize && c->cuDeviceGetCount(&ndev) == 0) {
+      c->cuDeviceGetCount(&ndev) == 0) {
     for (int d = 0; d < ndev; d++) {
       unsigned flags = 0;
       int active = 0;
       if (c->cuDevicePrimaryCtxGetState(d, &flags, &active) != 0 || !active) continue;
       void *ctx = NULL;
       if (c->cuDevicePrimaryCtxRetain(&ctx, d) != 0) continue;
-      /* A primary context that is the calling thread's current one was synchronized above. */
+      /* A primary context that is the caller's current one was synchronized above. */
       if (ctx != cur && c->cuCtxPushCurrent(ctx) == 0) {
         if (c->cuCtxSynchronize() == 0) synced++;
         void *popped = NULL;
@@ -403,6 +452,97 @@ static int device_sync(cm_engine *e) {
       c->cuDevicePrimaryCtxRelease(d);
     }
   }
+  if (relaxed) c->cuThreadExchangeStreamCaptureMode(&mode); /* restores the previous mode */
+  return synced;
+}
+
+static void *sync_helper_main(void *arg) {
+  sync_job *j = arg;
+  int synced = sync_contexts(&j->c, j->cur);
+  pthread_mutex_lock(&j->mu);
+  j->synced = synced;
+  j->done = true;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  atomic_fetch_sub(&g_sync_helpers, 1);
+  job_release(j);
+  return NULL;
+}
+
+enum { SYNC_OK = 0, SYNC_NONE, SYNC_CAPTURE, SYNC_BUSY, SYNC_ABANDONED };
+
+/* Synchronizes every active primary context and the calling thread's current context on a helper
+ * thread, waiting for it until `deadline` (mono ms). Returns the number of contexts synchronized;
+ * 0 means there was no GPU work to wait for, no libcuda, or no sync: *why then says SYNC_CAPTURE
+ * (a stream capture is in progress), SYNC_BUSY (an abandoned sync is still blocked),
+ * SYNC_ABANDONED (this one did not finish by the deadline) or SYNC_NONE. */
+static int device_sync(cm_engine *e, uint64_t deadline, int *why) {
+  cm__cupti *c = &e->cupti;
+  *why = SYNC_NONE;
+  if (!c->cuCtxSynchronize || !c->cuCtxGetCurrent) return 0;
+  if (cm__callbacks_captures_active(atomic_load(&e->cb)) > 0) {
+    if (ADD(e, st_sync_skipped_capture, 1) == 0)
+      elog(e, CM_LOG_INFO, "a CUDA stream capture is in progress: sync flushes do not synchronize "
+                           "the device until it ends (a synchronize would invalidate the capture)");
+    *why = SYNC_CAPTURE;
+    return 0;
+  }
+  /* At most one helper at a time: a second one would only block behind the first. */
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&g_sync_helpers, &expected, 1)) {
+    ADD(e, st_sync_skipped_busy, 1);
+    *why = SYNC_BUSY;
+    return 0;
+  }
+  sync_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    atomic_fetch_sub(&g_sync_helpers, 1);
+    return 0;
+  }
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&j->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  j->refs = 2;
+  j->c = *c;
+  void *cur = NULL;
+  if (c->cuCtxGetCurrent(&cur) == 0) j->cur = cur;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  int prc = pthread_create(&t, &at, sync_helper_main, j);
+  pthread_attr_destroy(&at);
+  if (prc != 0) {
+    atomic_fetch_sub(&g_sync_helpers, 1);
+    j->refs = 1;
+    job_release(j);
+    return 0;
+  }
+  /* Waits in short slices, so that the exit fence's hurry is seen within a few milliseconds. */
+  pthread_mutex_lock(&j->mu);
+  while (!j->done) {
+    uint64_t now = cm__mono_ms();
+    if (now >= deadline || hurried(e)) break;
+    struct timespec ts;
+    cm__abstime_in(&ts, deadline - now < 5 ? deadline - now : 5);
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+  }
+  bool done = j->done;
+  int synced = j->synced;
+  pthread_mutex_unlock(&j->mu);
+  job_release(j);
+  if (!done) {
+    if (ADD(e, st_sync_abandoned, 1) == 0)
+      elog(e, CM_LOG_WARN, "a device synchronize did not finish before the fence's deadline (a "
+                           "kernel still running?); it is left to finish on its own, and no fence "
+                           "synchronizes until it has");
+    *why = SYNC_ABANDONED;
+    return 0;
+  }
+  *why = synced ? SYNC_OK : SYNC_NONE;
   return synced;
 }
 
@@ -512,8 +652,12 @@ static bool plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
 }
 
 /* The sync fence: every record produced before the call is decoded when it returns true. Called
- * with api_mu held; delivers nothing itself. */
-static bool fence(cm_engine *e, uint64_t deadline) {
+ * with api_mu held; delivers nothing itself. When the device cannot be synchronized (a stream
+ * capture is in progress, or an earlier synchronize is still blocked) it degrades to a plain flush,
+ * which delivers what CUPTI has completed; a synchronize that misses the deadline, or one still
+ * blocked from an earlier fence, fails the fence.
+ * *why receives the device_sync outcome of the first synchronize. */
+static bool fence(cm_engine *e, uint64_t deadline, int *why) {
   cm__cupti *c = &e->cupti;
   ADD(e, st_fences, 1);
   bool temp_sync = !(e->enabled >> CM_KIND_SYNCHRONIZATION & 1);
@@ -521,10 +665,12 @@ static bool fence(cm_engine *e, uint64_t deadline) {
     temp_sync = false;
   uint64_t mark = 0;
   c->GetTimestamp(&mark);
-  int synced = device_sync(e);
+  int synced = device_sync(e, deadline, why);
   bool ok = true;
   if (synced == 0) {
-    ok = plain_flush(e, deadline, 0);
+    /* Without a sync the fence holds only when there was nothing to wait for, or when it must not
+     * wait (a capture); a synchronize that is blocked means the device is still busy. */
+    ok = plain_flush(e, deadline, 0) && *why != SYNC_ABANDONED && *why != SYNC_BUSY;
   } else {
     uint64_t last_sync = cm__mono_ms();
     for (;;) {
@@ -534,7 +680,7 @@ static bool fence(cm_engine *e, uint64_t deadline) {
       pthread_mutex_unlock(&e->dec_mu);
       if (seen >= mark) break;
       uint64_t now = cm__mono_ms();
-      if (now >= deadline) {
+      if (now >= deadline || hurried(e)) {
         ok = false;
         break;
       }
@@ -542,7 +688,8 @@ static bool fence(cm_engine *e, uint64_t deadline) {
        * to write it into (it is counted as dropped). The flushes above have since returned
        * buffers, so synchronizing again produces a new record past the mark. */
       if (now - last_sync >= 20) {
-        device_sync(e);
+        int why2;
+        device_sync(e, deadline, &why2);
         last_sync = now;
       }
       usleep(1000);
@@ -561,7 +708,8 @@ static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
  * api_mu held, while the observers are still registered so they receive the last records. */
 static void end_session(cm_engine *e) {
   uint64_t deadline = deadline_for(e, 0);
-  device_sync(e);
+  int why;
+  device_sync(e, deadline, &why);
   if (!plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED))
     elog(e, CM_LOG_WARN, "session end: the decoder did not catch up before the deadline");
   pthread_mutex_lock(&e->dec_mu);
@@ -929,7 +1077,8 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
     return cm__seterr(CM_EINVAL, "flush mode %d: use CM_FLUSH_PLAIN (0) or CM_FLUSH_SYNC (1)", mode);
   pthread_mutex_lock(&e->api_mu);
   uint64_t deadline = deadline_for(e, timeout_ms);
-  bool ok = mode == CM_FLUSH_SYNC ? fence(e, deadline) : plain_flush(e, deadline, 0);
+  int why = SYNC_NONE;
+  bool ok = mode == CM_FLUSH_SYNC ? fence(e, deadline, &why) : plain_flush(e, deadline, 0);
   pthread_mutex_lock(&e->dec_mu);
   deliver(e);
   pthread_mutex_unlock(&e->dec_mu);
@@ -943,6 +1092,52 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
                       mode == CM_FLUSH_SYNC ? "sync" : "plain", ms);
   }
   return 0;
+}
+
+int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
+                          cm__exit_flush *out) {
+  memset(out, 0, sizeof *out);
+  if (!e) return CM_EINVAL;
+  /* Another control call (a monitor's sync flush) may hold api_mu while it waits for the device:
+   * `exiting` ends its waits, and the broadcast wakes one waiting for the decoder. */
+  atomic_store(&e->exiting, true);
+  pthread_mutex_lock(&e->q_mu);
+  pthread_cond_broadcast(&e->done_cv);
+  pthread_mutex_unlock(&e->q_mu);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t now = cm__mono_ms();
+  uint64_t left = deadline > now ? deadline - now : 0;
+  ts.tv_sec += (time_t)(left / 1000);
+  ts.tv_nsec += (long)(left % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  if (pthread_mutex_timedlock(&e->api_mu, &ts) != 0) {
+    out->engine_busy = true;
+    return CM_ETIMEDOUT;
+  }
+  t_exit_fence = true;
+  bool ok = true;
+  if (e->active) {
+    int why = SYNC_NONE;
+    uint64_t sd = sync_deadline < deadline ? sync_deadline : deadline;
+    bool fenced = fence(e, sd, &why);
+    out->capture_active = why == SYNC_CAPTURE;
+    /* SYNC_BUSY: an earlier synchronize is still blocked, so the device is still busy too. */
+    out->sync_timed_out = why == SYNC_ABANDONED || why == SYNC_BUSY || (why == SYNC_OK && !fenced);
+    out->synced = fenced && why == SYNC_OK;
+    /* Forced: buffers still being filled are delivered too (a running kernel's record with end 0). */
+    if (!plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)) out->decode_timed_out = true;
+    ok = !out->sync_timed_out && !out->decode_timed_out;
+  }
+  pthread_mutex_lock(&e->dec_mu);
+  deliver(e);
+  pthread_mutex_unlock(&e->dec_mu);
+  t_exit_fence = false;
+  pthread_mutex_unlock(&e->api_mu);
+  return ok ? 0 : CM_ETIMEDOUT;
 }
 
 const char *cm_string(cm_engine *e, uint32_t id, size_t *len) {
