@@ -27,8 +27,9 @@
  *  - The control thread reads monitor frames (SELECT, CONFIGURE, FLUSH) and owns the observer
  *    list after the handshake: it is the only thread that calls cm_observe/cm_unobserve, so an
  *    observer callback never does. The sender wakes it through a pipe when the monitor is gone.
- *  - The exiting thread runs the atexit handler: cm_flush (engine-serialized against the control
- *    thread's flushes), the last frames, a bounded drain, then it stops both threads.
+ *  - The exiting thread runs the atexit handler within one budget: the engine's exit fence (which
+ *    hurries a flush of the control thread out of its way), a bounded drain, the last frames,
+ *    then it stops both threads (control.c applies the control frames).
  * Locks: q_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
  * calls. No agent lock is held while calling into the engine, except that on_batch takes q_mu
  * while the engine holds its dec_mu (order: engine dec_mu, then q_mu; q_mu is a leaf).

@@ -20,7 +20,7 @@
 
 static void clog_(cm__control *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void clog_(cm__control *c, int level, const char *fmt, ...) {
-  char msg[512];
+  char msg[1024];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(msg, sizeof msg, fmt, ap);
@@ -169,7 +169,7 @@ static void apply_select(cm__control *c, const cm_wire_frame *f) {
   if (cm_selection_new(&sel) != 0) return;
   int rc = cm_selection_parse(sel, spec);
   if (rc) {
-    clog_(c, CM_LOG_ERROR, "SELECT '%.200s' is invalid (%s); the previous selection stays", spec,
+    clog_(c, CM_LOG_ERROR, "SELECT '%.200s' is invalid; the previous selection stays: %s", spec,
           cm_errmsg());
   } else {
     clog_(c, CM_LOG_DEBUG, "SELECT %.400s", spec);
