@@ -878,13 +878,15 @@ static void agent_atexit(void) {
   size_t cl = 0;
 #define CUT(...) cut_add(cut, sizeof cut, &cl, __VA_ARGS__)
 
-  /* 1. The fence: the device sync gets three quarters of the fence's part, the forced flush and
-   * the decoder the rest. Another control call holding the engine is hurried out of the way. */
+  /* 1. The fence: the device sync gets three quarters of the fence's part; the forced flush and
+   * the decoder may use the rest of the budget but its last tenth (what they deliver is queued
+   * as it comes, so the drain overlaps them). Another control call holding the engine is hurried
+   * out of the way. */
   if (A.eng && !atomic_load(&A.gone)) {
     uint64_t flush_end = min_u64(t0 + A.exit_flush_ms, end - reserve);
     uint64_t sync_end = flush_end - (flush_end - t0) / 4;
     cm__exit_flush ef;
-    cm__engine_exit_flush(A.eng, sync_end, flush_end, &ef);
+    cm__engine_exit_flush(A.eng, sync_end, end - reserve, &ef);
     if (ef.engine_busy)
       CUT("the engine stayed busy past the fence's deadline, so the records CUPTI still held "
           "were not flushed (not counted)");
@@ -892,7 +894,9 @@ static void agent_atexit(void) {
       CUT("the device did not synchronize in time (a kernel still running?): records of work "
           "still running are missing or have end 0");
     if (ef.capture_active) CUT("a CUDA graph capture was in progress, so the device was not synchronized");
-    if (ef.decode_timed_out) CUT("the decoder had not caught up at the fence's deadline");
+    if (ef.decode_timed_out)
+      CUT("the decoder had not caught up at the budget's deadline: records CUPTI had delivered "
+          "but not yet decoded were not sent (not counted)");
   }
 
   /* 2. The drain, until its part or the budget's last tenth, whichever comes first. */

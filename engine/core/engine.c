@@ -459,12 +459,14 @@ static int sync_contexts(const cm__cupti *c, void *cur) {
 static void *sync_helper_main(void *arg) {
   sync_job *j = arg;
   int synced = sync_contexts(&j->c, j->cur);
+  /* The count drops before `done` is published, so a waiter that saw this sync finish may start
+   * the next one at once. */
+  atomic_fetch_sub(&g_sync_helpers, 1);
   pthread_mutex_lock(&j->mu);
   j->synced = synced;
   j->done = true;
   pthread_cond_broadcast(&j->cv);
   pthread_mutex_unlock(&j->mu);
-  atomic_fetch_sub(&g_sync_helpers, 1);
   job_release(j);
   return NULL;
 }
