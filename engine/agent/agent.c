@@ -27,8 +27,9 @@
  *  - The control thread reads monitor frames (SELECT, CONFIGURE, FLUSH) and owns the observer
  *    list after the handshake: it is the only thread that calls cm_observe/cm_unobserve, so an
  *    observer callback never does. The sender wakes it through a pipe when the monitor is gone.
- *  - The exiting thread runs the atexit handler: cm_flush (engine-serialized against the control
- *    thread's flushes), the last frames, a bounded drain, then it stops both threads.
+ *  - The exiting thread runs the atexit handler within one budget: the engine's exit fence (which
+ *    hurries a flush of the control thread out of its way), a bounded drain, the last frames,
+ *    then it stops both threads (control.c applies the control frames).
  * Locks: q_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
  * calls. No agent lock is held while calling into the engine, except that on_batch takes q_mu
  * while the engine holds its dec_mu (order: engine dec_mu, then q_mu; q_mu is a leaf).
@@ -53,6 +54,7 @@
 #include <unistd.h>
 
 #include "cm_internal.h"
+#include "control.h"
 #include "cuptimon_wire.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -75,9 +77,7 @@ enum {
   DEFAULT_DELIVER_MS = 200,
   DEFAULT_QUEUE_MB = 64,
   DEFAULT_QUEUE_FRAMES = 1024,
-  EXIT_FLUSH_MS = 3000,   /* the final fence's deadline */
-  EXIT_DRAIN_MS = 5000,   /* how long the exit handler lets the sender drain the queue */
-  JOIN_MS = 1000,         /* how long the exit handler waits for each agent thread to stop */
+  EXIT_BUDGET_MS = 2000,  /* all exit work: the final fence, the drain, the last frames, joins */
   MAX_BATCH_FRAME = 8 << 20, /* a larger batch is split into frames of about this size */
   MAX_STRINGS_FRAME = 4 << 20,
   MAX_OBSERVERS = 8
@@ -106,12 +106,14 @@ static struct agent {
   pthread_t sender, control;
   bool sender_started, control_started;
   uint32_t handshake_ms;
-  uint32_t exit_flush_ms; /* CUPTIMON_EXIT_FLUSH_MS: the final fence's deadline */
-  uint32_t exit_drain_ms; /* CUPTIMON_EXIT_DRAIN_MS: how long the queue may drain at exit */
+  uint32_t exit_budget_ms; /* CUPTIMON_EXIT_BUDGET_MS: all the exit handler's work */
+  uint32_t exit_flush_ms; /* CUPTIMON_EXIT_FLUSH_MS: the final fence's part of the budget */
+  uint32_t exit_drain_ms; /* CUPTIMON_EXIT_DRAIN_MS: the queue's part of the budget */
 
-  /* Control thread only (the init thread before it starts): the engine configuration and the
-   * agent's observers. */
+  /* Control thread only (the init thread before it starts): the engine configuration, the
+   * application of control frames, and the agent's observers. */
   cm_config cfg;
+  cm__control ctl;
   uint32_t obs_ids[MAX_OBSERVERS];
   int nobs;
   uint32_t next_gen;
@@ -631,40 +633,10 @@ static int write_hello_schema(cm_wire_buf *b, const char *token) {
 
 /* ---- selection and configuration ------------------------------------------------------------ */
 
-/* Parses `spec` into `sel`, entry by entry and field by field, so one unknown name costs only
- * itself; every name dropped is logged at warn level. Returns the number of names dropped. */
-static int parse_lenient(cm_selection *sel, const char *spec, const char *what) {
-  int dropped = 0;
-  char *copy = strdup(spec);
-  if (!copy) return 1;
-  char *save1 = NULL;
-  for (char *ent = strtok_r(copy, ";", &save1); ent; ent = strtok_r(NULL, ";", &save1)) {
-    char *colon = strchr(ent, ':');
-    if (colon) *colon = '\0';
-    char kind[128];
-    if (sscanf(ent, " %127[^ \t]", kind) != 1) continue;
-    if (cm_kind_by_name(kind) < 0) {
-      alog(CM_LOG_WARN, "%s: kind '%s' is unknown and left out (%s)", what, kind, cm_errmsg());
-      dropped++;
-      continue;
-    }
-    if (!colon) {
-      cm_selection_add(sel, kind, NULL);
-      continue;
-    }
-    char *save2 = NULL;
-    for (char *f = strtok_r(colon + 1, ",", &save2); f; f = strtok_r(NULL, ",", &save2)) {
-      char field[128];
-      if (sscanf(f, " %127[^ \t]", field) != 1) continue;
-      if (cm_selection_add(sel, kind, field) != 0) {
-        alog(CM_LOG_WARN, "%s: field '%s' of kind '%s' is left out: %s", what, field, kind,
-             cm_errmsg());
-        dropped++;
-      }
-    }
-  }
-  free(copy);
-  return dropped;
+/* Logs one name that the lenient parse of CUPTIMON_SELECT (or the default selection) left out. */
+static void on_select_skip(void *ud, size_t offset, const char *message) {
+  (void)offset;
+  alog(CM_LOG_WARN, "%s: left out: %s", (const char *)ud, message);
 }
 
 static bool selection_empty(const cm_selection *sel) {
@@ -710,89 +682,39 @@ static void tracing_off(void) {
   alog(CM_LOG_INFO, "tracing is off");
 }
 
-static void apply_configure(const cm_wire_frame *f) {
-  cm_wire_kvlist l;
-  memset(&l, 0, sizeof l);
-  if (cm_wire_decode_kvlist(f, &l) != 0) {
-    alog(CM_LOG_WARN, "ignoring a malformed CONFIGURE: %s", cm_wire_reader_errmsg(f->reader));
-    return;
-  }
-  cm_config c = A.cfg;
-  bool engine_change = false;
-  for (uint32_t i = 0; i < l.count; i++) {
-    const char *n = l.items[i].name;
-    uint64_t v = l.items[i].value;
-    uint32_t v32 = v > UINT32_MAX ? UINT32_MAX : (uint32_t)v;
-    if (strcmp(n, "buffer_size") == 0) {
-      c.buffer_size = v32;
-      engine_change = true;
-    } else if (strcmp(n, "pool_max_buffers") == 0) {
-      c.pool_max_buffers = v32;
-      engine_change = true;
-    } else if (strcmp(n, "flush_ms") == 0) {
-      c.self_flush_ms = v32;
-      engine_change = true;
-    } else if (strcmp(n, "deliver_ms") == 0) {
-      c.deliver_ms = v32;
-      engine_change = true;
-    } else if (strcmp(n, "fence_timeout_ms") == 0) {
-      c.fence_timeout_ms = v32;
-      engine_change = true;
-    } else if (strcmp(n, "batch_records") == 0) {
-      c.batch_records = v32;
-      engine_change = true;
-    } else if (strcmp(n, "send_queue_bytes") == 0) {
-      pthread_mutex_lock(&A.q_mu);
-      A.max_bytes = v ? (size_t)v : A.max_bytes;
-      pthread_mutex_unlock(&A.q_mu);
-    } else {
-      alog(CM_LOG_WARN, "CONFIGURE: unknown setting '%s' ignored", n);
-    }
-    alog(CM_LOG_DEBUG, "CONFIGURE %s = %llu", n, (unsigned long long)v);
-  }
-  cm_wire_kvlist_release(&l);
-  if (!engine_change) return;
-  int rc = cm_configure(A.eng, &c);
-  if (rc)
-    alog(CM_LOG_WARN, "CONFIGURE rejected by the engine: %s", cm_errmsg());
-  else
-    A.cfg = c;
+/* ---- the control frames' effects (control.c applies the frames) ----------------------------- */
+
+static int ops_select(void *ud, const cm_selection *sel) {
+  (void)ud;
+  return apply_selection(sel);
 }
 
-static void apply_select_frame(const cm_wire_frame *f) {
-  const char *spec = NULL;
-  uint32_t len = 0;
-  if (cm_wire_decode_select(f, &spec, &len) != 0) {
-    alog(CM_LOG_WARN, "ignoring a malformed SELECT: %s", cm_wire_reader_errmsg(f->reader));
-    return;
-  }
-  cm_selection *sel = NULL;
-  if (cm_selection_new(&sel) != 0) return;
-  int rc = cm_selection_parse(sel, spec);
-  if (rc) {
-    alog(CM_LOG_ERROR, "SELECT '%s' is invalid (%s); the previous selection stays", spec,
-         cm_errmsg());
-  } else {
-    alog(CM_LOG_DEBUG, "SELECT %s", spec);
-    apply_selection(sel);
-  }
-  cm_selection_free(sel);
+static int ops_configure(void *ud, const cm_config *cfg) {
+  (void)ud;
+  int rc = cm_configure(A.eng, cfg);
+  if (rc == 0) A.cfg = *cfg;
+  return rc;
 }
 
-static void handle_flush(const cm_wire_frame *f) {
-  uint64_t id = 0;
-  uint32_t flags = 0, timeout = 0;
-  int32_t status;
-  if (cm_wire_decode_flush(f, &id, &flags, &timeout) != 0) {
-    alog(CM_LOG_WARN, "ignoring a malformed FLUSH: %s", cm_wire_reader_errmsg(f->reader));
-    return;
-  }
-  /* The monitor's timeout is bounded: the control thread holds the engine during the flush, and
-   * the exit handler's final fence must not wait behind a monitor's "49 days". */
-  if (timeout > 60000) timeout = 60000;
-  status = cm_flush(A.eng, (flags & CM_WIRE_FLUSH_SYNC) ? CM_FLUSH_SYNC : CM_FLUSH_PLAIN, timeout);
-  /* The batches the flush delivered are queued already; a STATS frame tells the monitor about
-   * drops at the same point, then FLUSH_DONE closes the window. */
+static void ops_queue_bytes(void *ud, uint64_t bytes) {
+  (void)ud;
+  pthread_mutex_lock(&A.q_mu);
+  A.max_bytes = (size_t)bytes;
+  pthread_mutex_unlock(&A.q_mu);
+}
+
+/* A FLUSH that arrives while the process exits is answered at once: the exit fence owns the
+ * engine then, and the monitor learns the state from the status. */
+static int ops_flush(void *ud, int mode, uint32_t timeout_ms) {
+  (void)ud;
+  if (atomic_load(&A.exiting)) return CM_ESTATE;
+  return cm_flush(A.eng, mode, timeout_ms);
+}
+
+/* The batches the flush delivered are queued already; a STATS frame tells the monitor about
+ * drops at the same point, then FLUSH_DONE closes the window. */
+static void ops_flush_done(void *ud, uint64_t id, int32_t status) {
+  (void)ud;
   push_stats();
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -800,32 +722,19 @@ static void handle_flush(const cm_wire_frame *f) {
   cm_wire_buf_free(&b);
 }
 
-/* Applies one monitor frame. Returns 1 for HELLO_ACK (its status in *ack), 0 otherwise. */
-static int apply_frame(const cm_wire_frame *f, int32_t *ack) {
-  switch (f->type) {
-  case CM_WIRE_HELLO_ACK: {
-    const char *msg = "";
-    int32_t st = CM_EIO;
-    if (cm_wire_decode_hello_ack(f, &st, &msg) != 0) msg = "malformed HELLO_ACK";
-    if (st != 0) alog(CM_LOG_WARN, "the monitor refused this process: %s (%s)", msg, cm_err_name(st));
-    if (ack) *ack = st;
-    return 1;
-  }
-  case CM_WIRE_CONFIGURE:
-    apply_configure(f);
-    return 0;
-  case CM_WIRE_SELECT:
-    apply_select_frame(f);
-    return 0;
-  case CM_WIRE_FLUSH:
-    handle_flush(f);
-    return 0;
-  default:
-    alog(CM_LOG_DEBUG, "ignoring a %s frame (type %u) from the monitor",
-         cm_wire_type_name(f->type) ? cm_wire_type_name(f->type) : "unknown", f->type);
-    return 0;
-  }
+static void ops_log(void *ud, int level, const char *msg) {
+  (void)ud;
+  alog(level, "%s", msg);
 }
+
+static const cm__control_ops control_ops = {
+    .select = ops_select,
+    .configure = ops_configure,
+    .queue_bytes = ops_queue_bytes,
+    .flush = ops_flush,
+    .flush_done = ops_flush_done,
+    .log = ops_log,
+};
 
 /* ---- the control thread --------------------------------------------------------------------- */
 
@@ -845,16 +754,13 @@ static void *control_main(void *arg) {
     /* Frames the handshake (or the last read) left in the reader come first. */
     while (reading) {
       cm_wire_frame f;
-      int r = cm_wire_reader_next(A.reader, &f);
+      int r = cm__control_next(&A.ctl, A.reader, &f);
       if (r == 1) {
-        apply_frame(&f, NULL);
+        cm__control_apply(&A.ctl, &f, NULL);
         continue;
       }
       if (r < 0) {
-        char why[320];
-        snprintf(why, sizeof why, "bad frame from the monitor: %s",
-                 cm_wire_reader_errmsg(A.reader));
-        monitor_gone(why);
+        monitor_gone(r == CM_ERANGE ? "a control frame over the agent's bound" : "bad frame from the monitor");
         reading = false;
       }
       break;
@@ -882,7 +788,7 @@ static void *control_main(void *arg) {
         reading = false;
         continue;
       }
-      if (cm_wire_reader_feed(A.reader, buf, (size_t)r) != 0) {
+      if (cm__control_feed(&A.ctl, A.reader, buf, (size_t)r) != 0) {
         monitor_gone("bad stream from the monitor");
         reading = false;
       }
@@ -893,42 +799,135 @@ static void *control_main(void *arg) {
 
 /* ---- exit ----------------------------------------------------------------------------------- */
 
-static void join_with_deadline(pthread_t t, const char *name) {
+/* Joins `t` unless `deadline` (mono ms) passes first; then the thread is left behind, logged. */
+static void join_with_deadline(pthread_t t, const char *name, uint64_t deadline) {
+  uint64_t now = cm__mono_ms();
+  uint64_t ms = deadline > now ? deadline - now : 0;
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  ts.tv_sec += JOIN_MS / 1000;
-  ts.tv_nsec += (long)(JOIN_MS % 1000) * 1000000L;
+  ts.tv_sec += (time_t)(ms / 1000);
+  ts.tv_nsec += (long)(ms % 1000) * 1000000L;
   if (ts.tv_nsec >= 1000000000L) {
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
   if (pthread_timedjoin_np(t, NULL, &ts) != 0)
-    alog(CM_LOG_WARN, "the %s thread did not stop within %d ms; leaving it", name, JOIN_MS);
+    alog(CM_LOG_WARN, "the %s thread did not stop within the exit budget; leaving it", name);
 }
 
-/* The atexit handler: a final fence, the last batches, STATS and BYE, a bounded drain. Every
- * step has a deadline, so a stuck monitor delays the exit by at most a few seconds. In a forked
- * child (the agent's threads do not exist there) it does nothing. */
+static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* Appends one "; "-separated clause to the exit report `cut` (cap bytes, *len used). */
+static void cut_add(char *cut, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void cut_add(char *cut, size_t cap, size_t *len, const char *fmt, ...) {
+  if (*len && *len + 2 < cap) {
+    memcpy(cut + *len, "; ", 3);
+    *len += 2;
+  }
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(cut + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len = *len + (size_t)n < cap ? *len + (size_t)n : cap - 1;
+}
+
+/* Removes the BATCH frames still queued (not the one being written), counting their records as
+ * dropped by the agent, so the STATS frame queued after them reports them. Returns the records.
+ * q_mu held. */
+static uint64_t purge_batches_locked(void) {
+  uint64_t records = 0;
+  qframe **pp = &A.head, *last = NULL, *gone = NULL;
+  while (*pp) {
+    qframe *f = *pp;
+    if (f->batch) {
+      *pp = f->next;
+      A.q_bytes -= f->len;
+      A.q_frames--;
+      INC(batches_dropped, 1);
+      INC(records_dropped_agent, f->records);
+      records += f->records;
+      f->next = gone;
+      gone = f;
+    } else {
+      last = f;
+      pp = &f->next;
+    }
+  }
+  A.tail = last;
+  free_frames(gone);
+  return records;
+}
+
+/* The atexit handler: a final fence, the last batches, STATS and BYE. All of it runs within one
+ * budget (CUPTIMON_EXIT_BUDGET_MS), whatever the device (a kernel still running), the engine (a
+ * monitor's sync flush in progress) or the monitor (one that stopped reading) do: the fence gets
+ * at most CUPTIMON_EXIT_FLUSH_MS of it, the queue drains until CUPTIMON_EXIT_DRAIN_MS or the
+ * budget's last tenth, the batches still queued then are dropped and counted, and STATS, BYE and
+ * the threads' joins get the rest. What the budget cut off is counted in STATS
+ * (records_dropped_agent) where it can be, and said in BYE's message and the log either way. In a
+ * forked child (the agent's threads do not exist there) it does nothing. */
 static void agent_atexit(void) {
   if (getpid() != A.pid || !atomic_load(&A.active)) return;
   atomic_store(&A.exiting, true);
   uint64_t t0 = cm__mono_ms();
-  if (!atomic_load(&A.gone) && atomic_load(&A.tracing)) {
-    int rc = cm_flush(A.eng, CM_FLUSH_SYNC, A.exit_flush_ms);
-    if (rc) alog(CM_LOG_WARN, "final flush: %s", cm_errmsg());
+  uint64_t end = t0 + A.exit_budget_ms;
+  uint64_t reserve = A.exit_budget_ms / 10 < 20 ? 20 : A.exit_budget_ms / 10;
+  if (reserve > A.exit_budget_ms) reserve = A.exit_budget_ms;
+  char cut[1024] = "";
+  size_t cl = 0;
+#define CUT(...) cut_add(cut, sizeof cut, &cl, __VA_ARGS__)
+
+  /* 1. The fence: the device sync gets three quarters of the fence's part; the forced flush and
+   * the decoder may use the rest of the budget but its last tenth (what they deliver is queued
+   * as it comes, so the drain overlaps them). Another control call holding the engine is hurried
+   * out of the way. */
+  if (A.eng && !atomic_load(&A.gone)) {
+    uint64_t flush_end = min_u64(t0 + A.exit_flush_ms, end - reserve);
+    uint64_t sync_end = flush_end - (flush_end - t0) / 4;
+    cm__exit_flush ef;
+    cm__engine_exit_flush(A.eng, sync_end, end - reserve, &ef);
+    if (ef.engine_busy)
+      CUT("the engine stayed busy past the fence's deadline, so the records CUPTI still held "
+          "were not flushed (not counted)");
+    if (ef.sync_timed_out)
+      CUT("the device did not synchronize in time (a kernel still running?): records of work "
+          "still running are missing or have end 0");
+    if (ef.capture_active) CUT("a CUDA graph capture was in progress, so the device was not synchronized");
+    if (ef.decode_timed_out)
+      CUT("the decoder had not caught up at the budget's deadline: records CUPTI had delivered "
+          "but not yet decoded were not sent (not counted)");
   }
+
+  /* 2. The drain, until its part or the budget's last tenth, whichever comes first. */
+  pthread_mutex_lock(&A.q_mu);
+  struct timespec ts;
+  uint64_t drain_end = min_u64(cm__mono_ms() + A.exit_drain_ms, end - reserve);
+  uint64_t now = cm__mono_ms();
+  cm__abstime_in(&ts, drain_end > now ? drain_end - now : 0);
+  while ((A.head || A.sending) && !A.q_dead)
+    if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
+  uint64_t purged = A.q_dead ? 0 : purge_batches_locked();
+  pthread_mutex_unlock(&A.q_mu);
+  if (purged)
+    CUT("%llu records still queued at the drain's deadline were not sent (counted as dropped)",
+        (unsigned long long)purged);
+
+  /* 3. STATS and BYE (with what was cut), then the rest of the budget for them to leave. */
   push_stats();
   cm_wire_buf b;
   cm_wire_buf_init(&b);
-  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, -1, "") == 0) q_push_buf(&b, false, 0);
+  char msg[1100];
+  snprintf(msg, sizeof msg, "%s%s", cl ? "exit budget: " : "", cut);
+  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, -1, msg) == 0) q_push_buf(&b, false, 0);
   cm_wire_buf_free(&b);
-
   pthread_mutex_lock(&A.q_mu);
   A.q_closed = true;
   A.sender_stop = true;
   pthread_cond_signal(&A.q_cv);
-  struct timespec ts;
-  cm__abstime_in(&ts, A.exit_drain_ms);
+  now = cm__mono_ms();
+  uint64_t last_end = end - reserve / 2;
+  cm__abstime_in(&ts, last_end > now ? last_end - now : 0);
   while ((A.head || A.sending) && !A.q_dead)
     if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
   size_t left = A.q_frames;
@@ -936,29 +935,32 @@ static void agent_atexit(void) {
   pthread_mutex_unlock(&A.q_mu);
   if (!drained && !atomic_load(&A.gone))
     alog(CM_LOG_WARN,
-         "the %s did not take the last %zu frames within %d ms; closing without them",
-         A.is_socket ? "monitor" : "capture file", left, (int)A.exit_drain_ms);
-  /* A sender blocked in send() on a monitor that does not read is released by the shutdown. */
+         "the %s did not take the last %zu frames within the exit budget (%u ms); closing "
+         "without them (STATS and BYE among them)",
+         A.is_socket ? "monitor" : "capture file", left, A.exit_budget_ms);
+  /* 4. A sender blocked in send() on a monitor that does not read is released by the shutdown;
+   * the threads get what is left of the budget to stop. */
   if (A.is_socket && A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
   if (!drained) monitor_gone("closed at exit");
   atomic_store(&A.ctl_stop, true);
   wake_control();
-  if (A.sender_started) join_with_deadline(A.sender, "sender");
-  if (A.control_started) join_with_deadline(A.control, "control");
+  if (A.sender_started) join_with_deadline(A.sender, "sender", end);
+  if (A.control_started) join_with_deadline(A.control, "control", end);
   if (A.fd >= 0) close(A.fd);
   A.fd = -1;
   atomic_store(&A.active, false);
   cm_stats st;
   memset(&st, 0, sizeof st);
   cm_stats_get(A.eng, &st);
-  int lvl = GET(batches_dropped) || st.records_dropped ? CM_LOG_WARN : CM_LOG_INFO;
+  int lvl = GET(batches_dropped) || st.records_dropped || cl ? CM_LOG_WARN : CM_LOG_INFO;
   alog(lvl,
        "exit: %llu batches (%llu records) sent, %llu batches (%llu records) dropped by the "
-       "agent, %llu records dropped by CUPTI, %llu bytes, %llu ms",
+       "agent, %llu records dropped by CUPTI, %llu bytes, %llu ms of a %u ms budget%s%s",
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
        (unsigned long long)st.records_dropped, (unsigned long long)GET(bytes_sent),
-       (unsigned long long)(cm__mono_ms() - t0));
+       (unsigned long long)(cm__mono_ms() - t0), A.exit_budget_ms, cl ? "; " : "", cut);
+#undef CUT
   /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */
 }
 
@@ -1029,13 +1031,12 @@ static int32_t await_ack(uint64_t deadline) {
   for (;;) {
     cm_wire_frame f;
     int r;
-    while ((r = cm_wire_reader_next(A.reader, &f)) == 1) {
+    while ((r = cm__control_next(&A.ctl, A.reader, &f)) == 1) {
       int32_t st = 0;
-      if (apply_frame(&f, &st)) return st;
+      if (cm__control_apply(&A.ctl, &f, &st)) return st;
     }
     if (r < 0) {
-      alog(CM_LOG_ERROR, "bad frame from the monitor during the handshake: %s",
-           cm_wire_reader_errmsg(A.reader));
+      alog(CM_LOG_ERROR, "the handshake failed on the monitor's stream (see above)");
       return CM_EIO;
     }
     uint64_t now = cm__mono_ms();
@@ -1055,10 +1056,7 @@ static int32_t await_ack(uint64_t deadline) {
            n < 0 ? ": " : "", n < 0 ? strerror(errno) : "");
       return CM_EIO;
     }
-    if (cm_wire_reader_feed(A.reader, buf, (size_t)n) != 0) {
-      alog(CM_LOG_ERROR, "bad stream from the monitor: %s", cm_wire_reader_errmsg(A.reader));
-      return CM_EIO;
-    }
+    if (cm__control_feed(&A.ctl, A.reader, buf, (size_t)n) != 0) return CM_EIO;
   }
 }
 
@@ -1133,10 +1131,12 @@ static void agent_init(void) {
     return;
   }
   A.handshake_ms = (uint32_t)env_u64("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS, 3600000);
-  A.exit_flush_ms = (uint32_t)env_u64("CUPTIMON_EXIT_FLUSH_MS", EXIT_FLUSH_MS, 3600000);
-  /* A capture file does not stall the way a monitor that stopped reading does, so its queue gets
-   * longer to drain by default: dropping the tail of a capture would lose records for no reason. */
-  A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", sock ? EXIT_DRAIN_MS : 30000, 3600000);
+  /* One budget bounds the whole exit, as a service manager's stop timeout does; the fence's and
+   * the drain's deadlines are parts of it (by default half of it for the fence, at most, and
+   * whatever the fence left for the drain). */
+  A.exit_budget_ms = (uint32_t)env_u64("CUPTIMON_EXIT_BUDGET_MS", EXIT_BUDGET_MS, 3600000);
+  A.exit_flush_ms = (uint32_t)env_u64("CUPTIMON_EXIT_FLUSH_MS", A.exit_budget_ms / 2, 3600000);
+  A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", A.exit_budget_ms, 3600000);
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
   uint64_t deadline = cm__mono_ms() + A.handshake_ms;
@@ -1193,6 +1193,7 @@ static void agent_init(void) {
   if (rc) goto off;
 
   if (cm_wire_reader_new(&A.reader, 0) != 0) goto off;
+  cm__control_init(&A.ctl, &control_ops, &A.cfg);
   if (sock) {
     int32_t st = await_ack(deadline);
     if (st != 0) {
@@ -1204,9 +1205,11 @@ static void agent_init(void) {
     const char *spec = getenv("CUPTIMON_SELECT");
     cm_selection *sel = NULL;
     if (cm_selection_new(&sel) != 0) goto off;
-    int dropped = parse_lenient(sel, spec && *spec ? spec : default_select,
-                                spec && *spec ? "CUPTIMON_SELECT" : "the default selection");
-    if (dropped)
+    int dropped = cm_selection_parse_ex(sel, spec && *spec ? spec : default_select,
+                                        CM_SELECT_LENIENT, on_select_skip,
+                                        (void *)(spec && *spec ? "CUPTIMON_SELECT"
+                                                               : "the default selection"));
+    if (dropped > 0)
       alog(CM_LOG_WARN, "%d selection names were left out (see above)", dropped);
     if (selection_empty(sel))
       alog(CM_LOG_WARN, "the selection is empty: the capture will hold no records");

@@ -18,11 +18,17 @@
  * apart, so a consumer's disarm can never turn off a callback the engine relies on. Removing the
  * last handler of a key drops its arm count to zero.
  *
+ * The capture handler watches the driver calls that begin and end a CUDA stream capture and keeps
+ * the set of streams with a capture in progress, so the fence can tell that a device synchronize
+ * would break an application's graph capture (issue: a sync flush invalidated PyTorch's CUDA
+ * graphs). Its callbacks are pinned like the resource ones.
+ *
  * The resource handler copies what it needs out of CUPTI's callback data into a fixed-layout
  * record and appends it to a bounded side queue; the engine moves the queue into the decoder at
  * the start of each drain, so resource records are delivered like any other kind.
  *
- * Thread rules. Dispatch: any thread, lock-free except for the side queue's short append.
+ * Thread rules. Dispatch: any thread, lock-free except for the side queue's short append and the
+ * capture set's lock (`cap_mu`, a leaf, taken only in capture begin and end calls).
  * Register, unregister, arm, disarm: any thread, serialized by `mu`. Lock order: the engine's
  * dec_mu, then `res_mu` (a leaf); `mu` is never held while a handler runs, and never taken inside
  * dispatch.
@@ -40,6 +46,7 @@
 #include "cm_internal.h"
 
 #define RESOURCE_QUEUE_MAX 65536
+#define CAPTURE_TRACK_MAX 256 /* streams tracked by handle; more are counted without a handle */
 
 /* One registered handler. Freed only after a grace period, so a dispatch may still read it. */
 typedef struct hrec {
@@ -109,6 +116,13 @@ struct cm__callbacks {
   cm__resource_record *q;
   size_t qn, qcap;
 
+  /* Guarded by cap_mu: the streams with a capture in progress (begin and end are rare calls). */
+  pthread_mutex_t cap_mu;
+  uint64_t cap_streams[CAPTURE_TRACK_MAX];
+  uint32_t ncap;
+  uint32_t cap_untracked; /* captures begun while the table was full */
+  atomic_int captures;    /* ncap + cap_untracked, read without the lock */
+
   atomic_uint_fast64_t st_dispatched, st_calls, st_failures, st_res, st_res_dropped;
 };
 
@@ -120,6 +134,18 @@ static const uint32_t resource_cbids[] = {
     CUPTI_CBID_RESOURCE_CONTEXT_CREATED, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING,
     CUPTI_CBID_RESOURCE_STREAM_CREATED,  CUPTI_CBID_RESOURCE_STREAM_DESTROY_STARTING,
     CUPTI_CBID_RESOURCE_MODULE_LOADED,   CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING,
+};
+
+/* The driver calls that begin or end a stream capture. The runtime's cudaStreamBeginCapture and
+ * cudaStreamEndCapture call these, so watching the driver domain sees both APIs. */
+static const uint32_t capture_begin_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture,        CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2,     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
+};
+static const uint32_t capture_end_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture,
+    CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture_ptsz,
 };
 
 static uint64_t mkkey(int domain, uint32_t cbid) { return (uint64_t)(uint32_t)domain << 32 | cbid; }
@@ -287,6 +313,7 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
   pthread_mutex_init(&cb->grace_mu, NULL);
   pthread_mutex_init(&cb->mu, NULL);
   pthread_mutex_init(&cb->res_mu, NULL);
+  pthread_mutex_init(&cb->cap_mu, NULL);
   table *t = calloc(1, sizeof *t);
   if (!t) {
     free(cb);
@@ -307,6 +334,18 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
     if (arm_sync(cb, a) != 0)
       cblog(cb, CM_LOG_WARN, "cannot enable resource callback %u: resource records of that "
                              "event will be missing", resource_cbids[i]);
+  }
+  for (size_t i = 0; i < sizeof capture_begin_cbids / sizeof capture_begin_cbids[0] +
+                             sizeof capture_end_cbids / sizeof capture_end_cbids[0];
+       i++) {
+    size_t nb = sizeof capture_begin_cbids / sizeof capture_begin_cbids[0];
+    uint32_t id = i < nb ? capture_begin_cbids[i] : capture_end_cbids[i - nb];
+    armed *a = arm_find(cb, CUPTI_CB_DOMAIN_DRIVER_API, id, true);
+    if (!a) continue;
+    a->pins++;
+    if (arm_sync(cb, a) != 0)
+      cblog(cb, CM_LOG_WARN, "cannot enable driver callback %u: a sync flush cannot tell that a "
+                             "graph capture begun there is in progress", id);
   }
   pthread_mutex_unlock(&cb->mu);
   *out = cb;
@@ -329,6 +368,7 @@ void cm__callbacks_free(cm__callbacks *cb) {
   pthread_mutex_destroy(&cb->grace_mu);
   pthread_mutex_destroy(&cb->mu);
   pthread_mutex_destroy(&cb->res_mu);
+  pthread_mutex_destroy(&cb->cap_mu);
   free(cb->q);
   free(cb);
 }
@@ -387,6 +427,48 @@ static void record_resource(cm__callbacks *cb, uint32_t cbid, const void *data) 
   atomic_fetch_add_explicit(ok ? &cb->st_res : &cb->st_res_dropped, 1, memory_order_relaxed);
 }
 
+static bool in_list(const uint32_t *ids, size_t n, uint32_t cbid) {
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] == cbid) return true;
+  return false;
+}
+
+/* The built-in capture handler: at the exit of a call that began a capture successfully, the
+ * stream joins the set; at the exit of an end call it leaves it, unless the call failed because it
+ * came from the wrong thread (the capture then goes on). Every params struct of these calls starts
+ * with the stream handle. */
+static void record_capture(cm__callbacks *cb, uint32_t cbid, const void *data) {
+  bool begin = in_list(capture_begin_cbids, sizeof capture_begin_cbids / sizeof capture_begin_cbids[0], cbid);
+  bool end = !begin && in_list(capture_end_cbids, sizeof capture_end_cbids / sizeof capture_end_cbids[0], cbid);
+  if ((!begin && !end) || !data) return;
+  const CUpti_CallbackData *cd = data;
+  if (cd->callbackSite != CUPTI_API_EXIT || !cd->functionParams) return;
+  CUresult res = cd->functionReturnValue ? *(const CUresult *)cd->functionReturnValue : CUDA_SUCCESS;
+  uint64_t stream = (uint64_t)(uintptr_t)*(void *const *)cd->functionParams;
+  pthread_mutex_lock(&cb->cap_mu);
+  if (begin && res == CUDA_SUCCESS) {
+    if (cb->ncap < CAPTURE_TRACK_MAX)
+      cb->cap_streams[cb->ncap++] = stream;
+    else
+      cb->cap_untracked++;
+  } else if (end && res != CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD) {
+    bool found = false;
+    for (uint32_t i = 0; i < cb->ncap; i++)
+      if (cb->cap_streams[i] == stream) {
+        cb->cap_streams[i] = cb->cap_streams[--cb->ncap];
+        found = true;
+        break;
+      }
+    if (!found && cb->cap_untracked) cb->cap_untracked--;
+  }
+  atomic_store(&cb->captures, (int)(cb->ncap + cb->cap_untracked));
+  pthread_mutex_unlock(&cb->cap_mu);
+}
+
+int cm__callbacks_captures_active(const cm__callbacks *cb) {
+  return cb ? atomic_load(&cb->captures) : 0;
+}
+
 void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data,
                             cm__intern *strings) {
   /* Everything below runs inside the reader count, so the registry's free waits for it. */
@@ -399,6 +481,7 @@ void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const 
       cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING)
     cm__intern_invalidate(strings);
   if (domain == CUPTI_CB_DOMAIN_RESOURCE) record_resource(cb, cbid, data);
+  if (domain == CUPTI_CB_DOMAIN_DRIVER_API) record_capture(cb, cbid, data);
   t_dispatch_depth++;
   const table *t = atomic_load(&cb->tab);
   uint64_t k = mkkey(domain, cbid);

@@ -143,6 +143,10 @@ typedef struct cm__cupti {
   int (*cuDevicePrimaryCtxRelease)(int dev);
   int (*cuCtxPushCurrent)(void *ctx);
   int (*cuCtxPopCurrent)(void **ctx);
+  /* Sets the calling thread's stream-capture mode (CUstreamCaptureMode) and returns the old one
+   * in *mode. The fence's threads run in relaxed mode, so their synchronize calls never count as
+   * unsafe calls for a CUDA graph capture of the application. */
+  int (*cuThreadExchangeStreamCaptureMode)(int *mode);
 } cm__cupti;
 
 /* Loads libcupti in the documented search order: "libcupti.so.13" (shares a copy the process
@@ -331,5 +335,34 @@ int cm__callbacks_arm(cm__callbacks *cb, int domain, uint32_t cbid);
 int cm__callbacks_disarm(cm__callbacks *cb, int domain, uint32_t cbid);
 int cm__callbacks_armed(cm__callbacks *cb, int domain, uint32_t cbid);
 int cm__callbacks_stats(cm__callbacks *cb, cm_callback_stats *out);
+/* The number of CUDA stream captures in progress in the process, as the built-in capture handler
+ * saw them begin and end (cuStreamBeginCapture*, cuStreamEndCapture*, at API exit). The fence does
+ * not synchronize the device while it is not 0: a synchronize call can invalidate an
+ * application's graph capture. Any thread; lock-free. */
+int cm__callbacks_captures_active(const cm__callbacks *cb);
+
+/* ---- fence.c: the exit fence ------------------------------------------------------------------
+ *
+ * What the exit fence did; every field is a reason why records produced before it may be missing
+ * from what it delivered. */
+typedef struct cm__exit_flush {
+  bool engine_busy;     /* another control call held the engine past the deadline: nothing flushed */
+  bool capture_active;  /* a CUDA graph capture was in progress: no device sync */
+  bool sync_timed_out;  /* the device sync did not finish in time (a kernel still running) */
+  bool decode_timed_out; /* the decoder had not caught up at the deadline */
+  bool synced;          /* the device sync completed and its record was seen */
+} cm__exit_flush;
+
+/* The exit fence: a best effort to deliver every record produced before the call, by `deadline`
+ * (CLOCK_MONOTONIC ms) at the latest, whatever the device or another thread does. It makes a
+ * control call in progress on another thread (a sync flush waiting for the device) give up at
+ * once, takes the engine's control lock with the deadline, synchronizes the device on a helper
+ * thread that it abandons at `sync_deadline` (and not at all while a graph capture is in
+ * progress), then flushes CUPTI with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED and delivers. From then on
+ * every wait in a later control call ends at once, so nothing queued behind it can hold the
+ * process. Returns 0 when nothing was cut short, else CM_ETIMEDOUT; *out says what happened.
+ * Any thread; meant for the process's exit. */
+int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
+                          cm__exit_flush *out);
 
 #endif /* CM_INTERNAL_H */

@@ -126,6 +126,8 @@ int cm__cupti_load(cm__cupti *c) {
     if (!c->cuCtxPushCurrent) BIND_OPT(c->cuda, cuCtxPushCurrent, "cuCtxPushCurrent");
     BIND_OPT(c->cuda, cuCtxPopCurrent, "cuCtxPopCurrent_v2");
     if (!c->cuCtxPopCurrent) BIND_OPT(c->cuda, cuCtxPopCurrent, "cuCtxPopCurrent");
+    /* CUDA 10.1 and newer; without it the fence's threads keep the default capture mode. */
+    BIND_OPT(c->cuda, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
   }
   return 0;
 }

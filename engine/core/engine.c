@@ -1,7 +1,8 @@
 /*
  * engine.c: the engine. It owns the process's CUPTI subscription, the buffer callbacks, the decode
- * worker, the observers and their union selection, and delivery. The flushes and the sync fence
- * are in fence.c, the couplings between kinds in select.c; the state they share is in engine.h.
+ * worker, the observers and their union selection, and delivery. The flushes, the device
+ * synchronization and the fences (the exit fence too) are in fence.c, the couplings between kinds
+ * in select.c; the state they share is in engine.h.
  *
  * Threads and locks. Three kinds of thread meet here:
  *  - CUPTI's threads (and the application's, for per-thread buffers) call the buffer request and
@@ -14,6 +15,9 @@
  * Lock order: api_mu, then dec_mu, then work_mu; the pool mutex is a leaf. Observer callbacks run
  * with dec_mu held, on the worker or on the thread calling cm_flush, so one engine never runs two
  * callbacks at once and the columns cannot change under a callback.
+ *
+ * The device synchronization of a fence, and the exit fence that bounds it by one deadline, are
+ * described in fence.c.
  *
  * Selection changes follow two rules from the reference monitor. A kind whose selection does not
  * change is never toggled, because disabling and re-enabling RUNTIME or DRIVER stops kernel records
@@ -62,8 +66,7 @@ static void release_slot(void) {
 
 
 
-static void elog(cm_engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void elog(cm_engine *e, int level, const char *fmt, ...) {
+void cm__engine_log(cm_engine *e, int level, const char *fmt, ...) {
   char msg[1024];
   va_list ap;
   va_start(ap, fmt);
@@ -87,7 +90,7 @@ static void CUPTIAPI on_buffer_request(uint8_t **buffer, size_t *size, size_t *m
     bool warn = false;
     uint8_t *b = cm__pool_get(&e->pool, size, &warn);
     if (warn)
-      elog(e, CM_LOG_WARN,
+      cm__engine_log(e, CM_LOG_WARN,
            "more than %u activity buffers are outstanding: the decoder is not keeping up with "
            "CUPTI (consider a larger pool, fewer kinds, or a faster delivery cadence)",
            e->pool.warn_outstanding);
@@ -157,12 +160,12 @@ static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domai
   callback_leave();
 }
 
-static void log_hook(void *ctx, int level, const char *msg) { elog(ctx, level, "%s", msg); }
+static void log_hook(void *ctx, int level, const char *msg) { cm__engine_log(ctx, level, "%s", msg); }
 
 /* ---- delivery ------------------------------------------------------------------------------- */
 
 /* Hands every held record to the observers, then empties the decoder. Called with dec_mu held. */
-static void deliver(cm_engine *e) {
+void cm__engine_deliver(cm_engine *e) {
   cm_column cols[CM__MAX_FIELDS];
   bool any = false;
   uint64_t seq = ++e->drain_seq;
@@ -230,7 +233,7 @@ static void *worker_main(void *arg) {
       next_deliver = now + dl;
       pthread_mutex_unlock(&e->work_mu);
       pthread_mutex_lock(&e->dec_mu);
-      deliver(e);
+      cm__engine_deliver(e);
       pthread_mutex_unlock(&e->dec_mu);
       pthread_mutex_lock(&e->work_mu);
       continue;
@@ -245,7 +248,7 @@ static void *worker_main(void *arg) {
 
       pthread_mutex_lock(&e->dec_mu);
       uint64_t n = cm__decoder_decode(e->dec, it->buf, it->valid);
-      if (limit && held_over(e, limit)) deliver(e);
+      if (limit && held_over(e, limit)) cm__engine_deliver(e);
       pthread_mutex_unlock(&e->dec_mu);
       ADD(e, st_records_decoded, n);
       ADD(e, st_buffers_decoded, 1);
@@ -339,11 +342,12 @@ static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
  * api_mu held, while the observers are still registered so they receive the last records. */
 static void end_session(cm_engine *e) {
   uint64_t deadline = deadline_for(e, 0);
-  cm__device_sync(&e->cupti);
+  int why;
+  cm__engine_device_sync(e, deadline, &why);
   if (!cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED))
-    elog(e, CM_LOG_WARN, "session end: the decoder did not catch up before the deadline");
+    cm__engine_log(e, CM_LOG_WARN, "session end: the decoder did not catch up before the deadline");
   pthread_mutex_lock(&e->dec_mu);
-  deliver(e);
+  cm__engine_deliver(e);
   pthread_mutex_unlock(&e->dec_mu);
 }
 
@@ -554,7 +558,7 @@ void cm_engine_free(cm_engine *e) {
   e->q_head = e->q_tail = NULL;
   pthread_mutex_unlock(&e->work_mu);
   if (lost)
-    elog(e, CM_LOG_WARN, "%llu records completed after the decoder stopped were not delivered",
+    cm__engine_log(e, CM_LOG_WARN, "%llu records completed after the decoder stopped were not delivered",
          (unsigned long long)lost);
   for (qitem *it = e->q_spare; it;) {
     qitem *next = it->next;
@@ -562,7 +566,7 @@ void cm_engine_free(cm_engine *e) {
     it = next;
   }
   if (e->pool.outstanding)
-    elog(e, CM_LOG_WARN, "%llu activity buffers are still owned by CUPTI and are not freed",
+    cm__engine_log(e, CM_LOG_WARN, "%llu activity buffers are still owned by CUPTI and are not freed",
          (unsigned long long)e->pool.outstanding);
   cm__decoder_free(e->dec);
   cm__intern_free(e->strings);
@@ -629,7 +633,7 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
   /* Pending records go to the current observers, decoded with the current table. */
   if (e->active) cm__engine_plain_flush(e, deadline_for(e, 0), 0);
   pthread_mutex_lock(&e->dec_mu);
-  deliver(e);
+  cm__engine_deliver(e);
   cm__bits prev[CM_KIND_MAX];
   memcpy(prev, e->sel, sizeof prev);
   memcpy(e->sel, next, sizeof next);
@@ -646,7 +650,7 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
     /* Roll back: the observer was never visible to a delivery with records of its new kinds. */
     pthread_mutex_lock(&e->dec_mu);
     e->nobs--;
-    deliver(e);
+    cm__engine_deliver(e);
     memcpy(e->sel, prev, sizeof prev);
     cm__decoder_select(e->dec, e->sel);
     pthread_mutex_unlock(&e->dec_mu);
@@ -684,7 +688,7 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
   cm__bits next[CM_KIND_MAX];
   union_of(e, idx, NULL, next);
   pthread_mutex_lock(&e->dec_mu);
-  deliver(e);
+  cm__engine_deliver(e);
   memmove(&e->obs[idx], &e->obs[idx + 1], (size_t)(e->nobs - idx - 1) * sizeof e->obs[0]);
   e->nobs--;
   memcpy(e->sel, next, sizeof next);
@@ -707,14 +711,16 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
     return cm__seterr(CM_EINVAL, "flush mode %d: use CM_FLUSH_PLAIN (0) or CM_FLUSH_SYNC (1)", mode);
   pthread_mutex_lock(&e->api_mu);
   uint64_t deadline = deadline_for(e, timeout_ms);
-  bool ok = mode == CM_FLUSH_SYNC ? cm__engine_fence(e, deadline) : cm__engine_plain_flush(e, deadline, 0);
+  int why = CM__SYNC_NONE;
+  bool ok = mode == CM_FLUSH_SYNC ? cm__engine_fence(e, deadline, &why)
+                                  : cm__engine_plain_flush(e, deadline, 0);
   pthread_mutex_lock(&e->dec_mu);
-  deliver(e);
+  cm__engine_deliver(e);
   pthread_mutex_unlock(&e->dec_mu);
   uint32_t ms = timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms;
   pthread_mutex_unlock(&e->api_mu);
   if (!ok) {
-    elog(e, CM_LOG_WARN,
+    cm__engine_log(e, CM_LOG_WARN,
          "%s flush missed its %u ms deadline; records produced before it may arrive later",
          mode == CM_FLUSH_SYNC ? "sync" : "plain", ms);
     return cm__seterr(CM_ETIMEDOUT, "%s flush missed its %u ms deadline",

@@ -86,24 +86,47 @@ struct cm_engine {
   /* Counters, updated with relaxed atomics from any thread. */
   _Atomic uint64_t st_buffers_decoded, st_bytes_decoded, st_records_decoded, st_records_delivered,
       st_records_dropped, st_drains, st_fences, st_fence_timeouts, st_sessions;
+  /* Fences that did not synchronize the device: a capture was in progress, or an abandoned sync
+   * was still blocked. */
+  _Atomic uint64_t st_sync_skipped_capture, st_sync_skipped_busy, st_sync_abandoned;
+
+  /* Set by the exit fence: waits of other control calls end at once (see t_exit_fence). */
+  atomic_bool exiting;
 };
 
 #define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
 #define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)
 
+/* ---- engine.c -------------------------------------------------------------------------------- */
+
+/* Logs through the engine's log callback (engine.log_mu held while it runs). Any thread. */
+void cm__engine_log(cm_engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Hands every held record to the observers, then empties the decoder. Called with dec_mu held. */
+void cm__engine_deliver(cm_engine *e);
+
 /* ---- fence.c ---------------------------------------------------------------------------------- */
 
-/* Waits until every buffer queued so far has been decoded, or until `deadline` (monotonic ms).
- * Takes work_mu; called with api_mu held. Returns false on the deadline. */
+/* Outcomes of a device synchronize (cm__engine_device_sync's *why). */
+enum {
+  CM__SYNC_OK = 0,    /* the device was synchronized */
+  CM__SYNC_NONE,      /* nothing to synchronize (no context, no libcuda) */
+  CM__SYNC_CAPTURE,   /* a stream capture is in progress: not synchronized on purpose */
+  CM__SYNC_BUSY,      /* an abandoned synchronize is still blocked: not started */
+  CM__SYNC_ABANDONED  /* this synchronize missed its deadline and was left to finish alone */
+};
+
+/* Waits until every buffer queued so far has been decoded, or until `deadline` (monotonic ms), or
+ * until the exit fence hurries the wait. Takes work_mu; called with api_mu held. */
 bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline);
 /* Asks CUPTI for its completed buffers (cuptiActivityFlushAll(flag)) and waits until they are
  * decoded. Called with api_mu held. */
 bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag);
+/* Synchronizes every active primary context and the caller's current one, on a helper thread in
+ * relaxed capture mode, waiting for it until `deadline`. Returns the number of contexts
+ * synchronized; *why says why it is 0 (CM__SYNC_*). Called with api_mu held. */
+int cm__engine_device_sync(cm_engine *e, uint64_t deadline, int *why);
 /* The sync fence: when it returns true, every record produced before the call is decoded. Called
- * with api_mu held; delivers nothing itself. */
-bool cm__engine_fence(cm_engine *e, uint64_t deadline);
-/* Synchronizes every active primary context and the calling thread's current one. Returns the
- * number of contexts synchronized; 0 means there was no GPU work to wait for (or no libcuda). */
-int cm__device_sync(const cm__cupti *c);
+ * with api_mu held; delivers nothing itself. *why receives the first synchronize's outcome. */
+bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why);
 
 #endif /* CM_ENGINE_H */

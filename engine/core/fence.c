@@ -1,17 +1,37 @@
 /*
- * fence.c: flushing, device synchronization and the sync fence of the engine.
+ * fence.c: flushing, device synchronization and the fences of the engine.
  *
  * A plain flush asks CUPTI for the buffers it has completed and waits until the decode worker has
  * decoded them. The sync fence makes a window complete: it reads CUPTI's clock (the mark),
  * synchronizes the device with SYNCHRONIZATION enabled just for the fence, then flushes (never
- * forced) until the decoder has seen a sync record that ends at or past the mark. Every wait has a
- * deadline; a missed deadline is counted (fence_timeouts) and reported, never a hang.
+ * forced) until the decoder has seen a sync record that ends at or past the mark.
  *
- * All of it runs on the thread of a control call, with engine.api_mu held.
+ * A monitor must never change what the application computes nor hold it up. The device is
+ * synchronized on a helper thread in relaxed stream-capture mode, and not at all while a CUDA
+ * stream capture is in progress anywhere in the process (callbacks.c watches captures begin and
+ * end): a synchronize would invalidate it. A synchronize that misses its deadline (a kernel that
+ * never ends) is abandoned to finish on its own, and no other starts while it is blocked. The exit
+ * fence (cm__engine_exit_flush) bounds all of it by one deadline, and makes every wait of another
+ * control call end at once. Every wait has a deadline; a missed one is counted (fence_timeouts)
+ * and reported, never a hang.
+ *
+ * All of it runs on the thread of a control call, with engine.api_mu held (the exit fence takes
+ * it with a deadline).
  */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "engine.h"
+
+/* Device syncs still running on a helper thread (see sync_job). */
+static atomic_int g_sync_helpers;
+/* True on the thread running the exit fence, whose own waits keep their deadlines. */
+static _Thread_local bool t_exit_fence;
+
+/* Whether a wait of the calling thread must end now: the exit fence runs on another thread. */
+static bool hurried(cm_engine *e) { return atomic_load(&e->exiting) && !t_exit_fence; }
 
 bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
   bool ok = true;
@@ -19,7 +39,7 @@ bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
   uint64_t target = e->enqueued;
   while (e->decoded < target) {
     uint64_t now = cm__mono_ms();
-    if (now >= deadline) {
+    if (now >= deadline || hurried(e)) {
       ok = false;
       break;
     }
@@ -31,23 +51,52 @@ bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
   return ok;
 }
 
-int cm__device_sync(const cm__cupti *c) {
+/* One device synchronize on a helper thread. The waiter and the helper share the job; the last
+ * of the two to leave frees it. The helper works from a copy of the binding table, so it never
+ * touches the engine, which may be freed while an abandoned helper is still blocked. */
+typedef struct sync_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;     /* guarded by mu */
+  bool done;    /* guarded by mu */
+  int synced;   /* written by the helper before done */
+  void *cur;    /* the caller's current context, synchronized first */
+  cm__cupti c;
+} sync_job;
+
+static void job_release(sync_job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+/* Synchronizes the caller's current context and every active primary context, in relaxed capture
+ * mode. Returns the number of contexts synchronized. Runs on the helper thread. */
+static int sync_contexts(const cm__cupti *c, void *cur) {
   int synced = 0;
-  void *cur = NULL;
-  if (c->cuCtxGetCurrent && c->cuCtxSynchronize && c->cuCtxGetCurrent(&cur) == 0 && cur) {
+  int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+  bool relaxed = c->cuThreadExchangeStreamCaptureMode &&
+                 c->cuThreadExchangeStreamCaptureMode(&mode) == 0;
+  if (cur && c->cuCtxPushCurrent && c->cuCtxPopCurrent && c->cuCtxPushCurrent(cur) == 0) {
     if (c->cuCtxSynchronize() == 0) synced++;
+    void *popped = NULL;
+    c->cuCtxPopCurrent(&popped);
   }
   int ndev = 0;
   if (c->cuDeviceGetCount && c->cuDevicePrimaryCtxGetState && c->cuDevicePrimaryCtxRetain &&
       c->cuDevicePrimaryCtxRelease && c->cuCtxPushCurrent && c->cuCtxPopCurrent &&
-      c->cuCtxSynchronize && c->cuDeviceGetCount(&ndev) == 0) {
+      c->cuDeviceGetCount(&ndev) == 0) {
     for (int d = 0; d < ndev; d++) {
       unsigned flags = 0;
       int active = 0;
       if (c->cuDevicePrimaryCtxGetState(d, &flags, &active) != 0 || !active) continue;
       void *ctx = NULL;
       if (c->cuDevicePrimaryCtxRetain(&ctx, d) != 0) continue;
-      /* A primary context that is the calling thread's current one was synchronized above. */
+      /* A primary context that is the caller's current one was synchronized above. */
       if (ctx != cur && c->cuCtxPushCurrent(ctx) == 0) {
         if (c->cuCtxSynchronize() == 0) synced++;
         void *popped = NULL;
@@ -56,6 +105,97 @@ int cm__device_sync(const cm__cupti *c) {
       c->cuDevicePrimaryCtxRelease(d);
     }
   }
+  if (relaxed) c->cuThreadExchangeStreamCaptureMode(&mode); /* restores the previous mode */
+  return synced;
+}
+
+static void *sync_helper_main(void *arg) {
+  sync_job *j = arg;
+  int synced = sync_contexts(&j->c, j->cur);
+  /* The count drops before `done` is published, so a waiter that saw this sync finish may start
+   * the next one at once. */
+  atomic_fetch_sub(&g_sync_helpers, 1);
+  pthread_mutex_lock(&j->mu);
+  j->synced = synced;
+  j->done = true;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  job_release(j);
+  return NULL;
+}
+
+/* Synchronizes every active primary context and the calling thread's current context on a helper
+ * thread, waiting for it until `deadline` (mono ms). Returns the number of contexts synchronized;
+ * 0 means there was no GPU work to wait for, no libcuda, or no sync: *why then says CM__SYNC_CAPTURE
+ * (a stream capture is in progress), CM__SYNC_BUSY (an abandoned sync is still blocked),
+ * CM__SYNC_ABANDONED (this one did not finish by the deadline) or CM__SYNC_NONE. */
+int cm__engine_device_sync(cm_engine *e, uint64_t deadline, int *why) {
+  cm__cupti *c = &e->cupti;
+  *why = CM__SYNC_NONE;
+  if (!c->cuCtxSynchronize || !c->cuCtxGetCurrent) return 0;
+  if (cm__callbacks_captures_active(atomic_load(&e->cb)) > 0) {
+    if (ADD(e, st_sync_skipped_capture, 1) == 0)
+      cm__engine_log(e, CM_LOG_INFO, "a CUDA stream capture is in progress: sync flushes do not synchronize "
+                           "the device until it ends (a synchronize would invalidate the capture)");
+    *why = CM__SYNC_CAPTURE;
+    return 0;
+  }
+  /* At most one helper at a time: a second one would only block behind the first. */
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&g_sync_helpers, &expected, 1)) {
+    ADD(e, st_sync_skipped_busy, 1);
+    *why = CM__SYNC_BUSY;
+    return 0;
+  }
+  sync_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    atomic_fetch_sub(&g_sync_helpers, 1);
+    return 0;
+  }
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&j->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  j->refs = 2;
+  j->c = *c;
+  void *cur = NULL;
+  if (c->cuCtxGetCurrent(&cur) == 0) j->cur = cur;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  pthread_t t;
+  int prc = pthread_create(&t, &at, sync_helper_main, j);
+  pthread_attr_destroy(&at);
+  if (prc != 0) {
+    atomic_fetch_sub(&g_sync_helpers, 1);
+    j->refs = 1;
+    job_release(j);
+    return 0;
+  }
+  /* Waits in short slices, so that the exit fence's hurry is seen within a few milliseconds. */
+  pthread_mutex_lock(&j->mu);
+  while (!j->done) {
+    uint64_t now = cm__mono_ms();
+    if (now >= deadline || hurried(e)) break;
+    struct timespec ts;
+    cm__abstime_in(&ts, deadline - now < 5 ? deadline - now : 5);
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+  }
+  bool done = j->done;
+  int synced = j->synced;
+  pthread_mutex_unlock(&j->mu);
+  job_release(j);
+  if (!done) {
+    if (ADD(e, st_sync_abandoned, 1) == 0)
+      cm__engine_log(e, CM_LOG_WARN, "a device synchronize did not finish before the fence's deadline (a "
+                           "kernel still running?); it is left to finish on its own, and no fence "
+                           "synchronizes until it has");
+    *why = CM__SYNC_ABANDONED;
+    return 0;
+  }
+  *why = synced ? CM__SYNC_OK : CM__SYNC_NONE;
   return synced;
 }
 
@@ -64,7 +204,13 @@ bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
   return cm__engine_wait_decoded(e, deadline);
 }
 
-bool cm__engine_fence(cm_engine *e, uint64_t deadline) {
+/* The sync fence: every record produced before the call is decoded when it returns true. Called
+ * with api_mu held; delivers nothing itself. When the device cannot be synchronized (a stream
+ * capture is in progress, or an earlier synchronize is still blocked) it degrades to a plain flush,
+ * which delivers what CUPTI has completed; a synchronize that misses the deadline, or one still
+ * blocked from an earlier fence, fails the fence.
+ * *why receives the device_sync outcome of the first synchronize. */
+bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why) {
   cm__cupti *c = &e->cupti;
   ADD(e, st_fences, 1);
   bool temp_sync = !(e->enabled >> CM_KIND_SYNCHRONIZATION & 1);
@@ -72,10 +218,12 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline) {
     temp_sync = false;
   uint64_t mark = 0;
   c->GetTimestamp(&mark);
-  int synced = cm__device_sync(c);
+  int synced = cm__engine_device_sync(e, deadline, why);
   bool ok = true;
   if (synced == 0) {
-    ok = cm__engine_plain_flush(e, deadline, 0);
+    /* Without a sync the fence holds only when there was nothing to wait for, or when it must not
+     * wait (a capture); a synchronize that is blocked means the device is still busy. */
+    ok = cm__engine_plain_flush(e, deadline, 0) && *why != CM__SYNC_ABANDONED && *why != CM__SYNC_BUSY;
   } else {
     uint64_t last_sync = cm__mono_ms();
     for (;;) {
@@ -85,7 +233,7 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline) {
       pthread_mutex_unlock(&e->dec_mu);
       if (seen >= mark) break;
       uint64_t now = cm__mono_ms();
-      if (now >= deadline) {
+      if (now >= deadline || hurried(e)) {
         ok = false;
         break;
       }
@@ -93,7 +241,8 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline) {
        * to write it into (it is counted as dropped). The flushes above have since returned
        * buffers, so synchronizing again produces a new record past the mark. */
       if (now - last_sync >= 20) {
-        cm__device_sync(c);
+        int why2;
+        cm__engine_device_sync(e, deadline, &why2);
         last_sync = now;
       }
       usleep(1000);
@@ -102,4 +251,50 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline) {
   if (temp_sync) c->ActivityDisable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
   if (!ok) ADD(e, st_fence_timeouts, 1);
   return ok;
+}
+
+int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
+                          cm__exit_flush *out) {
+  memset(out, 0, sizeof *out);
+  if (!e) return CM_EINVAL;
+  /* Another control call (a monitor's sync flush) may hold api_mu while it waits for the device:
+   * `exiting` ends its waits, and the broadcast wakes one waiting for the decoder. */
+  atomic_store(&e->exiting, true);
+  pthread_mutex_lock(&e->work_mu);
+  pthread_cond_broadcast(&e->done_cv);
+  pthread_mutex_unlock(&e->work_mu);
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  uint64_t now = cm__mono_ms();
+  uint64_t left = deadline > now ? deadline - now : 0;
+  ts.tv_sec += (time_t)(left / 1000);
+  ts.tv_nsec += (long)(left % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  if (pthread_mutex_timedlock(&e->api_mu, &ts) != 0) {
+    out->engine_busy = true;
+    return CM_ETIMEDOUT;
+  }
+  t_exit_fence = true;
+  bool ok = true;
+  if (e->active) {
+    int why = CM__SYNC_NONE;
+    uint64_t sd = sync_deadline < deadline ? sync_deadline : deadline;
+    bool fenced = cm__engine_fence(e, sd, &why);
+    out->capture_active = why == CM__SYNC_CAPTURE;
+    /* CM__SYNC_BUSY: an earlier synchronize is still blocked, so the device is still busy too. */
+    out->sync_timed_out = why == CM__SYNC_ABANDONED || why == CM__SYNC_BUSY || (why == CM__SYNC_OK && !fenced);
+    out->synced = fenced && why == CM__SYNC_OK;
+    /* Forced: buffers still being filled are delivered too (a running kernel's record with end 0). */
+    if (!cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)) out->decode_timed_out = true;
+    ok = !out->sync_timed_out && !out->decode_timed_out;
+  }
+  pthread_mutex_lock(&e->dec_mu);
+  cm__engine_deliver(e);
+  pthread_mutex_unlock(&e->dec_mu);
+  t_exit_fence = false;
+  pthread_mutex_unlock(&e->api_mu);
+  return ok ? 0 : CM_ETIMEDOUT;
 }

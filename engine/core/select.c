@@ -7,11 +7,15 @@
  * allocated after cm_selection_new. Names are resolved through the field registry, whose failing
  * lookups already leave a detail listing the valid names; this file adds where in the text the
  * bad token was. Every mutating call either applies completely or leaves the selection as it was:
- * parse works on a copy and commits it only when the whole text is valid.
+ * parse works on a copy and commits it only when the whole text is valid. The lenient mode
+ * (CM_SELECT_LENIENT, for selections written by hand in an environment variable, where one typo
+ * should cost only itself) runs the same grammar, reports each bad name to a callback and goes on
+ * with the next one.
  *
  * A selection is not thread-safe; the caller serializes access to one selection.
  */
 #include <ctype.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -76,19 +80,37 @@ static int token(const char *s, size_t b, size_t e, char *tok) {
   return (int)(e - b);
 }
 
+/* How a parse handles a bad name: strict parses stop at the first, lenient ones report it to
+ * `on_skip` and go on. */
+typedef struct parse_mode {
+  bool lenient;
+  cm_select_skip_fn on_skip;
+  void *ud;
+  int skipped;
+} parse_mode;
+
+/* A bad name at `offset`: the detail is already set (cm__seterr). Returns `err` for a strict parse
+ * (which then stops), 0 after reporting it for a lenient one. */
+static int bad_name(parse_mode *m, size_t offset, int err) {
+  if (!m->lenient) return err;
+  m->skipped++;
+  if (m->on_skip) m->on_skip(m->ud, offset, cm_errmsg());
+  return 0;
+}
+
 /* Parses one entry, spec[b..e), into sel. `b` is also the offset errors report. */
-static int parse_entry(cm_selection *sel, const char *spec, size_t b, size_t e) {
+static int parse_entry(cm_selection *sel, const char *spec, size_t b, size_t e, parse_mode *m) {
   char tok[CM__TOKEN_MAX];
   const char *colon = memchr(spec + b, ':', e - b);
   size_t kind_end = colon ? (size_t)(colon - spec) : e;
   int n = token(spec, b, kind_end, tok);
-  if (n < 0) return cm__seterr(CM_EINVAL, "selection offset %zu: kind name too long", b);
+  if (n < 0) return bad_name(m, b, cm__seterr(CM_EINVAL, "selection offset %zu: kind name too long", b));
   if (n == 0) {
     if (colon == NULL) return 0; /* an empty entry */
-    return cm__seterr(CM_EINVAL, "selection offset %zu: missing kind name before ':'", b);
+    return bad_name(m, b, cm__seterr(CM_EINVAL, "selection offset %zu: missing kind name before ':'", b));
   }
   int k = cm_kind_by_name(tok);
-  if (k < 0) return cm__seterr(k, "selection offset %zu: %s", b, cm_errmsg());
+  if (k < 0) return bad_name(m, b, cm__seterr(k, "selection offset %zu: %s", b, cm_errmsg()));
   if (colon == NULL) return cm_selection_add_id(sel, k, -1);
 
   /* The field list: names separated by ','. An empty name is an error, so "kernel:" and
@@ -98,17 +120,20 @@ static int parse_entry(cm_selection *sel, const char *spec, size_t b, size_t e) 
     const char *comma = memchr(spec + p, ',', e - p);
     size_t q = comma ? (size_t)(comma - spec) : e;
     n = token(spec, p, q, tok);
-    if (n < 0) return cm__seterr(CM_EINVAL, "selection offset %zu: field name too long", p);
-    if (n == 0)
-      return cm__seterr(CM_EINVAL, "selection offset %zu: empty field name in the list of %s", p,
-                        cm_kind_name(k));
-    int rc;
-    if (strcmp(tok, "all") == 0) {
+    int rc = 0;
+    if (n < 0) {
+      rc = bad_name(m, p, cm__seterr(CM_EINVAL, "selection offset %zu: field name too long", p));
+    } else if (n == 0) {
+      rc = bad_name(m, p, cm__seterr(CM_EINVAL, "selection offset %zu: empty field name in the list of %s", p,
+                                     cm_kind_name(k)));
+    } else if (strcmp(tok, "all") == 0) {
       rc = cm_selection_add_id(sel, k, -1);
     } else {
       int f = cm_field_by_name(k, tok);
-      if (f < 0) return cm__seterr(f, "selection offset %zu: %s", p, cm_errmsg());
-      rc = cm_selection_add_id(sel, k, f);
+      if (f < 0)
+        rc = bad_name(m, p, cm__seterr(f, "selection offset %zu: %s", p, cm_errmsg()));
+      else
+        rc = cm_selection_add_id(sel, k, f);
     }
     if (rc < 0) return rc;
     if (comma == NULL) return 0;
@@ -116,21 +141,31 @@ static int parse_entry(cm_selection *sel, const char *spec, size_t b, size_t e) 
   }
 }
 
-int cm_selection_parse(cm_selection *sel, const char *spec) {
+int cm_selection_parse_ex(cm_selection *sel, const char *spec, unsigned flags,
+                          cm_select_skip_fn on_skip, void *ud) {
   if (sel == NULL) return cm__seterr(CM_EINVAL, "cm_selection_parse: selection is NULL");
   if (spec == NULL) return cm__seterr(CM_EINVAL, "cm_selection_parse: spec is NULL");
+  if (flags & ~(unsigned)CM_SELECT_LENIENT)
+    return cm__seterr(CM_EINVAL, "cm_selection_parse_ex: unknown flags 0x%x (valid: CM_SELECT_LENIENT)",
+                      flags);
+  parse_mode m = {.lenient = (flags & CM_SELECT_LENIENT) != 0, .on_skip = on_skip, .ud = ud};
   /* The copy is about 1 KiB, small enough for the stack; a failure never touches `sel`. */
   cm_selection tmp = *sel;
   size_t len = strlen(spec), b = 0;
   while (b <= len) {
     const char *semi = memchr(spec + b, ';', len - b);
     size_t e = semi ? (size_t)(semi - spec) : len;
-    int rc = parse_entry(&tmp, spec, b, e);
+    int rc = parse_entry(&tmp, spec, b, e, &m);
     if (rc < 0) return rc;
     b = e + 1;
   }
   *sel = tmp;
-  return 0;
+  if (m.skipped) cm__clearerr();
+  return m.skipped;
+}
+
+int cm_selection_parse(cm_selection *sel, const char *spec) {
+  return cm_selection_parse_ex(sel, spec, 0, NULL, NULL);
 }
 
 int cm_selection_has(const cm_selection *sel, int kind, int field_id) {

@@ -163,6 +163,22 @@ CM_EXTERN int cm_selection_add_id(cm_selection *sel, int kind, int field_id);
 /* Parses a text selection such as "kernel:name,start,stop;memcpy:all;runtime". A kind with no
  * field list means all of its fields. On error nothing is added. */
 CM_EXTERN int cm_selection_parse(cm_selection *sel, const char *spec);
+
+/* Flags of cm_selection_parse_ex. */
+enum {
+  /* Skip what cannot be selected (an unknown kind or field, an empty or overlong name) instead of
+   * failing, and report each skipped name through the skip callback. */
+  CM_SELECT_LENIENT = 1u << 0
+};
+/* Receives one skipped name: `offset` is its byte offset in the text, `message` says what it was
+ * and lists the valid names (as cm_errmsg would). */
+typedef void (*cm_select_skip_fn)(void *ud, size_t offset, const char *message);
+/* cm_selection_parse with flags. Without CM_SELECT_LENIENT it is cm_selection_parse. With it,
+ * every valid name is added, every other one is passed to `on_skip` (which may be NULL) and left
+ * out, and the call returns the number of names left out (0 when all were valid), or a negative
+ * code only for a NULL selection or text. Not thread-safe for one selection, like the others. */
+CM_EXTERN int cm_selection_parse_ex(cm_selection *sel, const char *spec, unsigned flags,
+                                    cm_select_skip_fn on_skip, void *ud);
 /* Whether the selection holds field `field_id` of `kind` (1 or 0). */
 CM_EXTERN int cm_selection_has(const cm_selection *sel, int kind, int field_id);
 /* The number of fields selected for `kind`. */

@@ -67,6 +67,7 @@ typedef struct checker {
   int32_t last_flush_status;
   int flush_dones;
   uint64_t last_seq;
+  char bye_message[1200];
   const cm_selection *expect_sel; /* when set, every batch must carry exactly these columns */
 } checker;
 
@@ -193,6 +194,7 @@ static void checker_frame(checker *c, const cm_wire_frame *f) {
     cm_wire_bye b;
     CMT_OK(cm_wire_decode_bye(f, &b));
     CMT_EQ(b.reason, CM_WIRE_BYE_EXIT);
+    snprintf(c->bye_message, sizeof c->bye_message, "%s", b.message ? b.message : "");
     c->byes++;
     break;
   }
@@ -219,7 +221,7 @@ __attribute__((unused)) static int read_capture(const char *path, checker *c, ch
 
 /* Regenerates the app's workload (fake_cuda_app's split of `records` over `threads`) and folds
  * the fields `sel` selects into exp[kind]. */
-static void expect_workload(kacc *exp, uint64_t records, int threads, const int *kinds, int nk,
+__attribute__((unused)) static void expect_workload(kacc *exp, uint64_t records, int threads, const int *kinds, int nk,
                             const cm_selection *sel) {
   union {
     uint64_t align;
@@ -250,7 +252,7 @@ static void expect_workload(kacc *exp, uint64_t records, int threads, const int 
 }
 
 /* Compares got with exp for the listed kinds; returns the number of mismatches (printed). */
-static int compare(const kacc *got, const kacc *exp, const int *kinds, int nk,
+__attribute__((unused)) static int compare(const kacc *got, const kacc *exp, const int *kinds, int nk,
                    const cm_selection *sel) {
   int bad = 0;
   for (int i = 0; i < nk; i++) {
@@ -384,6 +386,9 @@ typedef struct server {
   const char *token;       /* the token the server expects */
   const char *select;      /* the SELECT it sends, or NULL */
   uint32_t deliver_ms;     /* sent in CONFIGURE when not 0 */
+  uint32_t flush_timeout_ms; /* the timeout of the FLUSH of flush_req; 0 means 10000 */
+  const cm_wire_kv *configure; /* when set, sent as the CONFIGURE instead (nconfigure items) */
+  uint32_t nconfigure;
   int close_after_batches; /* close the connection after this many batches (0: never) */
   /* Commands from the test thread. */
   atomic_int pause;        /* while set, the server does not read */
@@ -430,7 +435,8 @@ static void *server_main(void *arg) {
     }
     uint64_t fid = atomic_load(&s->flush_req);
     if (handshaken && fid && !flush_sent) {
-      CMT_OK(cm_wire_write_flush(&b, fid, CM_WIRE_FLUSH_SYNC, 10000));
+      CMT_OK(cm_wire_write_flush(&b, fid, CM_WIRE_FLUSH_SYNC,
+                                 s->flush_timeout_ms ? s->flush_timeout_ms : 10000));
       srv_send(s, &b);
       flush_sent = true;
     }
@@ -462,7 +468,9 @@ static void *server_main(void *arg) {
           done = true;
           break;
         }
-        if (s->deliver_ms) {
+        if (s->configure) {
+          CMT_OK(cm_wire_write_configure(&b, s->configure, s->nconfigure));
+        } else if (s->deliver_ms) {
           cm_wire_kv kv[] = {{"deliver_ms", s->deliver_ms}, {"no_such_setting", 1}};
           CMT_OK(cm_wire_write_configure(&b, kv, 2));
         }

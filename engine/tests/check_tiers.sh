@@ -8,12 +8,13 @@
 root=${1:-$(dirname "$0")/../..}
 cd "$root/engine" || exit 2
 
-# tier | headers it may include with "..." | system headers it must not include
+# tier | headers of other tiers it may include with "..." (its own folder's headers are always
+# allowed) | headers it must not include
 rules='
-core|cuptimon.h cm_internal.h engine.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_wire.h cuptimon_host.h
+core|cuptimon.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_wire.h cuptimon_host.h
 wire|cuptimon.h cuptimon_wire.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h cm_internal.h
 agent|cuptimon.h cuptimon_wire.h cm_internal.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h
-monitor|cuptimon.h cuptimon_wire.h cuptimon_host.h *.monitor|cm_internal.h engine.h
+monitor|cuptimon.h cuptimon_wire.h cuptimon_host.h|cm_internal.h engine.h
 '
 echo "$rules" | while IFS='|' read -r tier allowed banned; do
   [ -n "$tier" ] || continue
@@ -30,12 +31,12 @@ echo "$rules" | while IFS='|' read -r tier allowed banned; do
       done
       if [ "$quoted" = 1 ]; then
         ok=0
+        [ -f "$tier/$inc" ] && ok=1
         for a in $allowed; do
-          if [ "$a" = "*.monitor" ] && [ -f "monitor/$inc" ]; then ok=1; fi
           [ "$inc" = "$a" ] && ok=1
         done
         if [ $ok = 0 ]; then
-          echo "tier violation: $f:${line%%:*} includes \"$inc\"; the $tier tier may include only: $allowed"
+          echo "tier violation: $f:${line%%:*} includes \"$inc\"; the $tier tier may include only its own headers and: $allowed"
           echo x >>"${TMPDIR:-/tmp}/cm_tiers.$$"
         fi
       fi

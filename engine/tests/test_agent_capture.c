@@ -27,7 +27,7 @@ static void test_million(void) {
    * records take several times their release-build time, and this test checks completeness, not
    * speed. */
   const char *env[] = {env_cap, env_sel, "CUPTIMON_AGENT_QUEUE_MB=2048",
-                       "CUPTIMON_AGENT_QUEUE_FRAMES=100000", "CUPTIMON_EXIT_FLUSH_MS=60000",
+                       "CUPTIMON_AGENT_QUEUE_FRAMES=100000", "CUPTIMON_EXIT_BUDGET_MS=120000", "CUPTIMON_EXIT_FLUSH_MS=60000",
                        "CUPTIMON_EXIT_DRAIN_MS=60000", NULL};
   app a;
   app_start(&a, env, "--records 1000000 --threads 4 --kinds kernel,memcpy,memset,runtime,marker");

@@ -117,7 +117,7 @@ static void test_full_queue(void) {
   /* Generous exit deadlines: the count below must balance exactly, and under a sanitizer on a
    * loaded machine the final fence can take longer than the default 3 s. */
   const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_AGENT_QUEUE_MB=1",
-                       "CUPTIMON_AGENT_QUEUE_FRAMES=4", "CUPTIMON_EXIT_FLUSH_MS=60000",
+                       "CUPTIMON_AGENT_QUEUE_FRAMES=4", "CUPTIMON_EXIT_BUDGET_MS=120000", "CUPTIMON_EXIT_FLUSH_MS=60000",
                        "CUPTIMON_EXIT_DRAIN_MS=60000", NULL};
   app a;
   app_start(&a, env, "--records 300000 --threads 2 --kinds kernel");

@@ -206,9 +206,61 @@ static void test_batch_column(void) {
   CMT_ASSERT(cm_batch_column(&b, 2) == NULL);
 }
 
+/* The lenient mode skips each bad name, reports it with its offset, and keeps the rest. */
+typedef struct skips {
+  int n;
+  size_t offsets[8];
+  char msgs[8][512];
+} skips;
+
+static void on_skip(void *ud, size_t offset, const char *message) {
+  skips *k = ud;
+  if (k->n < 8) {
+    k->offsets[k->n] = offset;
+    snprintf(k->msgs[k->n], sizeof k->msgs[0], "%s", message);
+  }
+  k->n++;
+}
+
+static void test_parse_lenient(void) {
+  cm_selection *s = NULL, *strict = NULL;
+  CMT_OK(cm_selection_new(&s));
+  CMT_OK(cm_selection_new(&strict));
+  skips k;
+  memset(&k, 0, sizeof k);
+  const char *spec = "kernel:name,bogus_field,start;nosuchkind:all;memcpy:bytes,,stop;runtime";
+  CMT_EQ(cm_selection_parse_ex(s, spec, CM_SELECT_LENIENT, on_skip, &k), 3);
+  CMT_EQ(k.n, 3);
+  CMT_EQ(k.offsets[0], 12);
+  CMT_CONTAINS(k.msgs[0], "bogus_field");
+  CMT_CONTAINS(k.msgs[0], "start"); /* the valid names are listed */
+  CMT_EQ(k.offsets[1], 30);
+  CMT_CONTAINS(k.msgs[1], "nosuchkind");
+  CMT_CONTAINS(k.msgs[2], "empty field name");
+  /* What was valid is selected, exactly as the strict parse of the valid names selects it. */
+  CMT_OK(cm_selection_parse(strict, "kernel:name,start;memcpy:bytes,stop;runtime"));
+  CMT_ASSERT(memcmp(s, strict, sizeof *s) == 0);
+  /* A strict parse of the same text fails and changes nothing. */
+  cm_selection *snap = NULL;
+  CMT_OK(cm_selection_new(&snap));
+  *snap = *s;
+  CMT_EQ(cm_selection_parse_ex(s, spec, 0, on_skip, &k), CM_ENOFIELD);
+  CMT_EQ(k.n, 3);
+  CMT_UNCHANGED(s, snap);
+  /* Valid text: 0 skipped; NULL callback accepted; bad flags refused. */
+  CMT_EQ(cm_selection_parse_ex(s, "memset", CM_SELECT_LENIENT, NULL, NULL), 0);
+  CMT_EQ(cm_selection_parse_ex(s, "x:y;;", CM_SELECT_LENIENT, NULL, NULL), 1);
+  CMT_EQ(cm_selection_parse_ex(s, "memset", 0x80, NULL, NULL), CM_EINVAL);
+  CMT_EQ(cm_selection_parse_ex(NULL, "memset", CM_SELECT_LENIENT, NULL, NULL), CM_EINVAL);
+  cm_selection_free(s);
+  cm_selection_free(strict);
+  cm_selection_free(snap);
+}
+
 int main(void) {
   test_add();
   test_parse();
+  test_parse_lenient();
   test_batch_column();
   printf("test_select: ok\n");
   return 0;

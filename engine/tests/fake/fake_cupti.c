@@ -37,6 +37,7 @@
 #define cuDeviceGetCount fake_cudah_cuDeviceGetCount
 #define cuDevicePrimaryCtxGetState fake_cudah_cuDevicePrimaryCtxGetState
 #define cuDevicePrimaryCtxRetain fake_cudah_cuDevicePrimaryCtxRetain
+#define cuThreadExchangeStreamCaptureMode fake_cudah_cuThreadExchangeStreamCaptureMode
 /* CUPTI's headers use an enumerator above INT_MAX, which -Wpedantic flags; that is theirs. */
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wpedantic"
@@ -47,6 +48,7 @@
 #undef cuDeviceGetCount
 #undef cuDevicePrimaryCtxGetState
 #undef cuDevicePrimaryCtxRetain
+#undef cuThreadExchangeStreamCaptureMode
 /* cuda.h maps these three to their _v2 names; the fake exports both spellings. */
 #undef cuCtxPushCurrent
 #undef cuCtxPopCurrent
@@ -75,6 +77,7 @@ FAKE_EXPORT int cuDevicePrimaryCtxRetain(void **ctx, int dev);
 FAKE_EXPORT int cuDevicePrimaryCtxRelease(int dev);
 FAKE_EXPORT int cuCtxPushCurrent(void *ctx);
 FAKE_EXPORT int cuCtxPopCurrent(void **ctx);
+FAKE_EXPORT int cuThreadExchangeStreamCaptureMode(int *mode);
 
 /* The CUresult values the fake driver returns. */
 enum {
@@ -216,6 +219,15 @@ static atomic_int knob_no_context;
 static atomic_uint knob_completion_delay_us;
 static atomic_int knob_suppress_sync;
 static atomic_int knob_reject_push;
+/* cuCtxSynchronize blocks this long first (a kernel still running); -1: not read from the
+ * environment (FAKE_CUDA_SYNC_BLOCK_MS) yet. */
+static atomic_int knob_sync_block_ms = -1;
+
+/* Simulated stream captures: how many are in progress, and whether a synchronize in a mode other
+ * than relaxed has invalidated them since the first one began. */
+static atomic_int cap_active;
+static atomic_int cap_invalidated;
+static _Thread_local int t_capture_mode; /* CUstreamCaptureMode of the thread: 0 global */
 
 #define FAKE_CB_COUNTED 1024
 /* cuptiEnableCallback calls per (enable, domain, cbid), for cbid < FAKE_CB_COUNTED. */
@@ -228,6 +240,7 @@ static struct {
   atomic_uint_fast64_t flushes, forced_flushes, syncs;
   atomic_uint_fast64_t enable_calls[64], disable_calls[64];
   atomic_uint_fast64_t subscribes, unsubscribes, finalize_calls;
+  atomic_uint_fast64_t syncs_during_capture, captures_invalidated, capture_mode_exchanges;
   atomic_int latency_timestamps, cuda_event_device_timestamps, timestamp_callback_registrations;
 } st;
 
@@ -823,12 +836,39 @@ FAKE_EXPORT int cuCtxGetCurrent(void **ctx) {
   return FAKE_CUDA_SUCCESS;
 }
 
+static int sync_block_ms(void) {
+  int v = atomic_load(&knob_sync_block_ms);
+  if (v >= 0) return v;
+  const char *s = getenv("FAKE_CUDA_SYNC_BLOCK_MS");
+  v = s && *s ? atoi(s) : 0;
+  if (v < 0) v = 0;
+  int expected = -1;
+  atomic_compare_exchange_strong(&knob_sync_block_ms, &expected, v);
+  return atomic_load(&knob_sync_block_ms);
+}
+
 /* Completes every pending record, then (SYNCHRONIZATION enabled, not suppressed) writes a
- * CONTEXT_SYNCHRONIZE record whose times are taken after the records before it. */
+ * CONTEXT_SYNCHRONIZE record whose times are taken after the records before it. With a block
+ * configured it first sleeps that long, holding no lock, as a sync behind a long kernel does. A
+ * sync made while a simulated capture is in progress is counted, and unless the calling thread is
+ * in relaxed capture mode it invalidates the capture, as the driver does in global mode. */
 FAKE_EXPORT int cuCtxSynchronize(void) {
   void *ctx = NULL;
   cuCtxGetCurrent(&ctx);
   if (!ctx) return FAKE_CUDA_ERROR_INVALID_CONTEXT;
+  if (atomic_load(&cap_active) > 0) {
+    BUMP(st.syncs_during_capture);
+    if (t_capture_mode != 2) {
+      atomic_store(&cap_invalidated, 1);
+      return 901; /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */
+    }
+  }
+  int block = sync_block_ms();
+  if (block > 0) {
+    struct timespec ts = {.tv_sec = block / 1000, .tv_nsec = (long)(block % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0) {
+    }
+  }
   atomic_fetch_add(&sync_epoch, 1);
   release_held(0);
   BUMP(st.syncs);
@@ -845,6 +885,15 @@ FAKE_EXPORT int cuCtxSynchronize(void) {
   r.cudaEventId = 0;
   r.correlationId = 0;
   fake_emit(&r, sizeof r, 0);
+  return FAKE_CUDA_SUCCESS;
+}
+
+FAKE_EXPORT int cuThreadExchangeStreamCaptureMode(int *mode) {
+  if (!mode || *mode < 0 || *mode > 2) return FAKE_CUDA_ERROR_INVALID_VALUE;
+  int old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  BUMP(st.capture_mode_exchanges);
   return FAKE_CUDA_SUCCESS;
 }
 
@@ -1462,6 +1511,9 @@ void fake_get_stats(fake_stats *out) {
   out->subscribes = atomic_load(&st.subscribes);
   out->unsubscribes = atomic_load(&st.unsubscribes);
   out->finalize_calls = atomic_load(&st.finalize_calls);
+  out->syncs_during_capture = atomic_load(&st.syncs_during_capture);
+  out->captures_invalidated = atomic_load(&st.captures_invalidated);
+  out->capture_mode_exchanges = atomic_load(&st.capture_mode_exchanges);
   out->latency_timestamps = atomic_load(&st.latency_timestamps);
   out->cuda_event_device_timestamps = atomic_load(&st.cuda_event_device_timestamps);
   out->timestamp_callback_registrations = atomic_load(&st.timestamp_callback_registrations);
@@ -1483,6 +1535,44 @@ void fake_set_no_context(int on) { atomic_store(&knob_no_context, on ? 1 : 0); }
 void fake_set_completion_delay_us(uint32_t us) { atomic_store(&knob_completion_delay_us, us); }
 
 void fake_set_suppress_sync_records(int on) { atomic_store(&knob_suppress_sync, on ? 1 : 0); }
+
+void fake_set_sync_block_ms(int ms) { atomic_store(&knob_sync_block_ms, ms < 0 ? 0 : ms); }
+
+/* Fires the driver API callback `cbid` at exit with a params struct that starts with the stream
+ * and the given result, as CUPTI does for cuStreamBeginCapture_v2 and cuStreamEndCapture. */
+static void fire_capture_cb(uint32_t cbid, void *stream, int result) {
+  struct {
+    void *stream;
+    int mode; /* or the graph pointer of EndCapture: never read */
+    void *graph;
+  } params = {stream, 0, NULL};
+  CUresult res = (CUresult)result;
+  CUpti_CallbackData cd;
+  memset(&cd, 0, sizeof cd);
+  cd.callbackSite = CUPTI_API_ENTER;
+  cd.functionName = cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture ? "cuStreamEndCapture"
+                                                                         : "cuStreamBeginCapture_v2";
+  cd.functionParams = &params;
+  cd.functionReturnValue = &res;
+  cd.correlationId = atomic_fetch_add(&fake_next_correlation, 1);
+  fake_fire_callback(CUPTI_CB_DOMAIN_DRIVER_API, cbid, &cd);
+  cd.callbackSite = CUPTI_API_EXIT;
+  fake_fire_callback(CUPTI_CB_DOMAIN_DRIVER_API, cbid, &cd);
+}
+
+void fake_stream_begin_capture(void *stream, int fire_callbacks) {
+  if (atomic_fetch_add(&cap_active, 1) == 0) atomic_store(&cap_invalidated, 0);
+  if (fire_callbacks) fire_capture_cb(CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2, stream, 0);
+}
+
+int fake_stream_end_capture(void *stream, int fire_callbacks) {
+  int bad = atomic_load(&cap_invalidated);
+  if (bad) BUMP(st.captures_invalidated);
+  atomic_fetch_sub(&cap_active, 1);
+  if (fire_callbacks)
+    fire_capture_cb(CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, stream, bad ? 901 : 0);
+  return bad;
+}
 
 /* ---- additions: external correlation, callback state, kernel launches ---------------------- */
 

@@ -16,7 +16,8 @@
  *  - Records of a kind that is not enabled are not written. When the request callback returns no
  *    buffer, the record is dropped and counted; cuptiActivityGetNumDroppedRecords reports drops.
  *  - cuCtxSynchronize completes pending records and, when SYNCHRONIZATION is enabled, writes a
- *    CONTEXT_SYNCHRONIZE record into the calling thread's buffer.
+ *    CONTEXT_SYNCHRONIZE record into the calling thread's buffer. It can be made to block first
+ *    (a kernel still running), and it breaks a simulated global-mode stream capture.
  *  - Timestamps come from CLOCK_REALTIME (or the registered timestamp callback).
  *
  * Every function here is thread-safe.
@@ -77,6 +78,9 @@ typedef struct fake_stats {
   int latency_timestamps;
   int cuda_event_device_timestamps;
   int timestamp_callback_registrations;
+  uint64_t syncs_during_capture;   /* cuCtxSynchronize calls while a simulated capture ran */
+  uint64_t captures_invalidated;   /* simulated captures that a synchronize invalidated */
+  uint64_t capture_mode_exchanges; /* cuThreadExchangeStreamCaptureMode calls */
 } fake_stats;
 
 void fake_get_stats(fake_stats *out);
@@ -92,6 +96,23 @@ void fake_set_no_context(int on);
 void fake_set_completion_delay_us(uint32_t us);
 /* Makes device syncs produce no SYNCHRONIZATION record (a fence that can only time out). */
 void fake_set_suppress_sync_records(int on);
+
+/* Makes every cuCtxSynchronize block `ms` milliseconds first, as a sync behind a kernel that is
+ * still running does (0: no block). The environment variable FAKE_CUDA_SYNC_BLOCK_MS sets the
+ * same knob in a process that does not call this (the fake CUDA app under the agent). */
+void fake_set_sync_block_ms(int ms);
+
+/* Simulated CUDA stream captures. Begin and end count captures in progress; with
+ * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
+ * cuStreamEndCapture (enter and exit, the stream first in the params, the result in
+ * functionReturnValue), as a real capture does; without, the capture is invisible to the engine
+ * (as one begun before it subscribed). A cuCtxSynchronize while a capture is in progress is counted
+ * (syncs_during_capture) and, unless the calling thread set relaxed mode through
+ * cuThreadExchangeStreamCaptureMode, fails with CUDA_ERROR_STREAM_CAPTURE_INVALIDATED and
+ * invalidates the capture, as global mode does. End returns 1 when the capture was invalidated
+ * (counted in captures_invalidated), else 0. */
+void fake_stream_begin_capture(void *stream, int fire_callbacks);
+int fake_stream_end_capture(void *stream, int fire_callbacks);
 
 /* Subscriber callbacks: invokes the registered subscriber callback for (domain, cbid) with
  * `cbdata` when that callback is enabled. Returns 1 if it was invoked. */

@@ -1,0 +1,154 @@
+/*
+ * test_agent_exit.c: the agent's exit stays within its budget (CUPTIMON_EXIT_BUDGET_MS), and the
+ * monitor's requests are bounded.
+ *
+ * The fake driver's cuCtxSynchronize is made to block (FAKE_CUDA_SYNC_BLOCK_MS), as it does on a
+ * GPU when a kernel is still running at exit. Without a bound the final fence waited for it (25 s
+ * for a 25 s block); now the exit takes at most the budget, every record written is still
+ * delivered (the forced flush), and BYE says that the device did not synchronize.
+ *  1. Capture mode, a sync that blocks for 25 s, a 1 s budget.
+ *  2. Live mode, the same.
+ *  3. Live mode while the monitor's FLUSH{sync, 60000} is in flight on the agent's control thread,
+ *     holding the engine and waiting for a sync that blocks for a minute: the exit still takes at
+ *     most the budget.
+ *  4. A monitor asks for too much in CONFIGURE (a billion buffers, a 2 GiB buffer, a 1 TiB send
+ *     queue, a 1 ms flush cadence, no batch bound, a 49-day fence) and in FLUSH (a 49-day
+ *     timeout): the agent clamps each, says so in its log, and traces exactly as before.
+ */
+#include "agent_test_server.c"
+
+/* The budget leaves the decoder time to catch up even under ThreadSanitizer on a loaded machine
+ * (the sync gets 3/4 of half of it): the records must all arrive. */
+#define BUDGET_MS 3000
+/* Room for a loaded machine under a sanitizer: the process's own teardown after the handler. */
+#define SLACK_MS 3000
+
+static const char *const blocked_env[] = {"FAKE_CUDA_SYNC_BLOCK_MS=25000",
+                                          "CUPTIMON_EXIT_BUDGET_MS=3000"};
+
+static void check_counts(const checker *c, const app *a, const int *kinds, int nk) {
+  for (int i = 0; i < nk; i++)
+    CMT_EQ((int64_t)c->k[kinds[i]].count, app_get(a, cm_kind_name(kinds[i])));
+  CMT_EQU(c->stats_records_dropped_agent, 0);
+  CMT_EQU(c->stats_records_dropped, 0);
+}
+
+static void test_capture_blocked_sync(void) {
+  char path[256], env_cap[300];
+  snprintf(path, sizeof path, "/tmp/cmt-agent-%d-exit.cap", (int)getpid());
+  snprintf(env_cap, sizeof env_cap, "CUPTIMON_CAPTURE=%s", path);
+  const char *env[] = {env_cap, "CUPTIMON_SELECT=kernel:all;memcpy:all", blocked_env[0],
+                       blocked_env[1], NULL};
+  app a;
+  app_start(&a, env, "--records 6000 --threads 2 --kinds kernel,memcpy");
+  CMT_ASSERT(app_read_line(&a, 60000));
+  uint64_t t0 = mono_ms();
+  int st = app_wait(&a, 60000);
+  uint64_t ms = mono_ms() - t0;
+  printf("capture, blocked sync: exit took %llu ms\n", (unsigned long long)ms);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
+  CMT_LT(ms, BUDGET_MS + SLACK_MS);
+  static checker c;
+  memset(&c, 0, sizeof c);
+  char em[CM_WIRE_ERRMSG_SIZE];
+  if (read_capture(path, &c, em) != 0) CMT_FAIL("capture did not end cleanly: %s", em);
+  CMT_EQ(c.byes, 1);
+  printf("  BYE: %s\n", c.bye_message);
+  CMT_CONTAINS(c.bye_message, "exit budget");
+  CMT_CONTAINS(c.bye_message, "did not synchronize");
+  int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_MEMCPY};
+  check_counts(&c, &a, kinds, 2);
+  CMT_CONTAINS(app_log(&a), "did not synchronize");
+  checker_free(&c);
+  unlink(path);
+  app_cleanup(&a);
+}
+
+/* Live mode; with `flush_in_flight`, the monitor sends FLUSH{sync, 60000} once the workload is
+ * done and the app exits while that flush waits for the blocked sync. */
+static void test_live_blocked_sync(bool flush_in_flight) {
+  static server s;
+  server_start(&s, "t", "kernel:all;memcpy:all", 50);
+  s.flush_timeout_ms = 60000;
+  server_run(&s);
+  char sock[200];
+  snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
+  const char *env[] = {sock, "CUPTIMON_TOKEN=t",
+                       flush_in_flight ? "FAKE_CUDA_SYNC_BLOCK_MS=60000" : blocked_env[0],
+                       blocked_env[1], NULL};
+  int linger = flush_in_flight ? 500 : 0;
+  char args[200];
+  snprintf(args, sizeof args, "--records 6000 --threads 2 --kinds kernel,memcpy --linger-ms %d",
+           linger);
+  app a;
+  app_start(&a, env, args);
+  CMT_ASSERT(app_read_line(&a, 60000));
+  uint64_t t0 = mono_ms();
+  if (flush_in_flight) atomic_store(&s.flush_req, 7);
+  int st = app_wait(&a, 90000);
+  uint64_t ms = mono_ms() - t0;
+  server_join(&s);
+  printf("live, blocked sync%s: exit took %llu ms after the workload (linger %d ms)\n",
+         flush_in_flight ? ", FLUSH{sync, 60000} in flight" : "", (unsigned long long)ms, linger);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
+  CMT_LT(ms, (uint64_t)linger + BUDGET_MS + SLACK_MS);
+  CMT_EQ(s.chk.byes, 1);
+  printf("  BYE: %s\n", s.chk.bye_message);
+  CMT_CONTAINS(s.chk.bye_message, "did not synchronize");
+  int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_MEMCPY};
+  check_counts(&s.chk, &a, kinds, 2);
+  checker_free(&s.chk);
+  app_cleanup(&a);
+}
+
+static void test_control_caps(void) {
+  static server s;
+  const char *spec = "kernel:name,start,stop";
+  server_start(&s, "t", spec, 0);
+  static const cm_wire_kv kv[] = {
+      {"pool_max_buffers", 1000000000ull}, {"buffer_size", 2ull << 30},
+      {"send_queue_bytes", 1ull << 40},    {"flush_ms", 1},
+      {"batch_records", 0},                {"fence_timeout_ms", 4233600000ull},
+      {"deliver_ms", 50},
+  };
+  s.configure = kv;
+  s.nconfigure = sizeof kv / sizeof kv[0];
+  s.flush_timeout_ms = 4000000000u;
+  server_run(&s);
+  char sock[200];
+  snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
+  const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_AGENT_LOG=info", NULL};
+  app a;
+  app_start(&a, env, "--records 30000 --threads 2 --kinds kernel --linger-ms 3000");
+  CMT_ASSERT(app_read_line(&a, 60000));
+  atomic_store(&s.flush_req, 9);
+  int st = app_wait(&a, 60000);
+  server_join(&s);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
+  const char *log = app_log(&a);
+  printf("control caps: log:\n%s", log);
+  CMT_CONTAINS(log, "pool_max_buffers = 1000000000 is outside the agent's bounds");
+  CMT_CONTAINS(log, "buffer_size = 2147483648 is outside");
+  CMT_CONTAINS(log, "send_queue_bytes = 1099511627776 is outside");
+  CMT_CONTAINS(log, "flush_ms = 1 is outside");
+  CMT_CONTAINS(log, "batch_records = 0 (no bound) is outside");
+  CMT_CONTAINS(log, "fence_timeout_ms = 4233600000 is outside");
+  CMT_CONTAINS(log, "using 64 buffers"); /* 64 MiB buffers: 4 GiB in all */
+  CMT_CONTAINS(log, "timeout 4000000000 ms is over the agent's bound");
+  CMT_ASSERT(strstr(log, "deliver_ms = 50 is outside") == NULL);
+  CMT_EQ(s.chk.last_flush_id, 9);
+  CMT_EQ(s.chk.last_flush_status, 0);
+  CMT_EQ((int64_t)s.snap[CM_KIND_CONCURRENT_KERNEL].count, app_get(&a, "concurrent_kernel"));
+  checker_free(&s.chk);
+  app_cleanup(&a);
+}
+
+int main(void) {
+  signal(SIGPIPE, SIG_IGN);
+  test_capture_blocked_sync();
+  test_live_blocked_sync(false);
+  test_live_blocked_sync(true);
+  test_control_caps();
+  printf("ok\n");
+  return 0;
+}
