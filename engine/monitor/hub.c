@@ -77,6 +77,7 @@ typedef struct conn {
 typedef struct record_summary {
   char *path;
   uint64_t frames, batches, records, dropped;
+  int incomplete;      /* the process's final counts never arrived: more may be lost */
   struct record_summary *next;
 } record_summary;
 
@@ -295,7 +296,10 @@ static void close_capture(hub *hb, conn *c) {
   s->frames = c->cap_frames;
   s->batches = c->w.batches;
   s->records = c->w.records;
-  s->dropped = cm__wsrc_stat(&c->w, "records_dropped") + cm__wsrc_stat(&c->w, "batches_dropped");
+  cm_loss l;
+  cm__wsrc_loss(&c->w, &l);
+  s->dropped = l.dropped; /* in records, wherever they were lost */
+  s->incomplete = l.incomplete != 0;
   *hb->summaries_tail = s;
   hb->summaries_tail = &s->next;
 }
@@ -813,9 +817,10 @@ void cm__hub_free(void) {
   uv_run(hb->loop, UV_RUN_NOWAIT);
   for (record_summary *s = hb->summaries, *next; s; s = next) {
     next = s->next;
-    fprintf(stderr, "cuptimon-lua: recorded %s: %llu frames, %llu batches, %llu records, %llu dropped\n",
+    fprintf(stderr, "cuptimon-lua: recorded %s: %llu frames, %llu batches, %llu records, %llu dropped%s\n",
             s->path, (unsigned long long)s->frames, (unsigned long long)s->batches,
-            (unsigned long long)s->records, (unsigned long long)s->dropped);
+            (unsigned long long)s->records, (unsigned long long)s->dropped,
+            s->incomplete ? " (at least: the process's final counts are missing)" : "");
     free(s->path);
     free(s);
   }

@@ -116,6 +116,14 @@ struct cm__wsrc {
   uint64_t records_by_kind[CM_KIND_MAX];
   uint64_t seq;
   int warned_missing;
+
+  /* Loss accounting (docs/monitor.md, "Loss"): the BATCH frame numbers seen, and what had been
+   * received when the latest STATS with records_queued arrived (the agent's count of the BATCH
+   * records ahead of that STATS on the connection). */
+  uint32_t last_number;    /* the last BATCH number received, 0 before any */
+  uint64_t gap_frames;     /* numbers skipped so far: frames that never arrived */
+  int have_queued;         /* a STATS carried records_queued */
+  uint64_t recv_at_stats, batches_at_stats, gaps_at_stats;
 };
 
 /* Initializes `w` (zeroed by the caller) for an owner. */
@@ -135,6 +143,8 @@ char *cm__wsrc_union(cm__wsrc *w);
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);
 /* The latest value of a STATS counter, or 0. */
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name);
+/* What the process lost so far, from its STATS and the BATCH numbers received. */
+void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out);
 /* Frees what the wsrc holds (not the struct). */
 void cm__wsrc_release(cm__wsrc *w);
 
