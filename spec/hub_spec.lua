@@ -49,8 +49,10 @@ describe("cuptimon-lua --replay", function()
     local t = tmp .. "/t.cmcap"
     assert(os.execute(("%s capture %s --records 3000 --kinds kernel --truncate 300000"):format(gen, t)) == 0)
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, t, script("count.lua")))
-    assert.are.equal(0, rc, out)
+    -- The tail is lost: the run says so last, and fails with the loss status.
+    assert.are.equal(3, rc, out)
     assert.matches("warning: capture .*t%.cmcap: %d+ whole frames, truncated at byte 300000", out)
+    assert.matches("\ncuptimon%-lua: LOST an unknown number of records in pid %d+ %(its final counts are missing; the last batch frame received was %d%)\n$", out)
     local n = tonumber(out:match("concurrent_kernel%s+(%d+)"))
     assert.is_true(n ~= nil and n > 0 and n < 3000 and n % 1000 == 0, out)
   end)
@@ -59,8 +61,9 @@ describe("cuptimon-lua --replay", function()
     local c = tmp .. "/c.cmcap"
     assert(os.execute(("%s capture %s --records 3000 --kinds kernel --corrupt 250000"):format(gen, c)) == 0)
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, c, script("count.lua")))
-    assert.are.equal(0, rc, out)
+    assert.are.equal(3, rc, out)
     assert.matches("warning: capture .*c%.cmcap: bad checksum at byte %d+", out)
+    assert.matches("cuptimon%-lua: LOST an unknown number of records", out)
   end)
 
   it("fails with status 1 for an unreadable capture", function()
@@ -81,6 +84,7 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
       :format(synth, bin, script("count.lua"), gen))
     assert.are.equal(3, rc, out)
     assert.matches("concurrent_kernel%s+5000\nmemcpy%s+5000\nruntime%s+5000\ntotal%s+15000", out)
+    assert.is_nil(out:find("LOST"), out)
     -- The union selection reached the agent.
     assert.matches("SELECT [^\n]*concurrent_kernel:start", out)
   end)
@@ -98,24 +102,26 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
   end)
 
   it("runs process hooks and a sync flush rendezvous", function()
-    local rc, out = helpers.sh(("%s%s %s -- %s agent --records 3000 --kinds kernel")
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --records 3000 --kinds kernel --cupti-dropped 7")
       :format(synth, bin, fixture("hub_events.lua"), gen))
-    assert.are.equal(0, rc, out)
+    assert.are.equal(3, rc, out) -- 7 records lost: the loss status
     assert.matches("start pid=%d+ kind=agent host=testhost exe=/usr/bin/wire_gen", out)
     assert.matches("flush done ok=true", out)
     assert.matches("exit pid=%d+ status=exit exit_code=0 dropped=7", out)
-    assert.matches("records=3000", out)
+    assert.matches("records=3000\ncuptimon%-lua: LOST 7 of 3007 records %(CUPTI had no buffer: 7%) in pid %d+\n$", out)
   end)
 
   it("records every agent's frames and replays them to the same output", function()
     local cap = tmp .. "/rec.%p.cmcap"
-    local rc1, live = helpers.sh(("%s%s --record %s %s -- %s agent --records 4000 --kinds kernel,memcpy")
+    local rc1, live = helpers.sh(("%s%s --record %s %s -- %s agent --records 4000 --kinds kernel,memcpy --cupti-dropped 7")
       :format(synth, bin, cap, script("count.lua"), gen))
-    assert.are.equal(0, rc1, live)
-    assert.matches("recorded .*rec%.%d+%.cmcap: %d+ frames, %d+ batches, 8000 records, 7 dropped", live)
+    assert.are.equal(3, rc1, live)
+    assert.matches("recorded .*rec%.%d+%.cmcap: %d+ frames, %d+ batches, 8000 records, 7 dropped\n", live)
+    assert.matches("LOST 7 of 8007 records", live)
     cap = live:match("recorded (%S+): ")
     local rc2, replay = helpers.sh(("%s --replay %s %s"):format(bin, cap, script("count.lua")))
-    assert.are.equal(0, rc2, replay)
+    assert.are.equal(3, rc2, replay) -- the capture keeps the agent's counts
+    assert.matches("LOST 7 of 8007 records", replay)
     local table_of = function(s) return s:match("(kind%s+records\n.-total%s+%d+)") end
     assert.are.equal(table_of(live), table_of(replay))
   end)
@@ -195,6 +201,71 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
   end)
 end)
 
+-- The loss fields the loss_report.lua fixture prints, as a table of numbers.
+local function loss_of(out, what)
+  local line = out:match(what .. "[^\n]*") or ""
+  local t = {}
+  for k, v in line:gmatch("([%w_]+)=(%d+)") do t[k] = tonumber(v) end
+  t.pid = nil
+  return t
+end
+
+describe("lost records (synthetic captures and agents)", function()
+  if not gen then
+    pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+    return
+  end
+
+  it("counts a BATCH frame that never arrived, exactly, from the numbers and the final STATS", function()
+    local cap = tmp .. "/gap.cmcap"
+    assert(os.execute(("%s capture %s --pid 41 --records 3000 --kinds kernel --drop-batch 2"):format(gen, cap)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, fixture("loss_report.lua")))
+    assert.are.equal(3, rc, out)
+    for _, what in ipairs({ "process_exit pid=41", "source_stats pid=41", "run_stats" }) do
+      local l = loss_of(out, what)
+      assert.are.same({ 3000, 2000, 1000, 1000, 1, 0, 0 }, { l.produced, l.received, l.dropped,
+        l.lost_wire, l.lost_frames, l.incomplete, l.dropped_agent }, what .. "\n" .. out)
+    end
+    assert.are.equal(1000, loss_of(out, "run_stats").records_dropped, out)
+    assert.matches("observed=2000\ncuptimon%-lua: LOST 1000 of 3000 records %(never received: 1000, 1 batch frame missing%) in pid 41\n$", out)
+  end)
+
+  it("keeps the command's status with --allow-loss, and still prints the loss line", function()
+    local cap = tmp .. "/gap.cmcap"
+    local rc, out = helpers.sh(("%s --allow-loss --replay %s %s"):format(bin, cap, script("count.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("total%s+2000\ncuptimon%-lua: LOST 1000 of 3000 records", out)
+  end)
+
+  it("reports the gap and an unknown tail when the final STATS never came", function()
+    local cap = tmp .. "/cut.cmcap"
+    assert(os.execute(("%s capture %s --pid 42 --records 3000 --kinds kernel --drop-batch 2 --no-end"):format(gen, cap)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, fixture("loss_report.lua")))
+    assert.are.equal(3, rc, out)
+    local l = loss_of(out, "process_exit pid=42")
+    assert.are.same({ 2000, 0, 1, 1 }, { l.received, l.dropped, l.lost_frames, l.incomplete }, out)
+    assert.matches("cuptimon%-lua: LOST an unknown number of records %(1 batch frame missing%) in pid 42 %(its final counts are missing; the last batch frame received was 3%)\n$", out)
+  end)
+
+  it("reports a live agent that ended without its final counts", function()
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --records 3000 --kinds kernel --no-end")
+      :format(synth, bin, fixture("loss_report.lua"), gen))
+    assert.are.equal(3, rc, out) -- the command exited 0, but the run cannot vouch for its data
+    local l = loss_of(out, "process_exit pid=%d+ status=disconnected")
+    assert.are.same({ 3000, 0, 1 }, { l.received, l.dropped, l.incomplete }, out)
+    assert.matches("LOST an unknown number of records in pid %d+ %(its final counts are missing; the last batch frame received was 3%)\n$", out)
+  end)
+
+  it("prints no loss line and keeps the status when nothing was lost", function()
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --records 3000 --kinds kernel --exit-code 6")
+      :format(synth, bin, fixture("loss_report.lua"), gen))
+    assert.are.equal(6, rc, out)
+    local l = loss_of(out, "run_stats")
+    assert.are.same({ 3000, 3000, 0, 0 }, { l.produced, l.received, l.dropped, l.incomplete }, out)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+end)
+
 describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   local app = os.getenv("CUPTIMON_FAKE_APP")
   local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
@@ -223,11 +294,68 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("concurrent_kernel%s+" .. want.concurrent_kernel .. "\n", out)
     assert.matches("memcpy%s+" .. want.memcpy .. "\n", out)
     assert.matches("total%s+100000\n", out)
+    assert.is_nil(out:find("LOST"), out)
   end)
 
   it("preserves the command's exit code", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --exit-code 7"):format(bin, script("count.lua"), app))
     assert.are.equal(7, rc, out)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
+  it("counts every record a slow observer made the agent drop, and fails the run with status 3", function()
+    -- The observer blocks the monitor on its first batch until the agent has logged that its final
+    -- flush is done, so every record has passed the agent's small queue (1 MiB, 4 frames) while
+    -- nothing was read: most are dropped, whatever the machine's load. The exit deadlines are
+    -- generous, so the final STATS arrives and the counts are exact.
+    local log, cap = tmp .. "/slow_agent.log", tmp .. "/slow.cmcap"
+    local env = "CUPTIMON_AGENT_QUEUE_MB=1 CUPTIMON_AGENT_QUEUE_FRAMES=4 CUPTIMON_EXIT_BUDGET_MS=120000 CUPTIMON_EXIT_FLUSH_MS=60000 "
+      .. "CUPTIMON_EXIT_DRAIN_MS=60000 CUPTIMON_AGENT_LOG=info "
+    local rc, out = helpers.sh(("%s%s --record %s %s --wait-for %s -- sh -c 'exec %s --records 200000 --kinds kernel 2>%s'")
+      :format(env, bin, cap, fixture("loss_report.lua"), log, app, log))
+    assert.are.equal(3, rc, out)
+    local want = app_counts(out)
+    assert.are.equal(200000, want.records, out)
+    local l = loss_of(out, "process_exit pid=" .. want.pid .. " status=exit")
+    assert.is_true(l.dropped_agent > 100000, out)
+    assert.are.same({ 0, 0, 0, 0 }, { l.dropped_exit, l.lost_wire, l.lost_frames, l.incomplete }, out)
+    -- Every record the app wrote was received or counted as dropped, exactly.
+    assert.are.equal(want.records, l.received + l.dropped_agent, out)
+    assert.are.equal(want.records + l.dropped_cupti, l.produced, out)
+    assert.are.equal(l.dropped_cupti + l.dropped_agent, l.dropped, out)
+    -- The same numbers per source after the exit, for the run, and to the observer.
+    local per_source = loss_of(out, "source_stats pid=" .. want.pid)
+    per_source.records_dropped = nil
+    assert.are.same(l, per_source, out)
+    local r = loss_of(out, "run_stats")
+    assert.are.same({ l.dropped, l.dropped, l.received, l.received },
+      { r.dropped, r.records_dropped, r.received, r.observed }, out)
+    -- --record counts records, not batches plus records.
+    assert.matches("recorded [^\n]*slow%.%d+%.cmcap: %d+ frames, %d+ batches, " .. l.received .. " records, "
+      .. l.dropped .. " dropped\n", out)
+    cap = out:match("recorded (%S+): ") -- the process's own file, named by its pid
+    -- The loss line comes last, after the script's output and the capture summary.
+    assert.matches("\ncuptimon%-lua: LOST " .. l.dropped .. " of " .. l.produced .. " records %([^)]*agent queue full or connection lost: "
+      .. l.dropped_agent .. "%) in pid " .. want.pid .. "\n$", out)
+    -- The capture keeps the agent's counts: a replay reports the same loss.
+    local rc2, replay = helpers.sh(("%s --replay %s %s"):format(bin, cap, fixture("loss_report.lua")))
+    assert.are.equal(3, rc2, replay)
+    local rl = loss_of(replay, "run_stats")
+    assert.are.same({ l.produced, l.received, l.dropped }, { rl.produced, rl.received, rl.dropped }, replay)
+    assert.matches("LOST " .. l.dropped .. " of " .. l.produced .. " records", replay)
+  end)
+
+  it("reports a process killed with SIGKILL as lost, with the last batch frame it sent", function()
+    -- The shell kills the app once the first batch has reached the observer (the gate file).
+    local gate = tmp .. "/kill.gate"
+    local cmd = ("sh -c '%s --records 1000 --kinds kernel --rounds 100000 --pause-ms 20 & p=$!; i=0; "
+      .. "while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; kill -9 $p; wait $p'"):format(app, gate)
+    local rc, out = helpers.sh(("%s %s --gate %s -- %s"):format(bin, fixture("loss_report.lua"), gate, cmd))
+    assert.are.equal(137, rc, out) -- the command's own status is kept
+    local l = loss_of(out, "process_exit pid=%d+ status=disconnected")
+    assert.are.equal(1, l.incomplete, out)
+    assert.is_true(l.received > 0, out)
+    assert.matches("\ncuptimon%-lua: LOST an unknown number of records in pid %d+ %(its final counts are missing; the last batch frame received was %d+%)\n$", out)
   end)
 
   it("gives the same output on --record then --replay", function()
@@ -388,7 +516,9 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
 
   it("caps a frame after HELLO at the wire format's maximum, with a message (item 12)", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --big-frame 1073741832"):format(synth, bin, count, gen))
-    assert.are.equal(0, rc, out)
+    -- The connection is cut before the agent's final counts: the run lost data and says so.
+    assert.are.equal(3, rc, out)
+    assert.matches("LOST an unknown number of records in pid %d+ %(its final counts are missing%)", out)
     assert.matches("agent pid %d+ sent a frame over the wire format's size limit", out)
     assert.matches("wire_gen: big frame closed by the monitor", out)
   end)

@@ -3,8 +3,10 @@
  * synthetic captures, and it plays a minimal agent against a live cuptimon-lua hub.
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
+ *                         [--drop-batch K] [--no-end]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
+ *                  [--cupti-dropped N] [--no-end]
  *   wire_gen idle N [--hold-ms MS] [--ready FILE]
  *
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
@@ -24,6 +26,12 @@
  * The idle mode opens N connections to CUPTIMON_SOCKET that never send anything (non-blocking
  * connects; failures are counted), creates --ready FILE once they are open, holds them for
  * --hold-ms (default 3000), and prints how many the monitor closed meanwhile.
+ *
+ * Loss accounting (wire 1.1): both modes number their BATCH frames 1, 2, 3, ... and send STATS
+ * with records_queued and batches_queued, as the agent does. --drop-batch K leaves out the K-th
+ * BATCH frame while still counting it as sent (a frame lost on the way); --no-end leaves out the
+ * final STATS and BYE (a process killed before its last counts); --cupti-dropped N reports N
+ * records dropped by CUPTI (records_dropped).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -43,6 +51,8 @@
 static int kinds[MAXK], nkinds;
 static uint64_t nrec = 1000;
 static uint32_t pid;
+static uint64_t drop_batch, cupti_dropped;
+static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
 
 static void parse_kinds(const char *s) {
@@ -96,6 +106,10 @@ static void strings(cm_wire_buf *b) {
 /* Writes the records [from, to) of `kind` as one batch with the fields `sel` selects (NULL: all). */
 static void batch(cm_wire_buf *b, int kind, uint64_t from, uint64_t to, const cm_selection *sel,
                   uint64_t seq) {
+  /* Every frame gets its number; the one --drop-batch names is encoded and then cut off. */
+  static uint32_t number;
+  size_t before = b->len;
+  number++;
   static uint64_t data[CM_WIRE_MAX_COLS][4096];
   cm_column cols[CM_WIRE_MAX_COLS];
   uint32_t nc = 0, n = (uint32_t)(to - from);
@@ -122,7 +136,8 @@ static void batch(cm_wire_buf *b, int kind, uint64_t from, uint64_t to, const cm
     nc++;
   }
   cm_batch bt = {.kind = kind, .n = n, .ncols = nc, .cols = cols, .seq = seq};
-  cm_wire_write_batch(b, &bt);
+  cm_wire_write_batch_numbered(b, &bt, number);
+  if (number == drop_batch) b->len = before;
 }
 
 static int capture(const char *path, long truncate_at, long corrupt_at) {
@@ -132,12 +147,19 @@ static int capture(const char *path, long truncate_at, long corrupt_at) {
   hello(&b, "");
   schema(&b);
   strings(&b);
-  uint64_t seq = 0;
+  uint64_t seq = 0, sent = 0;
   for (uint64_t from = 0; from < nrec; from += 1000)
-    for (int k = 0; k < nkinds; k++) batch(&b, kinds[k], from, from + 1000 < nrec ? from + 1000 : nrec, NULL, ++seq);
-  cm_wire_kv st[] = {{"records_decoded", nrec * (uint64_t)nkinds}, {"records_dropped", 0}};
-  cm_wire_write_stats(&b, st, 2);
-  cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, 0, "");
+    for (int k = 0; k < nkinds; k++) {
+      uint64_t to = from + 1000 < nrec ? from + 1000 : nrec;
+      batch(&b, kinds[k], from, to, NULL, ++seq);
+      sent += to - from;
+    }
+  cm_wire_kv st[] = {{"records_decoded", nrec * (uint64_t)nkinds}, {"records_dropped", cupti_dropped},
+                     {"records_queued", sent}, {"batches_queued", seq}};
+  if (!no_end) {
+    cm_wire_write_stats(&b, st, 4);
+    cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, 0, "");
+  }
   size_t len = b.len;
   if (truncate_at >= 0 && (size_t)truncate_at < len) len = (size_t)truncate_at;
   if (corrupt_at >= 0 && (size_t)corrupt_at < len) b.data[corrupt_at] ^= 0x5a;
@@ -343,8 +365,15 @@ static int agent(const char *token, int garbage, int exit_code, uint64_t oversiz
         garbage = 0;
       }
     }
-  cm_wire_kv st[] = {{"records_decoded", sent}, {"records_dropped", 7}, {"batches_dropped", 0}};
-  cm_wire_write_stats(&b, st, 3);
+  if (no_end) { /* like a process killed before its exit handler: no STATS, no BYE */
+    cm_wire_buf_free(&b);
+    close(sock_fd);
+    printf("wire_gen: pid=%u sent=%llu\n", pid, (unsigned long long)sent);
+    return exit_code;
+  }
+  cm_wire_kv st[] = {{"records_decoded", sent}, {"records_dropped", cupti_dropped},
+                     {"batches_dropped", 0}, {"records_queued", sent}, {"batches_queued", seq}};
+  cm_wire_write_stats(&b, st, 5);
   /* Answer a flush that arrives while we are still connected (non-blocking peek). */
   struct timeval tv = {0, 200000};
   setsockopt(sock_fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -395,6 +424,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--big-frame")) big = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--hold-ms")) hold_ms = atoi(v), i++;
     else if (!strcmp(a, "--ready")) ready = v, i++;
+    else if (!strcmp(a, "--drop-batch")) drop_batch = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--cupti-dropped")) cupti_dropped = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--no-end")) no_end = 1;
     else {
       fprintf(stderr, "wire_gen: unknown option %s\n", a);
       return 2;

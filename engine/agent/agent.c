@@ -13,6 +13,9 @@
  * pushed to a bounded send queue; when it is full, BATCH frames are dropped and counted (STRINGS,
  * STATS, FLUSH_DONE and BYE are small and never dropped, so what does arrive stays decodable). A
  * monitor that goes away (EOF, EPIPE, a corrupt frame) turns tracing off and the process runs on.
+ * Every record the observer gets is sent or counted, in records, as dropped by the agent (full
+ * queue, failed connection) or at the exit deadline; BATCH frames are numbered, and each STATS says
+ * how many records were queued ahead of it, so the monitor can count what never reached it.
  * Every wait has a deadline, and every failure logs and leaves tracing off rather than failing
  * the process: InitializeInjection always returns 1.
  *
@@ -129,12 +132,16 @@ static struct agent {
   bool q_dead;             /* the descriptor failed: frames are freed, pushes refused */
   bool sender_stop;        /* the sender exits once the queue is empty */
   bool sending;            /* the sender holds a frame it has not finished writing */
+  /* The BATCH frames queued so far, less those discarded unsent at exit: exactly the batches
+   * ahead of the next STATS frame on the connection (records_queued / batches_queued). */
+  uint64_t q_batches, q_records;
 
   /* Callback state: only on_batch touches it, and the engine serializes callbacks. */
   uint32_t cb_strings_sent; /* string ids below this were queued (id 0 is never sent) */
   uint32_t cb_newest;       /* the newest observer generation seen in a callback */
   uint64_t cb_last_seq;
   int32_t cb_last_kind;
+  uint32_t cb_number;       /* the last BATCH frame number given (docs/wire.md: BATCH) */
   cm_wire_buf cb_buf;
 
   _Atomic bool active;     /* the agent runs: the exit handler has work to do */
@@ -142,8 +149,12 @@ static struct agent {
   _Atomic bool exiting;
   _Atomic bool ctl_stop;
   _Atomic bool tracing;    /* an observer is registered */
-  _Atomic uint64_t batches_sent, batches_dropped, records_dropped_agent, records_sent,
-      bytes_sent, frames_sent, strings_sent;
+  _Atomic bool cut;        /* the exit deadline passed: what is still queued is dropped */
+  /* Every record the observer received ends in exactly one of records_sent (or still queued),
+   * records_dropped_agent (the queue was full, or the connection failed) and
+   * records_dropped_exit (still queued when the exit deadline passed). */
+  _Atomic uint64_t batches_sent, batches_dropped, records_dropped_agent, records_dropped_exit,
+      records_sent, bytes_sent, frames_sent, strings_sent;
 } A = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .q_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -258,36 +269,73 @@ static void free_frames(qframe *f) {
   }
 }
 
-/* Queues a frame. It takes ownership of `data` (malloc'd). A BATCH frame (`batch`) is dropped and
- * counted when the queue is over either bound; other frames are small and always queued while
- * the queue lives. Returns true when queued. Any thread; never blocks beyond q_mu. */
-static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
-  qframe *f = malloc(sizeof *f);
-  pthread_mutex_lock(&A.q_mu);
-  bool full = A.q_bytes + len > A.max_bytes || A.q_frames + 1 > A.max_frames;
-  if (!f || A.q_dead || A.q_closed || (batch && full)) {
-    pthread_mutex_unlock(&A.q_mu);
-    if (batch) {
-      INC(batches_dropped, 1);
-      INC(records_dropped_agent, records);
-    }
-    free(f);
-    free(data);
-    return false;
-  }
+/* Counts a BATCH frame that will never be sent: as an exit loss once the exit deadline has
+ * passed, as the agent's loss (full queue, failed connection) before. Any thread. */
+static void count_dropped(uint64_t batches, uint64_t records) {
+  if (!batches) return;
+  INC(batches_dropped, batches);
+  if (atomic_load(&A.cut))
+    INC(records_dropped_exit, records);
+  else
+    INC(records_dropped_agent, records);
+}
+
+/* Appends f (filled in by the caller) to the queue. q_mu held. */
+static void q_link_locked(qframe *f) {
   f->next = NULL;
-  f->data = data;
-  f->len = len;
-  f->batch = batch;
-  f->records = records;
   if (A.tail)
     A.tail->next = f;
   else
     A.head = f;
   A.tail = f;
-  A.q_bytes += len;
+  A.q_bytes += f->len;
   A.q_frames++;
+  if (f->batch) {
+    A.q_batches++;
+    A.q_records += f->records;
+  }
   pthread_cond_signal(&A.q_cv);
+}
+
+/* Unlinks every queued frame (not the one the sender is writing) and returns the list; the
+ * batches in it no longer count as queued. q_mu held. */
+static qframe *q_take_all_locked(uint64_t *batches, uint64_t *records) {
+  qframe *f = A.head;
+  *batches = *records = 0;
+  for (qframe *p = f; p; p = p->next) {
+    A.q_bytes -= p->len;
+    A.q_frames--;
+    if (p->batch) {
+      ++*batches;
+      *records += p->records;
+    }
+  }
+  A.q_batches -= *batches;
+  A.q_records -= *records;
+  A.head = A.tail = NULL;
+  return f;
+}
+
+/* Queues a frame. It takes ownership of `data` (malloc'd). The queue's bounds are the caller's
+ * decision: on_batch admits a BATCH before numbering and encoding it, and other frames are small
+ * and always queued while the queue lives. A BATCH that cannot be queued (the queue died or
+ * closed, no memory) is counted as dropped. Returns true when queued. Any thread; never blocks
+ * beyond q_mu. */
+static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
+  qframe *f = malloc(sizeof *f);
+  pthread_mutex_lock(&A.q_mu);
+  if (!f || A.q_dead || A.q_closed) {
+    pthread_mutex_unlock(&A.q_mu);
+    if (batch) count_dropped(1, records);
+    free(f);
+    free(data);
+    return false;
+  }
+  f->data = data;
+  f->len = len;
+  f->batch = batch;
+  f->records = records;
+  q_link_locked(f);
   pthread_mutex_unlock(&A.q_mu);
   return true;
 }
@@ -314,19 +362,15 @@ static void monitor_gone(const char *why) {
   if (atomic_exchange(&A.gone, true)) return;
   pthread_mutex_lock(&A.q_mu);
   A.q_dead = true;
-  qframe *f = A.head;
   size_t nframes = A.q_frames;
-  A.head = A.tail = NULL;
+  uint64_t batches, records;
+  qframe *f = q_take_all_locked(&batches, &records);
   A.q_bytes = 0;
   A.q_frames = 0;
   pthread_cond_broadcast(&A.q_cv);
   pthread_cond_broadcast(&A.idle_cv);
   pthread_mutex_unlock(&A.q_mu);
-  for (qframe *p = f; p; p = p->next)
-    if (p->batch) {
-      INC(batches_dropped, 1);
-      INC(records_dropped_agent, p->records);
-    }
+  count_dropped(batches, records);
   free_frames(f);
   if (atomic_load(&A.exiting))
     alog(CM_LOG_DEBUG, "%s %s during exit", A.is_socket ? "monitor connection" : "capture", why);
@@ -363,10 +407,11 @@ static void *sender_main(void *arg) {
         INC(records_sent, f->records);
       }
     } else if (f->batch) {
-      INC(batches_dropped, 1);
-      INC(records_dropped_agent, f->records);
+      count_dropped(1, f->records);
     }
     size_t len = f->len;
+    bool f_batch = f->batch;
+    uint32_t f_records = f->records;
     free(f->data);
     free(f);
 
@@ -375,6 +420,10 @@ static void *sender_main(void *arg) {
     if (!A.q_dead) {
       A.q_bytes -= len;
       A.q_frames--;
+    }
+    if (err && f_batch) {
+      A.q_batches--;
+      A.q_records -= f_records;
     }
     if (!A.head) pthread_cond_broadcast(&A.idle_cv);
     if (err) {
@@ -393,10 +442,11 @@ static void *sender_main(void *arg) {
 
 /* ---- frames the agent writes ---------------------------------------------------------------- */
 
-static uint32_t stats_items(cm_wire_kv *kv) {
-  cm_stats st;
-  memset(&st, 0, sizeof st);
-  if (A.eng) cm_stats_get(A.eng, &st);
+/* Fills kv with the STATS counters: the engine's (from st) and the agent's. q_mu held, so that
+ * records_queued and batches_queued describe exactly the BATCH frames queued ahead of this STATS
+ * frame: a monitor that has received fewer knows that the difference was lost on the way. */
+static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
+  const cm_stats st = *stp;
   uint32_t n = 0;
 #define KV(nm, v) kv[n++] = (cm_wire_kv){.name = nm, .value = (v)}
   KV("buffers_allocated", st.buffers_allocated);
@@ -411,19 +461,42 @@ static uint32_t stats_items(cm_wire_kv *kv) {
   KV("batches_dropped", GET(batches_dropped));
   KV("records_sent", GET(records_sent));
   KV("records_dropped_agent", GET(records_dropped_agent));
+  KV("records_dropped_exit", GET(records_dropped_exit));
+  KV("records_queued", A.q_records);
+  KV("batches_queued", A.q_batches);
   KV("strings_sent", GET(strings_sent));
   KV("bytes_sent", GET(bytes_sent));
 #undef KV
   return n;
 }
 
-static void push_stats(void) {
-  cm_wire_kv kv[16];
-  uint32_t n = stats_items(kv);
+/* Encodes a STATS frame and links it to the queue. q_mu held, and the queue alive; `st` holds
+ * the engine's counters, which the caller read without q_mu (the engine's locks come first). */
+static void q_link_stats_locked(const cm_stats *st) {
+  cm_wire_kv kv[24];
+  uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
-  if (cm_wire_write_stats(&b, kv, n) == 0) q_push_buf(&b, false, 0);
-  cm_wire_buf_free(&b);
+  qframe *f = malloc(sizeof *f);
+  if (f && cm_wire_write_stats(&b, kv, n) == 0) {
+    f->data = b.data;
+    f->len = b.len;
+    f->batch = false;
+    f->records = 0;
+    q_link_locked(f);
+  } else {
+    free(f);
+    cm_wire_buf_free(&b);
+  }
+}
+
+static void push_stats(void) {
+  cm_stats st;
+  memset(&st, 0, sizeof st);
+  if (A.eng) cm_stats_get(A.eng, &st);
+  pthread_mutex_lock(&A.q_mu);
+  if (!A.q_dead && !A.q_closed) q_link_stats_locked(&st);
+  pthread_mutex_unlock(&A.q_mu);
 }
 
 /* Queues STRINGS frames for every id interned since the last call. Ids are dense and interned in
@@ -495,24 +568,27 @@ static void on_batch(void *ud, const cm_batch *b) {
   for (uint32_t at = 0; at < b->n; at += rows) {
     uint32_t n = b->n - at < rows ? b->n - at : rows;
     size_t est = 48 + 24 * (size_t)ncols + row_bytes * n + 8 * (size_t)ncols;
+    /* The admission decision: only this callback queues batches (the engine serializes it),
+     * and est bounds the encoded size, so an admitted frame is queued unless the queue dies or
+     * closes meanwhile; the small frames of other threads may overshoot the bound a little. */
     pthread_mutex_lock(&A.q_mu);
     bool full = A.q_bytes + est > A.max_bytes || A.q_frames + 1 > A.max_frames;
     pthread_mutex_unlock(&A.q_mu);
     if (full) {
-      /* Not worth encoding: q_push would drop it. Counted the same way. */
-      INC(batches_dropped, 1);
-      INC(records_dropped_agent, n);
+      count_dropped(1, n);
       continue;
     }
+    /* Numbered once admitted, so the numbers of the queued frames have no gaps (0 is skipped
+     * when they wrap: it means "not numbered"). */
+    if (++A.cb_number == 0) A.cb_number = 1;
     for (uint32_t c = 0; c < ncols; c++) {
       cols[c] = b->cols[c];
       cols[c].data = (const uint8_t *)b->cols[c].data + (size_t)at * b->cols[c].width;
     }
     cm_batch piece = {.kind = b->kind, .n = n, .ncols = ncols, .cols = cols, .seq = b->seq};
-    if (cm_wire_write_batch(&A.cb_buf, &piece) != 0) {
+    if (cm_wire_write_batch_numbered(&A.cb_buf, &piece, A.cb_number) != 0) {
       cm_wire_buf_clear(&A.cb_buf);
-      INC(batches_dropped, 1);
-      INC(records_dropped_agent, n);
+      count_dropped(1, n);
       continue;
     }
     q_push_buf(&A.cb_buf, true, n);
@@ -832,11 +908,12 @@ static void cut_add(char *cut, size_t cap, size_t *len, const char *fmt, ...) {
   if (n > 0) *len = *len + (size_t)n < cap ? *len + (size_t)n : cap - 1;
 }
 
-/* Removes the BATCH frames still queued (not the one being written), counting their records as
- * dropped by the agent, so the STATS frame queued after them reports them. Returns the records.
- * q_mu held. */
-static uint64_t purge_batches_locked(void) {
+/* Removes the BATCH frames still queued (not the one being written), counting them as dropped at
+ * the exit deadline (A.cut is set first), so the STATS frame queued after them reports them.
+ * Returns the records; *batches receives the frames. q_mu held. */
+static uint64_t purge_batches_locked(uint64_t *batches) {
   uint64_t records = 0;
+  *batches = 0;
   qframe **pp = &A.head, *last = NULL, *gone = NULL;
   while (*pp) {
     qframe *f = *pp;
@@ -844,8 +921,10 @@ static uint64_t purge_batches_locked(void) {
       *pp = f->next;
       A.q_bytes -= f->len;
       A.q_frames--;
-      INC(batches_dropped, 1);
-      INC(records_dropped_agent, f->records);
+      A.q_batches--;
+      A.q_records -= f->records;
+      count_dropped(1, f->records);
+      ++*batches;
       records += f->records;
       f->next = gone;
       gone = f;
@@ -865,7 +944,7 @@ static uint64_t purge_batches_locked(void) {
  * at most CUPTIMON_EXIT_FLUSH_MS of it, the queue drains until CUPTIMON_EXIT_DRAIN_MS or the
  * budget's last tenth, the batches still queued then are dropped and counted, and STATS, BYE and
  * the threads' joins get the rest. What the budget cut off is counted in STATS
- * (records_dropped_agent) where it can be, and said in BYE's message and the log either way. In a
+ * (records_dropped_exit) where it can be, and said in BYE's message and the log either way. In a
  * forked child (the agent's threads do not exist there) it does nothing. */
 static void agent_atexit(void) {
   if (getpid() != A.pid || !atomic_load(&A.active)) return;
@@ -899,19 +978,38 @@ static void agent_atexit(void) {
           "but not yet decoded were not sent (not counted)");
   }
 
+  {
+    pthread_mutex_lock(&A.q_mu);
+    size_t queued = A.q_frames;
+    pthread_mutex_unlock(&A.q_mu);
+    /* Tests wait for this line to know that every record has passed the observer. */
+    alog(CM_LOG_INFO, "exit: the final flush is done; %zu frames to send", queued);
+  }
+
   /* 2. The drain, until its part or the budget's last tenth, whichever comes first. */
   pthread_mutex_lock(&A.q_mu);
   struct timespec ts;
-  uint64_t drain_end = min_u64(cm__mono_ms() + A.exit_drain_ms, end - reserve);
+  uint64_t drain_start = cm__mono_ms();
+  uint64_t drain_end = min_u64(drain_start + A.exit_drain_ms, end - reserve);
   uint64_t now = cm__mono_ms();
   cm__abstime_in(&ts, drain_end > now ? drain_end - now : 0);
   while ((A.head || A.sending) && !A.q_dead)
     if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
-  uint64_t purged = A.q_dead ? 0 : purge_batches_locked();
+  uint64_t purged = 0, purged_batches = 0;
+  if (!A.q_dead && A.head) {
+    atomic_store(&A.cut, true);
+    purged = purge_batches_locked(&purged_batches);
+  }
   pthread_mutex_unlock(&A.q_mu);
-  if (purged)
-    CUT("%llu records still queued at the drain's deadline were not sent (counted as dropped)",
-        (unsigned long long)purged);
+  if (purged_batches) {
+    alog(CM_LOG_WARN,
+         "exit: the %s did not take the last frames within %llu ms: dropping %llu batches (%llu "
+         "records), sending the final counts",
+         A.is_socket ? "monitor" : "capture file", (unsigned long long)(drain_end > drain_start ? drain_end - drain_start : 0),
+         (unsigned long long)purged_batches, (unsigned long long)purged);
+    CUT("%llu records still queued at the drain's deadline were not sent (counted as dropped at "
+        "exit)", (unsigned long long)purged);
+  }
 
   /* 3. STATS and BYE (with what was cut), then the rest of the budget for them to leave. */
   push_stats();
@@ -930,14 +1028,16 @@ static void agent_atexit(void) {
   cm__abstime_in(&ts, last_end > now ? last_end - now : 0);
   while ((A.head || A.sending) && !A.q_dead)
     if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
-  size_t left = A.q_frames;
   bool drained = !A.head && !A.sending;
+  size_t left = A.q_frames;
   pthread_mutex_unlock(&A.q_mu);
   if (!drained && !atomic_load(&A.gone))
     alog(CM_LOG_WARN,
          "the %s did not take the last %zu frames within the exit budget (%u ms); closing "
          "without them (STATS and BYE among them)",
          A.is_socket ? "monitor" : "capture file", left, A.exit_budget_ms);
+  /* What is still queued now is lost to the exit deadline. */
+  atomic_store(&A.cut, true);
   /* 4. A sender blocked in send() on a monitor that does not read is released by the shutdown;
    * the threads get what is left of the budget to stop. */
   if (A.is_socket && A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
@@ -954,12 +1054,14 @@ static void agent_atexit(void) {
   cm_stats_get(A.eng, &st);
   int lvl = GET(batches_dropped) || st.records_dropped || cl ? CM_LOG_WARN : CM_LOG_INFO;
   alog(lvl,
-       "exit: %llu batches (%llu records) sent, %llu batches (%llu records) dropped by the "
-       "agent, %llu records dropped by CUPTI, %llu bytes, %llu ms of a %u ms budget%s%s",
+       "exit: %llu batches (%llu records) sent, %llu batches dropped: %llu records by the agent "
+       "(queue full or connection lost), %llu records at the exit deadline; %llu records dropped "
+       "by CUPTI, %llu bytes, %llu ms of a %u ms budget%s%s",
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
-       (unsigned long long)st.records_dropped, (unsigned long long)GET(bytes_sent),
-       (unsigned long long)(cm__mono_ms() - t0), A.exit_budget_ms, cl ? "; " : "", cut);
+       (unsigned long long)GET(records_dropped_exit), (unsigned long long)st.records_dropped,
+       (unsigned long long)GET(bytes_sent), (unsigned long long)(cm__mono_ms() - t0),
+       A.exit_budget_ms, cl ? "; " : "", cut);
 #undef CUT
   /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */
 }

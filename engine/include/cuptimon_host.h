@@ -143,6 +143,22 @@ typedef struct cm_process_info {
 /* Called by a source when an asynchronous flush completes; `status` is 0 or a CM_E* code. */
 typedef void (*cm_source_done_fn)(void *ud, int status);
 
+/* What a source's process lost, in records, by where it was lost (docs/monitor.md, "Loss").
+ * For a sum over sources, every field is summed except last_number (the largest). */
+typedef struct cm_loss {
+  uint64_t produced;      /* received + dropped: what the process recorded, as far as known */
+  uint64_t received;      /* records that reached the monitor */
+  uint64_t dropped;       /* every record lost: the sum of the four below */
+  uint64_t dropped_cupti; /* CUPTI had no buffer, or the engine no memory */
+  uint64_t dropped_agent; /* the agent's send queue was full, or its connection failed */
+  uint64_t dropped_exit;  /* still queued in the agent when its exit deadline passed */
+  uint64_t lost_wire;     /* sent by the agent (its STATS say so) but never received */
+  uint64_t lost_frames;   /* BATCH frames known to be missing (gaps in their numbers) */
+  uint64_t incomplete;    /* 1 (per source) when the counts are a lower bound: the process ended
+                           * without its final counts, or frames are missing after them */
+  uint64_t last_number;   /* the number of the last BATCH frame received (0: none or unnumbered) */
+} cm_loss;
+
 typedef struct cm_source_vtable {
   const char *name; /* "inproc", "agent", "replay" */
   /* Starts delivering the fields of `sel` (spec is the same selection as text) to observer
@@ -165,6 +181,8 @@ typedef struct cm_source_vtable {
    * cupti_version, argv, devices, and when `exiting` is 1 also status, exit_code, message,
    * dropped and stats. The host adds source, pid and kind itself. May be NULL. */
   void (*describe)(cm_source *s, cm_process_info *out, int exiting);
+  /* Fills what the source lost so far. May be NULL: then records_dropped of stats is all. */
+  int (*loss)(cm_source *s, cm_loss *out);
 } cm_source_vtable;
 
 struct cm_source {
@@ -199,8 +217,14 @@ CM_EXTERN int cm_host_inproc_source_new(cm_host *h, cm_source **out);
 
 /* Resolves string `id` of source `source`. NULL for an unknown source or id. */
 CM_EXTERN const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
-/* Copies the counters of source `source`, or of every source summed when `source` is 0. */
+/* Copies the counters of source `source`, or of every source summed when `source` is 0. Sources
+ * that went away keep their last counters, so the sum covers the whole run. */
 CM_EXTERN int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
+/* What source `source` lost, or every source summed when `source` is 0 (gone ones included). */
+CM_EXTERN int cm_host_source_loss(cm_host *h, int source, cm_loss *out);
+/* The i-th source of the run (attached ones first, then those that went away, i from 0): its id,
+ * pid and losses. Returns 0, or CM_ENOENT past the last one. For the end-of-run loss line. */
+CM_EXTERN int cm_host_source_loss_at(cm_host *h, int i, int *id, int *pid, cm_loss *out);
 
 #ifdef __cplusplus
 }

@@ -44,7 +44,7 @@ extern "C" {
 /* The wire version. A reader accepts any minor version of its major: newer minors only add
  * frame types (skipped by older readers) and append fields to payloads (ignored). */
 #define CM_WIRE_MAJOR 1
-#define CM_WIRE_MINOR 0
+#define CM_WIRE_MINOR 1
 
 enum {
   CM_WIRE_FILE_HEADER_SIZE = 24,   /* "CUPTIMON", major, minor, flags, reserved, crc */
@@ -177,6 +177,9 @@ typedef struct cm_wire_bye {
 typedef struct cm_wire_batch {
   cm_batch batch;
   cm_column cols[CM_WIRE_MAX_COLS];
+  /* The frame's number on its connection (wire 1.1): 1, 2, 3, ... for the BATCH frames an agent
+   * queued, so a gap is a frame that never arrived. 0 from a writer that does not number. */
+  uint32_t number;
 } cm_wire_batch;
 
 /* ---- Writer ------------------------------------------------------------------------------ */
@@ -215,6 +218,9 @@ CM_EXTERN int cm_wire_write_strings(cm_wire_buf *b, const cm_wire_string *entrie
  * CM_WIRE_MAX_COLS, field ids are not strictly ascending, a width does not match its type, or
  * a column has n > 0 and no data. */
 CM_EXTERN int cm_wire_write_batch(cm_wire_buf *b, const cm_batch *batch);
+/* The same, with the frame's number (wire 1.1; 0 for none): an agent numbers its BATCH frames
+ * 1, 2, 3, ... per connection, so that the monitor can tell which ones it did not receive. */
+CM_EXTERN int cm_wire_write_batch_numbered(cm_wire_buf *b, const cm_batch *batch, uint32_t number);
 CM_EXTERN int cm_wire_write_stats(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
 CM_EXTERN int cm_wire_write_flush_done(cm_wire_buf *b, uint64_t flush_id, int32_t status);
 CM_EXTERN int cm_wire_write_bye(cm_wire_buf *b, uint32_t reason, int32_t exit_code,

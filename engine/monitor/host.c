@@ -49,6 +49,14 @@ extern const cm__lua_module cm__lua_modules[];
 
 #define CM__HOST_MAX_SOURCES 256
 
+/* A source that went away: its last counters, so that cm.stats() and the end-of-run loss line
+ * cover the whole run, not only the processes still attached. */
+typedef struct gone_source {
+  int id, pid;
+  cm_stats st;
+  cm_loss loss;
+} gone_source;
+
 typedef struct host_observer {
   uint32_t id;
   cm_selection *sel;
@@ -72,6 +80,8 @@ struct cm_host {
   cm_source *sources[CM__HOST_MAX_SOURCES];
   int nsources;
   int next_source;
+  gone_source *gone;     /* sources removed so far, in order */
+  int ngone, cap_gone;
   int inproc_failed; /* the in-process source could not be created; err holds why */
   int inproc_err;
 
@@ -212,6 +222,54 @@ static int find_obs(cm_host *h, uint32_t id) {
   return -1;
 }
 
+/* What source s lost; a source without a loss method lost what its stats call dropped. */
+static void source_loss(cm_source *s, cm_loss *out) {
+  memset(out, 0, sizeof *out);
+  if (s->vt->loss && s->vt->loss(s, out) == 0) return;
+  cm_stats st;
+  memset(out, 0, sizeof *out);
+  if (s->vt->stats(s, &st)) return;
+  /* The in-process engine: what it decoded reached the script's process. */
+  out->received = st.records_decoded;
+  out->dropped = out->dropped_cupti = st.records_dropped;
+  out->produced = out->received + out->dropped;
+}
+
+static void add_loss(cm_loss *sum, const cm_loss *l) {
+  uint64_t last = sum->last_number > l->last_number ? sum->last_number : l->last_number;
+  uint64_t *d = (uint64_t *)sum;
+  const uint64_t *a = (const uint64_t *)l;
+  for (size_t k = 0; k < sizeof *l / sizeof(uint64_t); k++) d[k] += a[k];
+  sum->last_number = last;
+}
+
+/* Sets the loss fields on the table on top of L's stack (the process table, or cm.stats()). */
+static void push_loss_fields(lua_State *L, const cm_loss *l) {
+#define F_(name)                               \
+  lua_pushnumber(L, (lua_Number)l->name);      \
+  lua_setfield(L, -2, #name);
+  F_(produced) F_(received) F_(dropped) F_(dropped_cupti) F_(dropped_agent) F_(dropped_exit)
+  F_(lost_wire) F_(lost_frames) F_(incomplete) F_(last_number)
+#undef F_
+}
+
+static void remember_gone(cm_host *h, cm_source *s) {
+  if (h->ngone == h->cap_gone) {
+    int cap = h->cap_gone ? h->cap_gone * 2 : 8;
+    gone_source *p = realloc(h->gone, (size_t)cap * sizeof *p);
+    if (!p) return; /* its counters leave the sums; nothing else depends on them */
+    h->gone = p;
+    h->cap_gone = cap;
+  }
+  gone_source *g = &h->gone[h->ngone];
+  memset(g, 0, sizeof *g);
+  g->id = s->id;
+  g->pid = s->pid;
+  if (s->vt->stats(s, &g->st)) memset(&g->st, 0, sizeof g->st);
+  source_loss(s, &g->loss);
+  h->ngone++;
+}
+
 /* Pushes the process table of source `s`: source, pid and kind, then what the source's describe
  * filled in (host, ppid, exe, argv, devices; status and stats at exit). The same shape for every
  * kind of source, so a script never needs to know where its batches come from. */
@@ -234,58 +292,64 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
   }
   lua_pushstring(L, info.host);
   lua_setfield(L, -2, "host");
-  if (!s->vt->describe) return;
-  if (info.has_ppid) {
-    lua_pushinteger(L, (lua_Integer)info.ppid);
-    lua_setfield(L, -2, "ppid");
-  }
-  if (info.exe) {
-    lua_pushstring(L, info.exe);
-    lua_setfield(L, -2, "exe");
-  }
-  if (info.has_cupti_version) {
-    lua_pushinteger(L, (lua_Integer)info.cupti_version);
-    lua_setfield(L, -2, "cupti_version");
-  }
-  lua_createtable(L, (int)info.argc, 0);
-  for (uint32_t i = 0; i < info.argc; i++) {
-    lua_pushstring(L, info.argv[i]);
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  lua_setfield(L, -2, "argv");
-  lua_createtable(L, (int)info.ndevices, 0);
-  for (uint32_t i = 0; i < info.ndevices; i++) {
-    lua_createtable(L, 0, 2);
-    lua_pushinteger(L, (lua_Integer)info.devices[i].index);
-    lua_setfield(L, -2, "index");
-    lua_pushstring(L, info.devices[i].name);
-    lua_setfield(L, -2, "name");
-    lua_rawseti(L, -2, (int)i + 1);
-  }
-  lua_setfield(L, -2, "devices");
-  if (info.status) {
-    lua_pushstring(L, info.status);
-    lua_setfield(L, -2, "status");
-  }
-  if (info.has_exit_code) {
-    lua_pushinteger(L, info.exit_code);
-    lua_setfield(L, -2, "exit_code");
-  }
-  if (info.message) {
-    lua_pushstring(L, info.message);
-    lua_setfield(L, -2, "message");
-  }
-  if (info.stats) {
-    lua_createtable(L, 0, (int)info.nstats);
-    for (uint32_t i = 0; i < info.nstats; i++) {
-      lua_pushnumber(L, (lua_Number)info.stats[i].value);
-      lua_setfield(L, -2, info.stats[i].name);
+  if (s->vt->describe) {
+    if (info.has_ppid) {
+      lua_pushinteger(L, (lua_Integer)info.ppid);
+      lua_setfield(L, -2, "ppid");
     }
-    lua_setfield(L, -2, "stats");
+    if (info.exe) {
+      lua_pushstring(L, info.exe);
+      lua_setfield(L, -2, "exe");
+    }
+    if (info.has_cupti_version) {
+      lua_pushinteger(L, (lua_Integer)info.cupti_version);
+      lua_setfield(L, -2, "cupti_version");
+    }
+    lua_createtable(L, (int)info.argc, 0);
+    for (uint32_t i = 0; i < info.argc; i++) {
+      lua_pushstring(L, info.argv[i]);
+      lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "argv");
+    lua_createtable(L, (int)info.ndevices, 0);
+    for (uint32_t i = 0; i < info.ndevices; i++) {
+      lua_createtable(L, 0, 2);
+      lua_pushinteger(L, (lua_Integer)info.devices[i].index);
+      lua_setfield(L, -2, "index");
+      lua_pushstring(L, info.devices[i].name);
+      lua_setfield(L, -2, "name");
+      lua_rawseti(L, -2, (int)i + 1);
+    }
+    lua_setfield(L, -2, "devices");
+    if (info.status) {
+      lua_pushstring(L, info.status);
+      lua_setfield(L, -2, "status");
+    }
+    if (info.has_exit_code) {
+      lua_pushinteger(L, info.exit_code);
+      lua_setfield(L, -2, "exit_code");
+    }
+    if (info.message) {
+      lua_pushstring(L, info.message);
+      lua_setfield(L, -2, "message");
+    }
+    if (info.stats) {
+      lua_createtable(L, 0, (int)info.nstats);
+      for (uint32_t i = 0; i < info.nstats; i++) {
+        lua_pushnumber(L, (lua_Number)info.stats[i].value);
+        lua_setfield(L, -2, info.stats[i].name);
+      }
+      lua_setfield(L, -2, "stats");
+    }
+    if (info.has_dropped) {
+      lua_pushnumber(L, (lua_Number)info.dropped);
+      lua_setfield(L, -2, "dropped");
+    }
   }
-  if (info.has_dropped) {
-    lua_pushnumber(L, (lua_Number)info.dropped);
-    lua_setfield(L, -2, "dropped");
+  if (exiting) {
+    cm_loss l;
+    source_loss(s, &l);
+    push_loss_fields(L, &l);
   }
 }
 
@@ -335,6 +399,7 @@ void cm_host_remove_source(cm_host *h, cm_source *s) {
   memmove(&h->sources[idx], &h->sources[idx + 1],
           (size_t)(h->nsources - idx - 1) * sizeof h->sources[0]);
   h->nsources--;
+  remember_gone(h, s);
   push_process(h, s, 1);
   s->vt->free(s);
   fire_event(h, "process_exit", 1);
@@ -389,6 +454,42 @@ int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
     found = 1;
     uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&one;
     for (size_t k = 0; k < sizeof one / sizeof(uint64_t); k++) dst[k] += src[k];
+  }
+  for (int i = 0; i < h->ngone; i++) {
+    if (source && h->gone[i].id != source) continue;
+    found = 1;
+    uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&h->gone[i].st;
+    for (size_t k = 0; k < sizeof(cm_stats) / sizeof(uint64_t); k++) dst[k] += src[k];
+  }
+  return source && !found ? CM_ENOENT : 0;
+}
+
+int cm_host_source_loss_at(cm_host *h, int i, int *id, int *pid, cm_loss *out) {
+  if (!h || !out || i < 0) return CM_EINVAL;
+  if (i < h->nsources) {
+    cm_source *s = h->sources[i];
+    if (id) *id = s->id;
+    if (pid) *pid = s->pid;
+    source_loss(s, out);
+    return 0;
+  }
+  i -= h->nsources;
+  if (i >= h->ngone) return CM_ENOENT;
+  if (id) *id = h->gone[i].id;
+  if (pid) *pid = h->gone[i].pid;
+  *out = h->gone[i].loss;
+  return 0;
+}
+
+int cm_host_source_loss(cm_host *h, int source, cm_loss *out) {
+  if (!h || !out) return CM_EINVAL;
+  memset(out, 0, sizeof *out);
+  int found = 0, id;
+  cm_loss one;
+  for (int i = 0; cm_host_source_loss_at(h, i, &id, NULL, &one) == 0; i++) {
+    if (source && id != source) continue;
+    found = 1;
+    add_loss(out, &one);
   }
   return source && !found ? CM_ENOENT : 0;
 }
@@ -632,6 +733,21 @@ static int core_report(lua_State *L) {
   return 0;
 }
 
+/* loss([source]) -> a table of what the source (or, for 0 or none, every source of the run)
+ * lost: the cm_loss fields; nil, "ENOENT" for an unknown source. */
+static int core_loss(lua_State *L) {
+  cm_host *h = core_host(L);
+  cm_loss l;
+  if (cm_host_source_loss(h, (int)luaL_optinteger(L, 1, 0), &l) != 0) {
+    lua_pushnil(L);
+    lua_pushstring(L, "ENOENT");
+    return 2;
+  }
+  lua_createtable(L, 0, 10);
+  push_loss_fields(L, &l);
+  return 1;
+}
+
 /* errors() -> the number of reported errors, deliveries refused from foreign threads. */
 static int core_errors(lua_State *L) {
   cm_host *h = core_host(L);
@@ -692,6 +808,7 @@ static const luaL_Reg core_funcs[] = {
     {"exit", core_exit},
     {"check_mode", core_check_mode},
     {"sources", core_sources},
+    {"loss", core_loss},
     {"errors", core_errors},
     {"report", core_report},
     {NULL, NULL},
@@ -960,5 +1077,6 @@ void cm_host_free(cm_host *h) {
   uv_close((uv_handle_t *)&h->exit_timer, NULL);
   uv_run(h->loop, UV_RUN_NOWAIT);
   free(h->obs);
+  free(h->gone);
   free(h);
 }

@@ -330,8 +330,10 @@ static const cm__wsrc_ops conn_ops = {
 
 static void close_capture(hub *hb, conn *c) {
   if (!c->cap) return;
-  cm__record_close(hb->rec, c->cap, c->w.batches, c->w.records,
-                   cm__wsrc_stat(&c->w, "records_dropped") + cm__wsrc_stat(&c->w, "batches_dropped"));
+  cm_loss l;
+  cm__wsrc_loss(&c->w, &l);
+  /* Dropped records, wherever they were lost; incomplete when the final counts never came. */
+  cm__record_close(hb->rec, c->cap, c->w.batches, c->w.records, l.dropped, l.incomplete != 0);
   c->cap = NULL;
 }
 

@@ -122,6 +122,13 @@ struct cm__wsrc {
   /* The arrays of the last describe (the process table's devices and stats). */
   cm_process_device *desc_devices;
   cm_process_counter *desc_stats;
+  /* Loss accounting (docs/monitor.md, "Loss"): the BATCH frame numbers seen, and what had been
+   * received when the latest STATS with records_queued arrived (the agent's count of the BATCH
+   * records ahead of that STATS on the connection). */
+  uint32_t last_number;    /* the last BATCH number received, 0 before any */
+  uint64_t gap_frames;     /* numbers skipped so far: frames that never arrived */
+  int have_queued;         /* a STATS carried records_queued */
+  uint64_t recv_at_stats, batches_at_stats, gaps_at_stats;
 };
 
 /* Initializes `w` (zeroed by the caller) for an owner. */
@@ -141,6 +148,8 @@ char *cm__wsrc_union(cm__wsrc *w);
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);
 /* The latest value of a STATS counter, or 0. */
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name);
+/* What the process lost so far, from its STATS and the BATCH numbers received. */
+void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out);
 /* Frees what the wsrc holds (not the struct). */
 void cm__wsrc_release(cm__wsrc *w);
 

@@ -12,6 +12,10 @@
  * in the frame. An observer never receives a kind with one of its fields missing; such a batch
  * is skipped for that observer and reported once.
  *
+ * Loss: the BATCH numbers received and the agent's STATS counts (records_queued ahead of each
+ * STATS, records dropped by CUPTI, the agent and its exit) give what the process lost, in
+ * records, and whether the counts are final (cm__wsrc_loss; docs/monitor.md, "Loss").
+ *
  * Ownership: a wsrc owns its copies; the host owns the observers' selections until it calls
  * unobserve, which happens before the selection is freed. Loop thread only.
  */
@@ -39,6 +43,7 @@ typedef struct cm__wobs {
 #define MAX_STRING_ID (1u << 26)
 
 static char *xstrdup(const char *s) { return strdup(s ? s : ""); }
+static void note_stats(cm__wsrc *w);
 
 /* ---- the source vtable ---------------------------------------------------------------------------- */
 
@@ -119,6 +124,10 @@ static int ws_stats(cm_source *s, cm_stats *out) {
   memset(out, 0, sizeof *out);
   for (size_t i = 0; i < sizeof stat_map / sizeof stat_map[0]; i++)
     *(uint64_t *)((char *)out + stat_map[i].off) = cm__wsrc_stat(w, stat_map[i].name);
+  /* Every record the process lost, wherever: CUPTI, the agent, its exit, the wire. */
+  cm_loss l;
+  cm__wsrc_loss(w, &l);
+  out->records_dropped = l.dropped;
   /* What reached the monitor is counted here, whatever the agent says it sent. */
   out->records_delivered = w->records;
   out->strings = w->nstr;
@@ -197,19 +206,23 @@ static void ws_describe(cm_source *s, cm_process_info *out, int exiting) {
     out->stats = w->desc_stats;
     out->nstats = n;
   }
-  out->has_dropped = 1;
-  out->dropped = cm__wsrc_stat(w, "records_dropped") + cm__wsrc_stat(w, "batches_dropped");
+  /* dropped and the other loss fields are set by the host (the source's loss method). */
+}
+
+static int ws_loss(cm_source *s, cm_loss *out) {
+  cm__wsrc_loss((cm__wsrc *)s, out);
+  return 0;
 }
 
 static const cm_source_vtable agent_vt = {
     .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
     .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
-    .describe = ws_describe,
+    .describe = ws_describe, .loss = ws_loss,
 };
 static const cm_source_vtable replay_vt = {
     .name = "replay", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
     .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
-    .describe = ws_describe,
+    .describe = ws_describe, .loss = ws_loss,
 };
 
 /* ---- frames ---------------------------------------------------------------------------------------- */
@@ -397,7 +410,20 @@ static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     w->stats[j].value = l.items[i].value;
   }
   cm_wire_kvlist_release(&l);
+  note_stats(w);
   return 0;
+}
+
+/* Notes a BATCH frame's number: a jump past last_number + 1 is frames that never arrived. 0 is
+ * an unnumbered frame (a wire 1.0 writer), and numbers wrap past 2^32 - 1 to 1. */
+static void note_number(cm__wsrc *w, uint32_t number) {
+  if (number == 0) return;
+  uint32_t last = w->last_number;
+  if (number > last)
+    w->gap_frames += number - last - 1;
+  else
+    w->gap_frames += (UINT32_MAX - last) + (number - 1);
+  w->last_number = number;
 }
 
 static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
@@ -408,6 +434,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     return rc;
   }
   int kind = wb.batch.kind;
+  note_number(w, wb.number);
   w->batches++;
   w->records += wb.batch.n;
   if (kind >= 0 && kind < CM_KIND_MAX) w->records_by_kind[kind] += wb.batch.n;
@@ -503,6 +530,43 @@ uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f) {
     return m;
   }
   return UINT64_MAX;
+}
+
+/* A STATS frame arrived: when it carries records_queued (an agent of wire 1.1), every BATCH the
+ * agent queued ahead of it should have arrived by now; remember what had, to compare. */
+static void note_stats(cm__wsrc *w) {
+  int has = 0;
+  for (uint32_t i = 0; i < w->nstats && !has; i++)
+    has = strcmp(w->stats[i].name, "records_queued") == 0;
+  if (!has) return;
+  w->have_queued = 1;
+  w->recv_at_stats = w->records;
+  w->batches_at_stats = w->batches;
+  w->gaps_at_stats = w->gap_frames;
+}
+
+void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
+  memset(out, 0, sizeof *out);
+  out->received = w->records;
+  out->dropped_cupti = cm__wsrc_stat(w, "records_dropped");
+  out->dropped_agent = cm__wsrc_stat(w, "records_dropped_agent");
+  out->dropped_exit = cm__wsrc_stat(w, "records_dropped_exit");
+  /* Up to the latest STATS the agent's own counts say exactly what the wire lost; after it, only
+   * the gaps in the BATCH numbers tell, and not how many records those frames held. */
+  uint64_t gaps_after = w->gap_frames;
+  if (w->have_queued) {
+    uint64_t q = cm__wsrc_stat(w, "records_queued"), qb = cm__wsrc_stat(w, "batches_queued");
+    out->lost_wire = q > w->recv_at_stats ? q - w->recv_at_stats : 0;
+    out->lost_frames = qb > w->batches_at_stats ? qb - w->batches_at_stats : 0;
+    gaps_after -= w->gaps_at_stats;
+  }
+  out->lost_frames += gaps_after;
+  out->dropped = out->dropped_cupti + out->dropped_agent + out->dropped_exit + out->lost_wire;
+  out->produced = out->received + out->dropped;
+  /* A process still running is not incomplete yet; one that ended without BYE (killed, cut off,
+   * a corrupt or truncated stream) never sent its final counts. */
+  out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE) || gaps_after > 0;
+  out->last_number = w->last_number;
 }
 
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name) {

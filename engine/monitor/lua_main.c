@@ -12,9 +12,12 @@
  * Exit status: the script's cm.exit(status) or os.exit(status); with a command, the command's
  * status; 1 instead of 0 when the script, a callback or a hook raised an error; 1 when the script
  * failed to load or a capture cannot be read; 2 for usage errors (the script's too, raised by
- * cuptimon.args); 130 on SIGINT.
+ * cuptimon.args); 130 on SIGINT. A run that lost records prints
+ * one loss line after everything else and exits 3 where it would have exited 0 (--allow-loss
+ * keeps the 0): results computed over incomplete data must not pass for complete ones.
  */
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +31,7 @@
 #include "hub.h"
 
 #define EXIT_USAGE 2
+#define EXIT_LOSS 3
 
 static void usage(FILE *out) {
   fprintf(out,
@@ -69,6 +73,8 @@ static void usage(FILE *out) {
 "                    default for --record with no script is\n"
 "                    kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data\n"
 "  --lua-path DIR    load the cuptimon modules from DIR instead of the embedded copies\n"
+"  --allow-loss      exit with the usual status even when records were lost (the loss line\n"
+"                    is still printed); without it a run that lost records exits 3 instead of 0\n"
 "  -h, --help        show this help and exit\n"
 "  -v, --version     show the versions of cuptimon, LuaJIT and libuv and exit\n"
 "  --                the rest of the line is the command to run and monitor\n"
@@ -123,7 +129,11 @@ static void usage(FILE *out) {
 "runs out of work or the replay ends, 1 on an unreadable capture (a truncated or corrupt one\n"
 "only warns) or a script whose observers saw nothing, 2 on a usage error (the script's too),\n"
 "130 after Control-C. Any error of the script, an observer, a timer, a hook (exit hooks\n"
-"included) or a deferred call turns a status of 0 into 1.\n");
+"included) or a deferred call turns a status of 0 into 1.\n"
+"Lost records: when any record was lost (CUPTI had no buffer, an agent's queue was full or its\n"
+"exit deadline passed, frames never arrived, or a process ended without its final counts),\n"
+"one line \"cuptimon-lua: LOST N of M records (...)\" goes to stderr after all other output,\n"
+"and a status of 0 becomes 3 (unless --allow-loss); a non-zero status is kept.\n");
 }
 
 static void version(void) {
@@ -147,6 +157,86 @@ static void on_signal(uv_signal_t *s, int signum) {
   uv_stop(s->loop);
 }
 
+/* Appends to a fixed buffer, truncating. */
+static void addf(char *buf, size_t cap, size_t *len, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void addf(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
+  if (*len + 1 >= cap) return;
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(buf + *len, cap - *len, fmt, ap);
+  va_end(ap);
+  if (n > 0) *len = *len + (size_t)n < cap ? *len + (size_t)n : cap - 1;
+}
+
+/* Writes the one loss line of the run into line (cap bytes), if any record of any source (gone
+ * ones included) was lost or may have been; returns 1 then. Call after the exit hooks; the
+ * caller prints it last, after the script's output and the --record summaries. */
+static int loss_line(cm_host *h, char *line, size_t cap) {
+  cm_loss sum, l;
+  if (cm_host_source_loss(h, 0, &sum) != 0 || (sum.dropped == 0 && sum.incomplete == 0 &&
+                                              sum.lost_frames == 0))
+    return 0;
+  /* What was lost where, then the whole line. Incomplete counts (a process ended without its
+   * final STATS) make the numbers lower bounds. */
+  char cats[512];
+  size_t c = 0;
+  const char *sep = "";
+  if (sum.dropped_cupti) {
+    addf(cats, sizeof cats, &c, "%sCUPTI had no buffer: %llu", sep,
+         (unsigned long long)sum.dropped_cupti);
+    sep = ", ";
+  }
+  if (sum.dropped_agent) {
+    addf(cats, sizeof cats, &c, "%sagent queue full or connection lost: %llu", sep,
+         (unsigned long long)sum.dropped_agent);
+    sep = ", ";
+  }
+  if (sum.dropped_exit) {
+    addf(cats, sizeof cats, &c, "%sagent exit deadline: %llu", sep,
+         (unsigned long long)sum.dropped_exit);
+    sep = ", ";
+  }
+  if (sum.lost_wire) {
+    addf(cats, sizeof cats, &c, "%snever received: %llu", sep, (unsigned long long)sum.lost_wire);
+    sep = ", ";
+  }
+  if (sum.lost_frames) {
+    addf(cats, sizeof cats, &c, "%s%llu batch frame%s missing", sep,
+         (unsigned long long)sum.lost_frames, sum.lost_frames == 1 ? "" : "s");
+    sep = ", ";
+  }
+  if (sum.incomplete && sum.dropped) addf(cats, sizeof cats, &c, "%sthe rest unknown", sep);
+  size_t n = 0;
+  line[0] = 0;
+  if (sum.dropped)
+    addf(line, cap, &n, "cuptimon-lua: LOST %s%llu of %llu records",
+         sum.incomplete ? "at least " : "", (unsigned long long)sum.dropped,
+         (unsigned long long)sum.produced);
+  else
+    addf(line, cap, &n, "cuptimon-lua: LOST an unknown number of records");
+  if (c) addf(line, cap, &n, " (%s)", cats);
+  addf(line, cap, &n, " in");
+  int id, pid, listed = 0;
+  sep = " pid ";
+  for (int i = 0; cm_host_source_loss_at(h, i, &id, &pid, &l) == 0; i++) {
+    if (!l.dropped && !l.incomplete && !l.lost_frames) continue;
+    if (listed++ == 16) {
+      addf(line, cap, &n, ", ...");
+      break;
+    }
+    addf(line, cap, &n, "%s%d", sep, pid);
+    if (l.incomplete && l.last_number)
+      addf(line, cap, &n,
+           " (its final counts are missing; the last batch frame received was %llu)",
+           (unsigned long long)l.last_number);
+    else if (l.incomplete)
+      addf(line, cap, &n, " (its final counts are missing)");
+    sep = ", pid ";
+  }
+  return 1;
+}
+
 static void close_walk(uv_handle_t *hd, void *arg) {
   (void)arg;
   if (!uv_is_closing(hd)) uv_close(hd, NULL);
@@ -154,7 +244,7 @@ static void close_walk(uv_handle_t *hd, void *arg) {
 
 int main(int argc, char **argv) {
   const char *chunks[64];
-  int nchunks = 0, check = 0;
+  int nchunks = 0, check = 0, allow_loss = 0;
   const char *lua_path = NULL;
   cm__main_request req = {0};
   const char *replays[64];
@@ -180,6 +270,8 @@ int main(int argc, char **argv) {
       check = 1;
     } else if (strcmp(a, "--force") == 0) {
       req.force = 1;
+    } else if (strcmp(a, "--allow-loss") == 0) {
+      allow_loss = 1;
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--replay") == 0 || strcmp(a, "--record") == 0 ||
                strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0) {
       if (i + 1 >= argc) {
@@ -332,11 +424,17 @@ int main(int argc, char **argv) {
             "CAPTURE %s` to read a capture\n", script ? script : "SCRIPT", script ? script : "SCRIPT");
     if (status == 0) status = 1;
   }
+  /* Lost records: one line after everything else, and a distinct status for a run that would
+   * otherwise pass (a failing status says more already). */
+  char lost[2048];
+  int lossy = !check && loss_line(h, lost, sizeof lost);
+  if (lossy && status == 0 && !allow_loss) status = EXIT_LOSS;
   cm_host_free(h);
   cm__hub_free();
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_NOWAIT);
   uv_loop_close(&loop);
   fflush(stdout);
+  if (lossy) fprintf(stderr, "%s\n", lost);
   return status;
 }

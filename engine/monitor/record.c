@@ -28,6 +28,7 @@
 typedef struct record_summary {
   char *path;
   uint64_t frames, batches, records, dropped;
+  int incomplete; /* the process's final counts never arrived: more may be lost */
   struct record_summary *next;
 } record_summary;
 
@@ -187,7 +188,7 @@ void cm__record_frame(cm__capture *c, const cm_wire_frame *f) {
 }
 
 void cm__record_close(cm__record *r, cm__capture *c, uint64_t batches, uint64_t records,
-                      uint64_t dropped) {
+                      uint64_t dropped, int incomplete) {
   if (!c) return;
   int bad = ferror(c->fp) != 0;
   bad |= fclose(c->fp) != 0;
@@ -203,6 +204,7 @@ void cm__record_close(cm__record *r, cm__capture *c, uint64_t batches, uint64_t 
     s->batches = batches;
     s->records = records;
     s->dropped = dropped;
+    s->incomplete = incomplete;
     *r->tail = s;
     r->tail = &s->next;
   }
@@ -217,9 +219,10 @@ void cm__record_free(cm__record *r, int no_process) {
   int any = r->summaries != NULL;
   for (record_summary *s = r->summaries, *next; s; s = next) {
     next = s->next;
-    fprintf(stderr, "cuptimon-lua: recorded %s: %llu frames, %llu batches, %llu records, %llu dropped\n",
+    fprintf(stderr, "cuptimon-lua: recorded %s: %llu frames, %llu batches, %llu records, %llu dropped%s\n",
             s->path, (unsigned long long)s->frames, (unsigned long long)s->batches,
-            (unsigned long long)s->records, (unsigned long long)s->dropped);
+            (unsigned long long)s->records, (unsigned long long)s->dropped,
+            s->incomplete ? " (at least: the process's final counts are missing)" : "");
     free(s->path);
     free(s);
   }

@@ -34,9 +34,10 @@ int cm__record_new(cm__record **out, const char *tmpl, int force);
 cm__capture *cm__record_open(cm__record *r, uint32_t pid, const cm_wire_hello *hello);
 /* Appends one verified frame as received (FLUSH_DONE frames are not recorded). */
 void cm__record_frame(cm__capture *c, const cm_wire_frame *f);
-/* Closes a capture and keeps its summary line. */
+/* Closes a capture and keeps its summary line: `dropped` records lost wherever they were lost;
+ * `incomplete` when the process's final counts never arrived (more may be lost). */
 void cm__record_close(cm__record *r, cm__capture *c, uint64_t batches, uint64_t records,
-                      uint64_t dropped);
+                      uint64_t dropped, int incomplete);
 /* How many captures could not be created or written. */
 int cm__record_failures(const cm__record *r);
 /* Prints the summaries (and, when `no_process`, that no CUDA process connected so nothing was

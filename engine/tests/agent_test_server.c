@@ -62,7 +62,13 @@ typedef struct checker {
   char token[128];
   uint64_t stats_batches_dropped, stats_records_dropped_agent, stats_records_dropped;
   uint64_t stats_batches_sent;
+  uint64_t stats_records_dropped_exit;
   int stats_frames;
+  /* Loss accounting (wire 1.1): BATCH numbers run 1, 2, 3, ... with no gap, and each STATS's
+   * records_queued / batches_queued equal what arrived before it. */
+  uint32_t last_number;
+  uint64_t records_in, batches_in;
+  int stats_checked;
   uint64_t last_flush_id;
   int32_t last_flush_status;
   int flush_dones;
@@ -169,6 +175,10 @@ static void checker_frame(checker *c, const cm_wire_frame *f) {
   case CM_WIRE_BATCH: {
     static cm_wire_batch wb;
     CMT_OK(cm_wire_decode_batch(f, NULL, &wb));
+    CMT_EQU(wb.number, c->last_number + 1);
+    c->last_number = wb.number;
+    c->records_in += wb.batch.n;
+    c->batches_in++;
     fold_batch(c, &wb.batch);
     break;
   }
@@ -182,6 +192,13 @@ static void checker_frame(checker *c, const cm_wire_frame *f) {
         c->stats_records_dropped_agent = l.items[i].value;
       if (strcmp(l.items[i].name, "records_dropped") == 0) c->stats_records_dropped = l.items[i].value;
       if (strcmp(l.items[i].name, "batches_sent") == 0) c->stats_batches_sent = l.items[i].value;
+      if (strcmp(l.items[i].name, "records_dropped_exit") == 0)
+        c->stats_records_dropped_exit = l.items[i].value;
+      if (strcmp(l.items[i].name, "records_queued") == 0) {
+        CMT_EQU(l.items[i].value, c->records_in);
+        c->stats_checked++;
+      }
+      if (strcmp(l.items[i].name, "batches_queued") == 0) CMT_EQU(l.items[i].value, c->batches_in);
     }
     cm_wire_kvlist_release(&l);
     break;

@@ -53,6 +53,7 @@ static void test_million(void) {
   CMT_EQ(c.byes, 1);
   CMT_EQ(c.frames_after_bye, 0);
   CMT_GE(c.stats_frames, 1);
+  CMT_GE(c.stats_checked, 1);
   CMT_EQU(c.stats_batches_dropped, 0);
   CMT_EQU(c.stats_records_dropped_agent, 0);
   CMT_EQU(c.stats_records_dropped, 0);

@@ -133,12 +133,64 @@ static void test_full_queue(void) {
          (unsigned long long)s.chk.stats_batches_dropped,
          (unsigned long long)s.chk.stats_records_dropped_agent);
   CMT_EQ(s.chk.byes, 1);
+  CMT_GT(s.chk.stats_checked, 0); /* the final STATS counted what was queued: all of it arrived */
+  CMT_EQU(s.chk.stats_records_dropped_exit, 0);
   CMT_GT(s.chk.stats_batches_dropped, 0);
   CMT_GT(s.chk.stats_records_dropped_agent, 0);
   CMT_GT(s.chk.k[CM_KIND_CONCURRENT_KERNEL].count, 0); /* what fitted in the queue arrived */
   CMT_EQU(s.chk.stats_records_dropped, 0);
   CMT_EQ((int64_t)(s.chk.k[CM_KIND_CONCURRENT_KERNEL].count + s.chk.stats_records_dropped_agent),
          app_get(&a, "concurrent_kernel"));
+  checker_free(&s.chk);
+  app_cleanup(&a);
+}
+
+/* The exit deadline passes with batches still queued (the monitor does not read): the agent drops
+ * them as exit losses and queues fresh final counts, which a monitor that reads again receives,
+ * so the records still add up exactly. The server resumes only once the agent has logged the
+ * cut, and the agent then waits up to 60 s for the final frames: no timing race. */
+/* Whether the app's log holds `needle` yet (the log may not exist yet: the child creates it). */
+static bool log_has(const app *a, const char *needle) {
+  FILE *f = fopen(a->errpath, "r");
+  if (!f) return false;
+  static char buf[1 << 16];
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  buf[n] = '\0';
+  fclose(f);
+  return strstr(buf, needle) != NULL;
+}
+
+static void test_exit_deadline(void) {
+  static server s;
+  server_start(&s, "t", "kernel:all", 10);
+  atomic_store(&s.pause, 1);
+  server_run(&s);
+  char sock[200];
+  env_for(&s, sock, sizeof sock);
+  const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_AGENT_QUEUE_MB=1",
+                       "CUPTIMON_AGENT_QUEUE_FRAMES=4", "CUPTIMON_EXIT_FLUSH_MS=60000",
+                       "CUPTIMON_EXIT_DRAIN_MS=300", "CUPTIMON_EXIT_BUDGET_MS=60000", NULL};
+  app a;
+  app_start(&a, env, "--records 300000 --threads 2 --kinds kernel");
+  uint64_t deadline = mono_ms() + 60000;
+  while (!log_has(&a, "dropping") && mono_ms() < deadline) usleep(10000);
+  CMT_CONTAINS(app_log(&a), "did not take the last frames within 300 ms: dropping");
+  atomic_store(&s.pause, 0);
+  int st = app_wait(&a, 60000);
+  server_join(&s);
+  CMT_ASSERT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  printf("exit deadline: %s  received %llu records, STATS: %llu (agent) + %llu (exit) dropped\n",
+         a.line, (unsigned long long)s.chk.k[CM_KIND_CONCURRENT_KERNEL].count,
+         (unsigned long long)s.chk.stats_records_dropped_agent,
+         (unsigned long long)s.chk.stats_records_dropped_exit);
+  CMT_EQ(s.chk.byes, 1);
+  CMT_GT(s.chk.stats_checked, 0);
+  CMT_GT(s.chk.stats_records_dropped_exit, 0);
+  CMT_EQU(s.chk.stats_records_dropped, 0);
+  CMT_EQ((int64_t)(s.chk.k[CM_KIND_CONCURRENT_KERNEL].count + s.chk.stats_records_dropped_agent +
+                   s.chk.stats_records_dropped_exit),
+         app_get(&a, "concurrent_kernel"));
+  CMT_ASSERT(strstr(app_log(&a), "not sent either") == NULL);
   checker_free(&s.chk);
   app_cleanup(&a);
 }
@@ -170,6 +222,7 @@ int main(void) {
   test_server_killed();
   test_crash();
   test_full_queue();
+  test_exit_deadline();
   printf("ok\n");
   return 0;
 }

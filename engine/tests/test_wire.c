@@ -371,19 +371,48 @@ static void test_golden(void) {
   cm_wire_buf_init(&b);
   CMT_EQ(cm_wire_write_flush(&b, 1, CM_WIRE_FLUSH_SYNC, 250), 0);
   static const uint8_t want[40] = {
-      0x43, 0x4d, 0x01, 0x00, 0x43, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00,
-      0x00, 0x00, 0x3a, 0x99, 0x24, 0x77, 0x72, 0x6c, 0x98, 0x9d, 0x01, 0x00, 0x00, 0x00,
+      0x43, 0x4d, 0x01, 0x01, 0x43, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x3a, 0x99, 0x24, 0x77, 0x2d, 0xb0, 0x7c, 0xc2, 0x01, 0x00, 0x00, 0x00,
       0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0xfa, 0x00, 0x00, 0x00};
   CMT_EQ(b.len, 40);
   for (size_t i = 0; i < 40; i++)
     if (b.data[i] != want[i]) CMT_FAIL("golden FLUSH byte %zu: 0x%02x, want 0x%02x", i, b.data[i], want[i]);
   cm_wire_buf_clear(&b);
   CMT_EQ(cm_wire_write_file_header(&b, 0), 0);
-  static const uint8_t fh[24] = {'C', 'U', 'P', 'T', 'I', 'M', 'O', 'N', 1, 0, 0, 0,
+  static const uint8_t fh[24] = {'C', 'U', 'P', 'T', 'I', 'M', 'O', 'N', 1, 0, 1, 0,
                                  0,   0,   0,   0,   0,   0,   0,   0,   0, 0, 0, 0};
   CMT_EQ(memcmp(b.data, fh, 20), 0);
   CMT_EQU(ld32(b.data + 20), crc_ref(fh, 20));
-  CMT_EQU(ld32(b.data + 20), 0x0FF32618u);
+  CMT_EQU(ld32(b.data + 20), 0xC4A55DBDu);
+  cm_wire_buf_free(&b);
+}
+
+/* Wire 1.1 numbers BATCH frames in the head's last u32 (offset 20 of the payload, reserved in
+ * 1.0): the writer puts it there, the decoder hands it out, and 0 means unnumbered. */
+static void test_batch_number(void) {
+  uint64_t v[3] = {1, 2, 3};
+  cm_column col = {.field = 0, .type = CM_TYPE_U64, .width = 8, .name = "start", .data = v};
+  cm_batch bt = {.kind = 10, .n = 3, .ncols = 1, .cols = &col, .seq = 9};
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  CMT_OK(cm_wire_write_batch_numbered(&b, &bt, 0xA1B2C3D4u));
+  CMT_OK(cm_wire_write_batch(&b, &bt));
+  CMT_EQU(ld32(b.data + CM_WIRE_FRAME_HEADER_SIZE + 20), 0xA1B2C3D4u);
+  cm_wire_reader *r;
+  CMT_OK(cm_wire_reader_new(&r, 0));
+  CMT_OK(cm_wire_reader_feed(r, b.data, b.len));
+  cm_wire_frame f;
+  static cm_wire_batch wb;
+  CMT_EQ(cm_wire_reader_next(r, &f), 1);
+  CMT_EQU(f.minor, 1);
+  CMT_OK(cm_wire_decode_batch(&f, NULL, &wb));
+  CMT_EQU(wb.number, 0xA1B2C3D4u);
+  CMT_EQU(wb.batch.seq, 9);
+  CMT_EQU(wb.batch.n, 3);
+  CMT_EQ(cm_wire_reader_next(r, &f), 1);
+  CMT_OK(cm_wire_decode_batch(&f, NULL, &wb));
+  CMT_EQU(wb.number, 0);
+  cm_wire_reader_free(r);
   cm_wire_buf_free(&b);
 }
 
@@ -638,7 +667,7 @@ static void test_versions(void) {
   CMT_EQ(cm_wire_write_bye(&b, 0, 0, NULL), 0);
   CMT_EQ(cm_wire_write_bye(&b, 0, 0, NULL), 0);
   size_t second = b.len / 2;
-  patch_header(b.data + second, 2, &(uint8_t){2}, 1);
+  patch_header(b.data + second, 2, (const uint8_t[]){2, 0}, 2); /* major 2, minor 0 */
   CMT_EQ(read_all(&b, 0, &r, &n), CM_ENOSYS);
   CMT_EQ(n, 1);
   CMT_CONTAINS(cm_wire_reader_errmsg(r), "version 2.0; this reader supports major version 1");
@@ -647,6 +676,7 @@ static void test_versions(void) {
   cm_wire_buf_clear(&b);
   CMT_EQ(cm_wire_write_file_header(&b, 0), 0);
   b.data[8] = 3;
+  b.data[10] = 0; /* minor 0 */
   {
     uint32_t c = crc_ref(b.data, 20);
     for (int i = 0; i < 4; i++) b.data[20 + i] = (uint8_t)(c >> (8 * i));
@@ -933,6 +963,7 @@ static void test_writer_inval(void) {
 int main(void) {
   test_crc();
   test_golden();
+  test_batch_number();
   test_roundtrip();
   test_writer_inval();
   test_chunked();

@@ -346,6 +346,10 @@ int cm_wire_write_strings(cm_wire_buf *b, const cm_wire_string *entries, uint32_
 enum { BATCH_HEAD = 24, BATCH_DESC = 24 };
 
 int cm_wire_write_batch(cm_wire_buf *b, const cm_batch *batch) {
+  return cm_wire_write_batch_numbered(b, batch, 0);
+}
+
+int cm_wire_write_batch_numbered(cm_wire_buf *b, const cm_batch *batch, uint32_t number) {
   if (!b || !batch || batch->ncols > CM_WIRE_MAX_COLS || (batch->ncols && !batch->cols))
     return CM_EINVAL;
   uint64_t off = BATCH_HEAD + (uint64_t)BATCH_DESC * batch->ncols;
@@ -366,7 +370,7 @@ int cm_wire_write_batch(cm_wire_buf *b, const cm_batch *batch) {
   enc_u32(&e, (uint32_t)batch->kind);
   enc_u32(&e, batch->n);
   enc_u32(&e, batch->ncols);
-  enc_u32(&e, 0);
+  enc_u32(&e, number);
   off = BATCH_HEAD + (uint64_t)BATCH_DESC * batch->ncols;
   for (uint32_t i = 0; i < batch->ncols; i++) {
     const cm_column *c = &batch->cols[i];
@@ -925,7 +929,7 @@ int cm_wire_decode_batch(const cm_wire_frame *f, const cm_wire_schema *schema, c
   uint32_t kind = get32(&c, "truncated batch head");
   uint32_t n = get32(&c, "truncated batch head");
   uint32_t ncols = get32(&c, "truncated batch head");
-  (void)get32(&c, "truncated batch head");
+  uint32_t number = get32(&c, "truncated batch head");
   if (c.err) return c.err;
   if (kind > INT32_MAX) return cur_fail(&c, "kind id out of range");
   if (ncols > CM_WIRE_MAX_COLS) return cur_fail(&c, "more columns than the cap of 128");
@@ -937,6 +941,7 @@ int cm_wire_decode_batch(const cm_wire_frame *f, const cm_wire_schema *schema, c
   out->batch.reserved = 0;
   out->batch.seq = seq;
   out->batch.cols = out->cols;
+  out->number = number;
   for (uint32_t i = 0; i < ncols; i++) {
     uint32_t field = get32(&c, "truncated column descriptor");
     uint32_t type = get32(&c, "truncated column descriptor");

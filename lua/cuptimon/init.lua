@@ -282,8 +282,10 @@ end
 --- callbacks fails (instead of printing it; the error still counts in cm.errors() and makes the
 --- exit status non-zero). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}),
 --- kind ("inproc", "agent", "replay"); at exit also status ("exit", "disconnected", "error", "timeout",
---- "detached"), exit_code (from the agent's BYE), message, dropped and stats (the agent's
---- counters).
+--- "detached"), exit_code (from the agent's BYE), message, stats (the agent's counters) and
+--- what the process lost, in records: dropped (all of it) = dropped_cupti + dropped_agent +
+--- dropped_exit + lost_wire; received, produced (received + dropped), lost_frames, incomplete
+--- (1 when the final counts never arrived: the numbers are a lower bound), last_number.
 function M.on(event, fn)
   local list = hooks[event]
   if not list then
@@ -320,8 +322,12 @@ local stat_names = {
   "strings",
 }
 
---- The counters of one source, or of every source summed (source omitted or 0), as a table of
---- numbers with records_by_kind keyed by kind name. Returns nil, err for an unknown source.
+--- The counters of one source, or of every source of the run summed (source omitted or 0; the
+--- processes that already exited included), as a table of numbers with records_by_kind keyed by
+--- kind name, and the losses in records: dropped (every record lost, also records_dropped) =
+--- dropped_cupti + dropped_agent + dropped_exit + lost_wire, received, produced, lost_frames,
+--- incomplete (sources whose final counts never arrived), last_number. Returns nil, err for an
+--- unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)
@@ -333,6 +339,7 @@ function M.stats(source)
   end
   local t = { records_by_kind = {} }
   for _, k in ipairs(stat_names) do t[k] = tonumber(stats_cell[k]) end
+  for k, v in pairs(core.loss(source or 0) or {}) do t[k] = v end
   for _, name in ipairs(registry.kind_names()) do
     local n = tonumber(stats_cell.records_by_kind[registry.kind(name).id])
     if n > 0 then t.records_by_kind[name] = n end
