@@ -44,8 +44,9 @@ static void usage(FILE *out) {
 "                    exit hooks run, and cuptimon-lua exits with the command's status.\n"
 "  --replay CAPTURE  runs the script over recorded captures instead (one per rank, say): their\n"
 "                    processes replay concurrently, merged in timestamp order, as fast as the\n"
-"                    script consumes. A truncated or corrupt capture replays up to its last good\n"
-"                    frame with a warning naming the byte offset.\n"
+"                    script consumes. A truncated capture replays up to its last whole frame;\n"
+"                    a corrupt stretch is skipped to the next valid frame; each with a warning\n"
+"                    naming the byte offset (and the bytes skipped).\n"
 "  --record CAPTURE  writes every agent's frames to CAPTURE (%%p in the path becomes the pid;\n"
 "                    without %%p the first process gets CAPTURE, later ones CAPTURE.<pid>), with\n"
 "                    or without a script, and prints a summary line per capture.\n"
@@ -111,8 +112,8 @@ static void usage(FILE *out) {
 "Exit status: with `-- cmd`, the command's status (128 + signal if a signal killed it; 127\n"
 "when it cannot be run), or 1 when it exited 0 but the script raised errors; the script's\n"
 "cm.exit()/os.exit() status when it chose one. Without a command: 0 when the loop runs out of\n"
-"work or the replay ends, 1 on a script error or an unreadable capture (a truncated or corrupt\n"
-"one only warns), 2 on a usage error, 130 after Control-C.\n");
+"work or the replay ends, 1 on a script error, or a capture that is unreadable, not a capture or\n"
+"yields no frame (a truncated or corrupt one only warns), 2 on a usage error, 130 after Control-C.\n");
 }
 
 static void version(void) {
