@@ -107,7 +107,7 @@ struct cm__wsrc {
   uint32_t nstats, cap_stats;
   uint32_t *stat_index;  /* hash table: 1 + index into stats, 0 for an empty slot */
   uint32_t stat_bits;
-  uint64_t rejected;     /* kinds and counter names refused at the caps, and unknown-type columns */
+  uint64_t rejected;     /* kinds and counter names refused at the caps */
   int warned;            /* one-time warnings printed (bits, hub_source.c) */
   int end;              /* CM__END_* */
   int32_t exit_code;

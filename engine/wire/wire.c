@@ -14,7 +14,12 @@
  * a header until the header's own CRC matches, so a corrupt length field is reported at once
  * rather than making the reader wait for bytes that never come; then it checks the version, the
  * must-understand flags, the size cap and the payload CRC. Errors are sticky: once a stream is
- * known bad, no later frame is yielded from it.
+ * known bad, no later frame is yielded from it. With CM_WIRE_READER_RESYNC (capture files), a
+ * corrupt frame instead starts a skipped stretch: the reader scans byte by byte for the next
+ * "CM" whose header and payload check out, moves that frame to the aligned buffer start if it
+ * is off the 8-byte grid, and reports the stretch once (docs/wire.md, "Resynchronizing"). The
+ * payload bytes checked in vain within a stretch are bounded by the bytes skipped, so crafted
+ * overlapping headers cannot make the scan quadratic.
  *
  * Decoders run over a verified payload with a cursor whose every read is bounds-checked against
  * what remains. Counts are checked against the bytes left before anything is allocated (each
