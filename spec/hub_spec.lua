@@ -57,13 +57,71 @@ describe("cuptimon-lua --replay", function()
     assert.is_true(n ~= nil and n > 0 and n < 3000 and n % 1000 == 0, out)
   end)
 
-  it("reports a corrupt capture with the offset and keeps the frames before it", function()
+  it("skips a corrupt frame of a capture, says where and how many bytes, and replays the rest", function()
     local c = tmp .. "/c.cmcap"
     assert(os.execute(("%s capture %s --records 3000 --kinds kernel --corrupt 250000"):format(gen, c)) == 0)
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, c, script("count.lua")))
+    -- The damaged frame is a loss like any other: counted, printed, and status 3.
     assert.are.equal(3, rc, out)
-    assert.matches("warning: capture .*c%.cmcap: bad checksum at byte %d+", out)
-    assert.matches("cuptimon%-lua: LOST an unknown number of records", out)
+    assert.matches("cuptimon%-lua: LOST ", out)
+    local at, n, from, to = out:match("warning: capture [^\n]*c%.cmcap: bad checksum at byte (%d+) [^\n]*; " ..
+      "skipped (%d+) bytes from byte (%d+) to the next valid frame at byte (%d+)")
+    assert.is_truthy(at, out)
+    assert.are.equal(at, from)
+    assert.are.equal(tonumber(to) - tonumber(from), tonumber(n))
+    assert.is_true(tonumber(at) <= 250000 and tonumber(to) > 250000, out)
+    -- One batch of 1000 records is lost; the two others (one after the damage) are replayed.
+    assert.matches("concurrent_kernel%s+2000\n", out)
+  end)
+
+  it("fails with status 1, before the script runs, for a file that is not a capture", function()
+    local f = tmp .. "/not_a_capture.txt"
+    local h = assert(io.open(f, "wb"))
+    h:write(("this is not a capture\n"):rep(10))
+    h:close()
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+    assert.are.equal(1, rc, out)
+    assert.matches("cannot replay .*not_a_capture%.txt: not a cuptimon capture", out)
+    assert.is_nil(out:match("total"), out)
+  end)
+
+  it("fails with status 1 for a capture that yields no frame", function()
+    local header = "CUPTIMON\1\0\0\0\0\0\0\0\0\0\0\0\24\38\243\15"
+    for name, body in pairs({ empty = "", garbage = ("\0\1\2 not frames "):rep(100) }) do
+      local f = tmp .. "/" .. name .. ".cmcap"
+      local h = assert(io.open(f, "wb"))
+      h:write(header .. body)
+      h:close()
+      local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+      assert.are.equal(1, rc, name .. ": " .. out)
+      assert.matches("capture .*" .. name .. "%.cmcap: no frame could be read from it", out)
+    end
+  end)
+
+  it("skips columns of an unknown type instead of failing the observers", function()
+    local u = tmp .. "/u.cmcap"
+    assert(os.execute(("%s capture %s --records 2000 --kinds kernel --unknown-type 42"):format(gen, u)) == 0)
+    -- count.lua does not select the name column: exact counts.
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, u, script("count.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("concurrent_kernel%s+2000\n", out)
+    assert.matches("column %(field %d+%) of unknown type 42; columns of unknown types are skipped", out)
+    -- An observer that selects it never sees the column (the batch lacks a field it selected,
+    -- so it is skipped for that observer, with a warning); one that does not gets every batch.
+    local s = tmp .. "/unknown_type.lua"
+    local h = assert(io.open(s, "w"))
+    h:write([[
+local cm = require "cuptimon"
+local named, plain = 0, 0
+cm.observe({ kernel = { "start", "name" } }, function(b) named = named + b.n end)
+cm.observe({ kernel = { "start" } }, function(b) plain = plain + b.n end)
+cm.on("exit", function() print(("named=%d plain=%d"):format(named, plain)) end)
+]])
+    h:close()
+    rc, out = helpers.sh(("%s --replay %s %s"):format(bin, u, s))
+    assert.are.equal(0, rc, out)
+    assert.matches("named=0 plain=2000", out)
+    assert.is_nil(out:match("ffi"), out)
   end)
 
   it("fails with status 1 for an unreadable capture", function()

@@ -3,7 +3,7 @@
  * synthetic captures, and it plays a minimal agent against a live cuptimon-lua hub.
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
- *                         [--drop-batch K] [--no-end]
+ *                         [--drop-batch K] [--no-end] [--unknown-type T]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
  *                  [--cupti-dropped N] [--no-end]
@@ -12,7 +12,9 @@
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
  * stop = start + 500 + (i % 7) * 100 (end, completed likewise), string fields cycle over three
  * names, other fields hold i. Every field of the registry is carried (a capture) or every field
- * of the monitor's SELECT (an agent), so a test can compute exact counts and sums.
+ * of the monitor's SELECT (an agent), so a test can compute exact counts and sums. With
+ * --unknown-type T, a capture's string columns are written with cm_type T (one this version does
+ * not know; width 4), as a later minor version could.
  *
  * The agent mode follows docs/wire.md: HELLO (with CUPTIMON_TOKEN, or --token) and SCHEMA, then
  * it waits for HELLO_ACK, applying SELECT; it sends the records of the selected kinds that are in
@@ -54,6 +56,7 @@ static uint32_t pid;
 static uint64_t drop_batch, cupti_dropped;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
+static int unknown_type; /* --unknown-type: the type written for string columns, 0 for STR */
 
 static void parse_kinds(const char *s) {
   char buf[512];
@@ -131,7 +134,8 @@ static void batch(cm_wire_buf *b, int kind, uint64_t from, uint64_t to, const cm
       uint8_t *p = (uint8_t *)data[nc] + r * fi.width;
       memcpy(p, &v, fi.width); /* little-endian host */
     }
-    cols[nc] = (cm_column){.field = f, .type = fi.type, .width = fi.width, .name = fi.name,
+    int type = fi.type == CM_TYPE_STR && unknown_type && !sel ? unknown_type : fi.type;
+    cols[nc] = (cm_column){.field = f, .type = type, .width = fi.width, .name = fi.name,
                            .data = data[nc]};
     nc++;
   }
@@ -417,6 +421,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--kinds")) parse_kinds(v), i++;
     else if (!strcmp(a, "--truncate")) truncate_at = atol(v), i++;
     else if (!strcmp(a, "--corrupt")) corrupt_at = atol(v), i++;
+    else if (!strcmp(a, "--unknown-type")) unknown_type = atoi(v), i++;
     else if (!strcmp(a, "--token")) token = v, i++;
     else if (!strcmp(a, "--exit-code")) exit_code = atoi(v), i++;
     else if (!strcmp(a, "--garbage")) garbage = 1;

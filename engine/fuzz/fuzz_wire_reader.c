@@ -10,6 +10,10 @@
  *      exact-size copy (so that any read past the end is an ASan report);
  *   3  the rest is a list of records {u8 type index, u16 little-endian length, bytes}; each
  *      becomes a frame with valid checksums, and the stream goes through the reader.
+ * Bit 2 of the first byte adds CM_WIRE_READER_RESYNC to the reader of modes 0, 1 and 3, so
+ * corrupt stretches are skipped rather than final; mode 3 then also flips one byte of its
+ * otherwise valid stream (at an offset derived from byte 1), so that a skip has good frames
+ * around it.
  * Every frame the reader yields is decoded with the matching decoder, and every column of a
  * decoded batch is read end to end. The invariants checked: no crash, no sanitizer report,
  * decoders return only 0 or CM_EIO, yielded payloads are 8-byte aligned, and a failure always
@@ -109,6 +113,7 @@ static void decode(const cm_wire_frame *f, cm_wire_schema *schema) {
 }
 
 static void run_reader(const uint8_t *p, size_t n, uint32_t flags, size_t chunk) {
+  uint64_t resyncs = 0;
   cm_wire_reader *r;
   if (cm_wire_reader_new(&r, flags) != 0) abort();
   cm_wire_schema schema = {0};
@@ -120,6 +125,12 @@ static void run_reader(const uint8_t *p, size_t n, uint32_t flags, size_t chunk)
     off += k;
     while (rc >= 0 && (rc = cm_wire_reader_next(r, &f)) == 1) {
       if ((uintptr_t)f.payload & 7 || f.len % 8) abort();
+      /* A skipped stretch is counted once, with a message, and never without the flag. */
+      uint64_t skipped, nr = cm_wire_reader_resyncs(r, &skipped);
+      if (nr < resyncs || (nr && !(flags & CM_WIRE_READER_RESYNC)) || (nr && !cm_wire_reader_resync_msg(r)[0]) ||
+          skipped < nr)
+        abort();
+      resyncs = nr;
       decode(&f, &schema);
     }
   }
@@ -132,11 +143,12 @@ static void run_reader(const uint8_t *p, size_t n, uint32_t flags, size_t chunk)
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 2) return 0;
   uint8_t mode = data[0] & 3, arg = data[1];
+  uint32_t resync = data[0] & 4 ? CM_WIRE_READER_RESYNC : 0;
   const uint8_t *p = data + 2;
   size_t n = size - 2;
   switch (mode) {
   case 0:
-  case 1: run_reader(p, n, mode == 1 ? CM_WIRE_READER_CAPTURE : 0, arg ? arg : n + 1); break;
+  case 1: run_reader(p, n, (mode == 1 ? CM_WIRE_READER_CAPTURE : 0) | resync, arg ? arg : n + 1); break;
   case 2: {
     /* An exact-size copy; malloc's alignment keeps the batch decoder's alignment rule. */
     uint8_t *copy = malloc(n ? n : 1);
@@ -161,7 +173,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         abort();
       off += len;
     }
-    run_reader(b.data, b.len, 0, arg ? (size_t)arg * 8 : b.len + 1);
+    if (resync && b.len) b.data[((size_t)arg * 131) % b.len] ^= 0x20;
+    run_reader(b.data, b.len, resync, arg ? (size_t)arg * 8 : b.len + 1);
     cm_wire_buf_free(&b);
     break;
   }

@@ -240,7 +240,14 @@ typedef struct cm_wire_reader cm_wire_reader;
 
 enum {
   /* The stream starts with the 24-byte capture file header. */
-  CM_WIRE_READER_CAPTURE = 1u << 0
+  CM_WIRE_READER_CAPTURE = 1u << 0,
+  /* A corrupt frame (bad magic, header or payload checksum, impossible length, unknown type) is
+   * skipped instead of ending the stream: the reader scans forward for the next "CM" whose
+   * header checksum matches and whose frame passes every check, and goes on from there
+   * (docs/wire.md, "Resynchronizing"). Each skipped stretch is counted and described by
+   * cm_wire_reader_resyncs and cm_wire_reader_resync_msg. Version and must-understand errors
+   * stay final. Capture files are read this way. */
+  CM_WIRE_READER_RESYNC = 1u << 1
 };
 
 /* A verified frame. `payload` is 8-byte aligned and holds `len` bytes (a multiple of 8). The
@@ -256,7 +263,7 @@ typedef struct cm_wire_frame {
   cm_wire_reader *reader; /* decoders leave their error detail here; may be NULL */
 } cm_wire_frame;
 
-/* Creates a reader. flags: CM_WIRE_READER_CAPTURE. */
+/* Creates a reader. flags: CM_WIRE_READER_CAPTURE, CM_WIRE_READER_RESYNC. */
 CM_EXTERN int cm_wire_reader_new(cm_wire_reader **out, uint32_t flags);
 CM_EXTERN void cm_wire_reader_free(cm_wire_reader *r);
 /* Appends bytes. Returns 0, CM_ENOMEM, or the reader's sticky error. */
@@ -276,6 +283,13 @@ CM_EXTERN uint64_t cm_wire_reader_frames(const cm_wire_reader *r);
 CM_EXTERN uint64_t cm_wire_reader_skipped(const cm_wire_reader *r);
 /* The capture header's version and flags, once read (0 before). */
 CM_EXTERN uint32_t cm_wire_reader_file_minor(const cm_wire_reader *r);
+/* With CM_WIRE_READER_RESYNC: the number of corrupt stretches skipped so far (each ended by a
+ * valid frame), and their total bytes through *bytes_skipped (may be NULL). After next() yields
+ * the frame that ends a stretch, cm_wire_reader_resync_msg describes it: "bad checksum at byte X
+ * (...); skipped N bytes from byte X to the next valid frame at byte Y" ("" before any). A
+ * stretch that runs to the end of the stream is reported by cm_wire_reader_end as an error. */
+CM_EXTERN uint64_t cm_wire_reader_resyncs(const cm_wire_reader *r, uint64_t *bytes_skipped);
+CM_EXTERN const char *cm_wire_reader_resync_msg(const cm_wire_reader *r);
 
 /* ---- Decoders ---------------------------------------------------------------------------- */
 
@@ -316,8 +330,11 @@ typedef struct cm_wire_file cm_wire_file;
  * must hold CM_WIRE_ERRMSG_SIZE bytes. */
 CM_EXTERN int cm_wire_file_open(cm_wire_file **out, const char *path, char *errmsg_out);
 /* Yields the next frame (1), the clean end (0), or a negative error whose detail gives the file
- * offset: "N whole frames, truncated at byte X" or "bad checksum at byte X". The frame is valid
- * until the next call. */
+ * offset: "N whole frames, truncated at byte X", "not a cuptimon capture", or a corrupt stretch
+ * that runs to the end ("bad checksum at byte X (...); no valid frame in the N bytes ...").
+ * Corrupt stretches followed by a valid frame are skipped (CM_WIRE_READER_RESYNC): after each
+ * frame, cm_wire_reader_resyncs(f->reader, ...) tells whether one was. The frame is valid until
+ * the next call. */
 CM_EXTERN int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f);
 CM_EXTERN const char *cm_wire_file_errmsg(const cm_wire_file *cf);
 CM_EXTERN void cm_wire_file_close(cm_wire_file *cf);

@@ -735,10 +735,10 @@ static int make_socket(hub *hb) {
   return CM_EIO;
 }
 
-static void replay_finished(void *ud) {
+static void replay_finished(void *ud, int status) {
   hub *hb = ud;
   hb->finished = 1;
-  hb->status = 0;
+  hb->status = status;
   uv_stop(hb->loop);
 }
 

@@ -88,19 +88,28 @@ struct cm__wsrc {
   uint32_t ndevices;
   uint32_t cupti_version;
 
-  /* SCHEMA, merged per kind (the latest wins). */
+  /* Peer-chosen keys (kind ids, string ids, counter names) are looked up in hash tables with a
+   * per-source seed, so lookups stay O(1) whatever keys a peer picks, and every table is
+   * bounded by what was received (the caps are in hub_source.c and docs/monitor.md). */
+  uint64_t seed;
+
+  /* SCHEMA, merged per kind (the latest wins), at most CM__WSRC_MAX_KINDS kinds. */
   struct cm__wkind *kinds;
-  uint32_t nkinds;
-  cm_wire_schema schema; /* a view over kinds, rebuilt on each SCHEMA */
+  uint32_t nkinds, cap_kinds;
+  uint32_t *kind_index;  /* hash table: 1 + index into kinds, 0 for an empty slot */
+  uint32_t kind_bits;
 
-  /* STRINGS: id -> bytes. */
-  char **str;
-  uint32_t *str_len;
-  uint32_t nstr;
+  /* STRINGS: id -> bytes, a hash table sized by the entries received, never by the ids. */
+  struct cm__wstr *str;
+  uint32_t str_bits, nstr;
 
-  /* STATS: the latest counters, and the end. */
+  /* STATS: the latest counters (at most CM__WSRC_MAX_STATS names), and the end. */
   cm_wire_kv *stats;
-  uint32_t nstats;
+  uint32_t nstats, cap_stats;
+  uint32_t *stat_index;  /* hash table: 1 + index into stats, 0 for an empty slot */
+  uint32_t stat_bits;
+  uint64_t rejected;     /* kinds and counter names refused at the caps */
+  int warned;            /* one-time warnings printed (bits, hub_source.c) */
   int end;              /* CM__END_* */
   int32_t exit_code;
   int exit_known;       /* exit_code is the status the monitor reaped (it spawned the process) */
@@ -131,6 +140,10 @@ struct cm__wsrc {
   uint64_t recv_at_stats, batches_at_stats, gaps_at_stats;
 };
 
+/* Caps on what one process's frames may make the monitor keep (docs/monitor.md). Beyond them,
+ * the excess is refused with one warning per process; the stream goes on. */
+enum { CM__WSRC_MAX_KINDS = 1024, CM__WSRC_MAX_STATS = 1024 };
+
 /* Initializes `w` (zeroed by the caller) for an owner. */
 void cm__wsrc_init(cm__wsrc *w, const cm__wsrc_ops *ops, void *owner, const char *origin);
 /* Handles one verified frame from the process. Returns 0, or a negative code with a message in
@@ -156,9 +169,10 @@ void cm__wsrc_release(cm__wsrc *w);
 /* ---- replay (replay.c) ---------------------------------------------------------------------- */
 
 /* Opens the captures and starts replaying them from an idle handle. Returns 0 or a CM_E* code
- * after printing why (an unreadable file). `finished` runs once every capture is done. */
+ * after printing why (an unreadable file, or one that is not a capture). `finished` runs once
+ * every capture is done, with status 1 when a capture yielded no frame at all, else 0. */
 int cm__replay_start(cm_host *h, uv_loop_t *loop, const char *const *paths, int n,
-                     void (*finished)(void *ud), void *ud);
+                     void (*finished)(void *ud, int status), void *ud);
 void cm__replay_free(void);
 
 #endif /* CM_HUB_H */

@@ -10,7 +10,17 @@
  * each observer that selected its kind, handed to cm_host_deliver as a cm_batch that carries
  * only that observer's columns: the column descriptors are rebuilt on the stack, the data stays
  * in the frame. An observer never receives a kind with one of its fields missing; such a batch
- * is skipped for that observer and reported once.
+ * is skipped for that observer and reported once. A column whose type this version does not
+ * know is skipped (docs/wire.md), so an observer never sees one.
+ *
+ * Bounded cost of hostile input. Every key a peer chooses (kind ids, string ids, counter names)
+ * is looked up in an open-addressing hash table whose hash is seeded per source, so a frame
+ * costs time linear in its size whatever keys it holds. The string table is sized by the
+ * entries received, never by the ids (an id of 2^26 costs one slot, not 2^26), so its memory is
+ * proportional to the bytes received. Distinct kinds and counter names are capped
+ * (CM__WSRC_MAX_KINDS, CM__WSRC_MAX_STATS; fields per kind are capped at 128 by the wire);
+ * beyond a cap the excess is refused, counted in `rejected`, and reported once per process,
+ * and the stream goes on.
  *
  * Loss: the BATCH numbers received and the agent's STATS counts (records_queued ahead of each
  * STATS, records dropped by CUPTI, the agent and its exit) give what the process lost, in
@@ -19,9 +29,11 @@
  * Ownership: a wsrc owns its copies; the host owns the observers' selections until it calls
  * unobserve, which happens before the selection is freed. Loop thread only.
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "hub.h"
 
@@ -38,12 +50,171 @@ typedef struct cm__wobs {
   const cm_selection *sel;
 } cm__wobs;
 
-/* Strings ids are dense from 1 in the agent's table; this caps what a hostile peer can make us
- * allocate for the index (the bytes themselves are bounded by the frames it sent). */
-#define MAX_STRING_ID (1u << 26)
+/* One slot of the string table. */
+typedef struct cm__wstr {
+  uint32_t id;  /* 0 for an empty slot: id 0 is the empty string and never stored */
+  uint32_t len;
+  char *bytes;  /* NUL-terminated after len bytes */
+} cm__wstr;
+
+/* One-time warnings (cm__wsrc.warned bits). */
+enum { WARN_KINDS = 1, WARN_STATS = 2, WARN_TYPE = 4 };
+
+/* The string table starts at 2^STR_BITS_MIN slots and stops growing at 2^STR_BITS_MAX (16 GiB
+ * of slots: never reached, since every entry arrived as at least 9 bytes of a frame). */
+enum { STR_BITS_MIN = 8, STR_BITS_MAX = 30, INDEX_BITS_MIN = 4 };
 
 static char *xstrdup(const char *s) { return strdup(s ? s : ""); }
 static void note_stats(cm__wsrc *w);
+
+/* ---- hashing ---------------------------------------------------------------------------------- */
+
+/* A bijective 64-bit mixer (splitmix64's finalizer). */
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  x ^= x >> 31;
+  return x;
+}
+
+/* The home slot of `key` in a table of 2^bits slots (1 <= bits <= 32). The seed makes the slots
+ * a peer's keys land in unpredictable, so a crafted set of keys cannot pile up in one probe
+ * sequence. */
+static uint32_t home(uint64_t key, uint64_t seed, uint32_t bits) {
+  return (uint32_t)(mix64(key ^ seed) >> (64 - bits));
+}
+
+static uint64_t hash_str(const char *s) {
+  uint64_t h = 0xcbf29ce484222325ull; /* FNV-1a */
+  for (; *s; s++) h = (h ^ (uint8_t)*s) * 0x100000001b3ull;
+  return h;
+}
+
+static uint64_t seed_new(const void *p) {
+  static uint64_t counter;
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return mix64((uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)(uintptr_t)p ^
+               mix64(++counter));
+}
+
+/* Index tables map a key to 1 + its position in an array (0 marks an empty slot); the caller
+ * compares keys. They are rebuilt from the array when they grow. */
+static int index_grow(uint32_t **tab, uint32_t *bits, uint32_t n, uint64_t (*key)(const void *arr, uint32_t i),
+                      const void *arr, uint64_t seed) {
+  uint32_t nb = *bits ? *bits + 1 : INDEX_BITS_MIN;
+  uint32_t *t = calloc((size_t)1 << nb, sizeof *t);
+  if (!t) return CM_ENOMEM;
+  uint32_t mask = (1u << nb) - 1;
+  for (uint32_t i = 0; i < n; i++) {
+    uint32_t j = home(key(arr, i), seed, nb);
+    while (t[j]) j = (j + 1) & mask;
+    t[j] = i + 1;
+  }
+  free(*tab);
+  *tab = t;
+  *bits = nb;
+  return 0;
+}
+
+static uint64_t kind_key(const void *arr, uint32_t i) { return ((const cm__wkind *)arr)[i].kind; }
+static uint64_t stat_key(const void *arr, uint32_t i) { return hash_str(((const cm_wire_kv *)arr)[i].name); }
+
+static cm__wkind *kind_find(const cm__wsrc *w, uint32_t kind) {
+  if (!w->kind_index) return NULL;
+  uint32_t mask = (1u << w->kind_bits) - 1;
+  for (uint32_t j = home(kind, w->seed, w->kind_bits); w->kind_index[j]; j = (j + 1) & mask)
+    if (w->kinds[w->kind_index[j] - 1].kind == kind) return &w->kinds[w->kind_index[j] - 1];
+  return NULL;
+}
+
+/* Adds a zeroed kind at the end; NULL when out of memory. The caller checks the cap. */
+static cm__wkind *kind_add(cm__wsrc *w, uint32_t kind) {
+  if (w->nkinds == w->cap_kinds) {
+    uint32_t cap = w->cap_kinds ? w->cap_kinds * 2 : 16;
+    cm__wkind *p = realloc(w->kinds, cap * sizeof *p);
+    if (!p) return NULL;
+    w->kinds = p;
+    w->cap_kinds = cap;
+  }
+  if (!w->kind_index || (w->nkinds + 1) * 2 > (1u << w->kind_bits)) {
+    if (index_grow(&w->kind_index, &w->kind_bits, w->nkinds, kind_key, w->kinds, w->seed)) return NULL;
+  }
+  cm__wkind *k = &w->kinds[w->nkinds];
+  memset(k, 0, sizeof *k);
+  k->kind = kind;
+  k->start = -1;
+  uint32_t mask = (1u << w->kind_bits) - 1, j = home(kind, w->seed, w->kind_bits);
+  while (w->kind_index[j]) j = (j + 1) & mask;
+  w->kind_index[j] = ++w->nkinds;
+  return k;
+}
+
+/* The index of counter `name` in w->stats, or -1. */
+static int64_t stat_find(const cm__wsrc *w, const char *name, uint64_t h) {
+  if (!w->stat_index) return -1;
+  uint32_t mask = (1u << w->stat_bits) - 1;
+  for (uint32_t j = home(h, w->seed, w->stat_bits); w->stat_index[j]; j = (j + 1) & mask)
+    if (strcmp(w->stats[w->stat_index[j] - 1].name, name) == 0) return w->stat_index[j] - 1;
+  return -1;
+}
+
+/* Adds counter `name`; returns its index or -1 when out of memory. The caller checks the cap. */
+static int64_t stat_add(cm__wsrc *w, const char *name, uint64_t h) {
+  if (w->nstats == w->cap_stats) {
+    uint32_t cap = w->cap_stats ? w->cap_stats * 2 : 16;
+    cm_wire_kv *p = realloc(w->stats, cap * sizeof *p);
+    if (!p) return -1;
+    w->stats = p;
+    w->cap_stats = cap;
+  }
+  if (!w->stat_index || (w->nstats + 1) * 2 > (1u << w->stat_bits)) {
+    if (index_grow(&w->stat_index, &w->stat_bits, w->nstats, stat_key, w->stats, w->seed)) return -1;
+  }
+  char *copy = xstrdup(name);
+  if (!copy) return -1;
+  uint32_t i = w->nstats++;
+  w->stats[i].name = copy;
+  w->stats[i].value = 0;
+  uint32_t mask = (1u << w->stat_bits) - 1, j = home(h, w->seed, w->stat_bits);
+  while (w->stat_index[j]) j = (j + 1) & mask;
+  w->stat_index[j] = i + 1;
+  return i;
+}
+
+static cm__wstr *str_find(const cm__wsrc *w, uint32_t id) {
+  if (!w->str || id == 0) return NULL;
+  uint32_t mask = (1u << w->str_bits) - 1;
+  for (uint32_t j = home(id, w->seed, w->str_bits); w->str[j].id; j = (j + 1) & mask)
+    if (w->str[j].id == id) return &w->str[j];
+  return NULL;
+}
+
+/* The slot for a new id (id != 0, not present), growing the table to stay at most half full;
+ * NULL when out of memory or at the size limit. */
+static cm__wstr *str_slot_new(cm__wsrc *w, uint32_t id) {
+  if (!w->str || (uint64_t)(w->nstr + 1) * 2 > ((uint64_t)1 << w->str_bits)) {
+    uint32_t nb = w->str ? w->str_bits + 1 : STR_BITS_MIN;
+    if (nb > STR_BITS_MAX) return NULL;
+    cm__wstr *t = calloc((size_t)1 << nb, sizeof *t);
+    if (!t) return NULL;
+    uint32_t mask = (1u << nb) - 1;
+    for (uint64_t i = 0; w->str && i < ((uint64_t)1 << w->str_bits); i++) {
+      if (!w->str[i].id) continue;
+      uint32_t j = home(w->str[i].id, w->seed, nb);
+      while (t[j].id) j = (j + 1) & mask;
+      t[j] = w->str[i];
+    }
+    free(w->str);
+    w->str = t;
+    w->str_bits = nb;
+  }
+  uint32_t mask = (1u << w->str_bits) - 1, j = home(id, w->seed, w->str_bits);
+  while (w->str[j].id) j = (j + 1) & mask;
+  return &w->str[j];
+}
 
 /* ---- the source vtable ---------------------------------------------------------------------------- */
 
@@ -141,9 +312,10 @@ static const char *ws_string(cm_source *s, uint32_t id, size_t *len) {
     if (len) *len = 0;
     return "";
   }
-  if (id >= w->nstr || !w->str[id]) return NULL;
-  if (len) *len = w->str_len[id];
-  return w->str[id];
+  const cm__wstr *e = str_find(w, id);
+  if (!e) return NULL;
+  if (len) *len = e->len;
+  return e->bytes;
 }
 
 static void ws_free(cm_source *s) {
@@ -233,6 +405,7 @@ void cm__wsrc_init(cm__wsrc *w, const cm__wsrc_ops *ops, void *owner, const char
   w->owner = owner;
   w->origin = origin;
   w->exit_code = -1;
+  w->seed = seed_new(w);
 }
 
 int cm__wsrc_attach(cm__wsrc *w, cm_host *h) {
@@ -294,24 +467,25 @@ static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   return 0;
 }
 
-static void rebuild_schema_view(cm__wsrc *w) {
-  free((void *)w->schema.kinds);
-  cm_wire_kind *k = calloc(w->nkinds ? w->nkinds : 1, sizeof *k);
-  w->schema.kinds = k;
-  w->schema.nkinds = k ? w->nkinds : 0;
-  for (uint32_t i = 0; k && i < w->nkinds; i++) {
-    k[i].kind = w->kinds[i].kind;
-    k[i].nfields = w->kinds[i].nfields;
-    k[i].name = w->kinds[i].name;
-    k[i].fields = w->kinds[i].fields;
-  }
-}
-
 static void free_kind(cm__wkind *k) {
   for (uint32_t i = 0; i < k->nfields; i++) free((void *)k->fields[i].name);
   free(k->fields);
   free(k->name);
   memset(k, 0, sizeof *k);
+}
+
+/* Prints a cap's warning once per process. */
+static void warn_once(cm__wsrc *w, int bit, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static void warn_once(cm__wsrc *w, int bit, const char *fmt, ...) {
+  if (w->warned & bit) return;
+  w->warned |= bit;
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "cuptimon-lua: warning: %s pid %u: ", w->origin, w->pid);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
 }
 
 static int on_schema(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
@@ -321,17 +495,21 @@ static int on_schema(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errl
     snprintf(err, errlen, "bad SCHEMA: %s", cm_wire_reader_errmsg(f->reader));
     return rc;
   }
+  uint32_t refused = 0;
   for (uint32_t i = 0; i < s.nkinds; i++) {
     const cm_wire_kind *src = &s.kinds[i];
-    cm__wkind *dst = NULL;
-    for (uint32_t j = 0; j < w->nkinds; j++)
-      if (w->kinds[j].kind == src->kind) dst = &w->kinds[j];
+    cm__wkind *dst = kind_find(w, src->kind);
     if (!dst) {
-      cm__wkind *p = realloc(w->kinds, (w->nkinds + 1) * sizeof *p);
-      if (!p) break;
-      w->kinds = p;
-      dst = &w->kinds[w->nkinds++];
-      memset(dst, 0, sizeof *dst);
+      if (w->nkinds >= CM__WSRC_MAX_KINDS) {
+        refused++;
+        continue;
+      }
+      dst = kind_add(w, src->kind);
+      if (!dst) {
+        cm_wire_schema_release(&s);
+        snprintf(err, errlen, "out of memory for the SCHEMA frame at byte %llu", (unsigned long long)f->offset);
+        return CM_ENOMEM;
+      }
     } else {
       free_kind(dst);
     }
@@ -350,7 +528,13 @@ static int on_schema(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errl
     }
   }
   cm_wire_schema_release(&s);
-  rebuild_schema_view(w);
+  if (refused) {
+    w->rejected += refused;
+    warn_once(w, WARN_KINDS,
+              "the SCHEMA frame at byte %llu names %u kinds over the cap of %d distinct kinds per "
+              "process; they were refused, and their batches carry only the registry's field names",
+              (unsigned long long)f->offset, refused, CM__WSRC_MAX_KINDS);
+  }
   return 0;
 }
 
@@ -361,29 +545,29 @@ static int on_strings(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t err
     snprintf(err, errlen, "bad STRINGS: %s", cm_wire_reader_errmsg(f->reader));
     return rc;
   }
+  /* Each entry costs one slot and a copy of its bytes, whatever its id: the table grows with
+   * the entries received (at least 9 bytes of frame each), never with the ids' values. */
   for (uint32_t i = 0; i < s.count; i++) {
     uint32_t id = s.entries[i].id;
-    if (id == 0 || id >= MAX_STRING_ID) continue;
-    if (id >= w->nstr) {
-      uint32_t n = w->nstr ? w->nstr : 256;
-      while (n <= id) n *= 2;
-      char **p = realloc(w->str, n * sizeof *p);
-      if (!p) break;
-      w->str = p;
-      uint32_t *l = realloc(w->str_len, n * sizeof *l);
-      if (!l) break;
-      w->str_len = l;
-      memset(w->str + w->nstr, 0, (n - w->nstr) * sizeof *p);
-      memset(w->str_len + w->nstr, 0, (n - w->nstr) * sizeof *l);
-      w->nstr = n;
-    }
+    if (id == 0) continue; /* the empty string, never sent; nothing to store */
     char *b = malloc((size_t)s.entries[i].len + 1);
-    if (!b) break;
+    cm__wstr *e = b ? str_find(w, id) : NULL;
+    if (b && !e && (e = str_slot_new(w, id)) != NULL) {
+      e->id = id;
+      w->nstr++;
+    }
+    if (!e) {
+      free(b);
+      cm_wire_strings_release(&s);
+      snprintf(err, errlen, "out of memory for the STRINGS frame at byte %llu (%u strings held)",
+               (unsigned long long)f->offset, w->nstr);
+      return CM_ENOMEM;
+    }
     memcpy(b, s.entries[i].bytes, s.entries[i].len);
     b[s.entries[i].len] = 0;
-    free(w->str[id]);
-    w->str[id] = b;
-    w->str_len[id] = s.entries[i].len;
+    free(e->bytes);
+    e->bytes = b;
+    e->len = s.entries[i].len;
   }
   cm_wire_strings_release(&s);
   return 0;
@@ -397,19 +581,32 @@ static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     return rc;
   }
   /* Running totals: a counter's latest value replaces the previous one. */
+  uint32_t refused = 0;
   for (uint32_t i = 0; i < l.count; i++) {
-    uint32_t j = 0;
-    while (j < w->nstats && strcmp(w->stats[j].name, l.items[i].name) != 0) j++;
-    if (j == w->nstats) {
-      cm_wire_kv *p = realloc(w->stats, (w->nstats + 1) * sizeof *p);
-      if (!p) break;
-      w->stats = p;
-      w->stats[j].name = xstrdup(l.items[i].name);
-      w->nstats++;
+    uint64_t h = hash_str(l.items[i].name);
+    int64_t j = stat_find(w, l.items[i].name, h);
+    if (j < 0) {
+      if (w->nstats >= CM__WSRC_MAX_STATS) {
+        refused++;
+        continue;
+      }
+      j = stat_add(w, l.items[i].name, h);
+      if (j < 0) {
+        cm_wire_kvlist_release(&l);
+        snprintf(err, errlen, "out of memory for the STATS frame at byte %llu", (unsigned long long)f->offset);
+        return CM_ENOMEM;
+      }
     }
     w->stats[j].value = l.items[i].value;
   }
   cm_wire_kvlist_release(&l);
+  if (refused) {
+    w->rejected += refused;
+    warn_once(w, WARN_STATS,
+              "the STATS frame at byte %llu has %u counter names over the cap of %d distinct "
+              "names per process; they were refused", (unsigned long long)f->offset, refused,
+              CM__WSRC_MAX_STATS);
+  }
   note_stats(w);
   return 0;
 }
@@ -426,9 +623,20 @@ static void note_number(cm__wsrc *w, uint32_t number) {
   w->last_number = number;
 }
 
+/* The schema's name of a field of kind k (fields ascend by id), or NULL. */
+static const char *field_name(const cm__wkind *k, int32_t field) {
+  uint32_t lo = 0, hi = k ? k->nfields : 0;
+  while (lo < hi) {
+    uint32_t mid = lo + (hi - lo) / 2;
+    if ((int64_t)k->fields[mid].id < (int64_t)field) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < (k ? k->nfields : 0) && (int64_t)k->fields[lo].id == (int64_t)field ? k->fields[lo].name : NULL;
+}
+
 static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
   static cm_wire_batch wb; /* large (128 columns); loop thread only, never re-entered */
-  int rc = cm_wire_decode_batch(f, &w->schema, &wb);
+  int rc = cm_wire_decode_batch(f, NULL, &wb);
   if (rc) {
     snprintf(err, errlen, "bad BATCH: %s", cm_wire_reader_errmsg(f->reader));
     return rc;
@@ -439,13 +647,26 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   w->records += wb.batch.n;
   if (kind >= 0 && kind < CM_KIND_MAX) w->records_by_kind[kind] += wb.batch.n;
   if (!w->attached || wb.batch.n == 0) return 0;
-  /* Columns the schema does not name get the registry's name, else a placeholder, so Lua
-   * never reads a NULL name. */
+  /* A column of a type this version does not know is skipped (docs/wire.md): no consumer could
+   * read it. The others are named by the schema, else by the registry, else a placeholder, so
+   * Lua never reads a NULL name. */
+  const cm__wkind *wk = kind_find(w, (uint32_t)kind);
+  uint32_t kept = 0;
   for (uint32_t i = 0; i < wb.batch.ncols; i++) {
-    if (wb.cols[i].name) continue;
+    cm_column c = wb.cols[i];
+    if (c.type < CM_TYPE_U8 || c.type > CM_TYPE_I16) {
+      warn_once(w, WARN_TYPE,
+                "the %s batch at byte %llu has a column (field %d) of unknown type %d; columns of "
+                "unknown types are skipped", cm_kind_name(kind) ? cm_kind_name(kind) : "?",
+                (unsigned long long)f->offset, c.field, c.type);
+      continue;
+    }
+    c.name = field_name(wk, c.field);
     cm_field_info fi;
-    wb.cols[i].name = cm_field_info_get(kind, wb.cols[i].field, &fi) == 0 ? fi.name : "?";
+    if (!c.name) c.name = cm_field_info_get(kind, c.field, &fi) == 0 ? fi.name : "?";
+    wb.cols[kept++] = c;
   }
+  wb.batch.ncols = kept;
   cm_column cols[CM_WIRE_MAX_COLS];
   cm_batch b = wb.batch;
   b.cols = cols;
@@ -516,9 +737,7 @@ int cm__wsrc_frame(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f) {
   static cm_wire_batch wb;
   if (cm_wire_decode_batch(f, NULL, &wb) != 0) return 0; /* delivered at once; fails there */
-  const cm__wkind *k = NULL;
-  for (uint32_t i = 0; i < w->nkinds; i++)
-    if ((int)w->kinds[i].kind == wb.batch.kind) k = &w->kinds[i];
+  const cm__wkind *k = kind_find(w, (uint32_t)wb.batch.kind);
   if (!k || k->start < 0) return UINT64_MAX;
   int32_t field = (int32_t)k->fields[k->start].id;
   for (uint32_t i = 0; i < wb.batch.ncols; i++) {
@@ -570,9 +789,8 @@ void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
 }
 
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name) {
-  for (uint32_t i = 0; i < w->nstats; i++)
-    if (strcmp(w->stats[i].name, name) == 0) return w->stats[i].value;
-  return 0;
+  int64_t i = stat_find(w, name, hash_str(name));
+  return i < 0 ? 0 : w->stats[i].value;
 }
 
 /* Appends to a growable string; returns 0 or -1 on allocation failure. */
@@ -626,12 +844,12 @@ void cm__wsrc_release(cm__wsrc *w) {
   free_hello(w);
   for (uint32_t i = 0; i < w->nkinds; i++) free_kind(&w->kinds[i]);
   free(w->kinds);
-  free((void *)w->schema.kinds);
-  for (uint32_t i = 0; i < w->nstr; i++) free(w->str[i]);
+  free(w->kind_index);
+  for (uint64_t i = 0; w->str && i < ((uint64_t)1 << w->str_bits); i++) free(w->str[i].bytes);
   free(w->str);
-  free(w->str_len);
   for (uint32_t i = 0; i < w->nstats; i++) free((void *)w->stats[i].name);
   free(w->stats);
+  free(w->stat_index);
   free(w->end_message);
   free(w->obs);
   free(w->union_spec);
@@ -640,9 +858,13 @@ void cm__wsrc_release(cm__wsrc *w) {
   w->desc_devices = NULL;
   w->desc_stats = NULL;
   w->kinds = NULL;
+  w->kind_index = NULL;
   w->str = NULL;
   w->stats = NULL;
+  w->stat_index = NULL;
   w->obs = NULL;
-  w->nkinds = w->nstr = w->nstats = 0;
+  w->nkinds = w->cap_kinds = w->kind_bits = 0;
+  w->nstr = w->str_bits = 0;
+  w->nstats = w->cap_stats = w->stat_bits = 0;
   w->nobs = 0;
 }

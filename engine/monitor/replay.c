@@ -17,9 +17,15 @@
  * runs as fast as the script consumes while the script's timers and luv handles still run. It
  * starts on the first turn of the loop, after the script has registered its observers.
  *
- * Errors: a capture that cannot be opened or read fails the start (cuptimon-lua exits 1); a
- * truncated one replays up to its last whole frame and a corrupt one up to the bad frame, each
- * with a warning naming the byte offset, and the run goes on.
+ * Errors: a capture that cannot be opened or read, or is not a capture (its 24-byte file header
+ * is checked at once), fails the start (cuptimon-lua exits 1 before the script runs). A
+ * truncated one replays up to its last whole frame, with a warning naming the byte offset. In a
+ * corrupt one, the file reader skips each corrupt stretch to the next valid frame (docs/wire.md,
+ * "Resynchronizing"), with a warning naming the offset and the bytes skipped, and the replay goes
+ * on; the frames after it belong to the process of the last HELLO read. A frame whose payload
+ * does not decode ends its capture with a warning. A capture that yields no frame at all makes
+ * the run's status 1 (through `finished`), so an empty or ruined capture never looks like a
+ * clean replay of nothing.
  *
  * Loop thread only. The replay is a singleton, like the hub.
  */
@@ -39,6 +45,8 @@ typedef struct stream {
   int pending;         /* `frame` holds a BATCH not delivered yet */
   cm_wire_frame frame; /* valid until the next cm_wire_file_next on cf */
   uint64_t key, last_key;
+  uint64_t frames;     /* frames read */
+  uint64_t resyncs;    /* corrupt stretches reported so far */
 } stream;
 
 typedef struct replay {
@@ -48,7 +56,8 @@ typedef struct replay {
   int started, closed;
   stream *s;
   int n;
-  void (*finished)(void *ud);
+  int empty;           /* captures that yielded no frame */
+  void (*finished)(void *ud, int status);
   void *ud;
 } replay;
 
@@ -85,11 +94,20 @@ static int new_process(replay *rp, stream *st) {
   return 0;
 }
 
-static void stream_fail(stream *st, const char *what) {
-  fprintf(stderr, "cuptimon-lua: warning: capture %s: %s\n", st->path, what);
+/* The stream is over; a capture that gave nothing is reported and fails the run. */
+static void stream_done(replay *rp, stream *st, int end) {
   st->done = 1;
   st->pending = 0;
-  end_process(st, CM__END_ERROR);
+  end_process(st, end);
+  if (st->frames == 0) {
+    fprintf(stderr, "cuptimon-lua: capture %s: no frame could be read from it\n", st->path);
+    rp->empty++;
+  }
+}
+
+static void stream_fail(replay *rp, stream *st, const char *what) {
+  fprintf(stderr, "cuptimon-lua: warning: capture %s: %s\n", st->path, what);
+  stream_done(rp, st, CM__END_ERROR);
 }
 
 /* Reads ahead to the next BATCH of a stream, handling the frames before it. */
@@ -100,26 +118,31 @@ static void advance(replay *rp, stream *st) {
     cm_wire_frame f;
     int rc = cm_wire_file_next(st->cf, &f);
     if (rc == 0) {
-      st->done = 1;
-      end_process(st, CM__END_EOF);
+      stream_done(rp, st, CM__END_EOF);
       return;
     }
     if (rc < 0) {
-      stream_fail(st, cm_wire_file_errmsg(st->cf));
+      stream_fail(rp, st, cm_wire_file_errmsg(st->cf));
       return;
+    }
+    st->frames++;
+    uint64_t resyncs = cm_wire_reader_resyncs(f.reader, NULL);
+    if (resyncs != st->resyncs) {
+      st->resyncs = resyncs;
+      fprintf(stderr, "cuptimon-lua: warning: capture %s: %s\n", st->path, cm_wire_reader_resync_msg(f.reader));
     }
     if (f.type == CM_WIRE_HELLO) {
       end_process(st, CM__END_EOF);
-      if (new_process(rp, st)) { stream_fail(st, "out of memory"); return; }
+      if (new_process(rp, st)) { stream_fail(rp, st, "out of memory"); return; }
       err[0] = 0;
-      if (cm__wsrc_frame(st->cur, &f, err, sizeof err)) { stream_fail(st, err); return; }
-      if (cm__wsrc_attach(st->cur, rp->h)) { stream_fail(st, "too many processes"); return; }
+      if (cm__wsrc_frame(st->cur, &f, err, sizeof err)) { stream_fail(rp, st, err); return; }
+      if (cm__wsrc_attach(st->cur, rp->h)) { stream_fail(rp, st, "too many processes"); return; }
       continue;
     }
     if (!st->cur) {
       /* Frames before any HELLO: an anonymous process. */
-      if (new_process(rp, st)) { stream_fail(st, "out of memory"); return; }
-      if (cm__wsrc_attach(st->cur, rp->h)) { stream_fail(st, "too many processes"); return; }
+      if (new_process(rp, st)) { stream_fail(rp, st, "out of memory"); return; }
+      if (cm__wsrc_attach(st->cur, rp->h)) { stream_fail(rp, st, "too many processes"); return; }
     }
     if (f.type == CM_WIRE_BATCH) {
       st->frame = f;
@@ -130,7 +153,7 @@ static void advance(replay *rp, stream *st) {
       return;
     }
     err[0] = 0;
-    if (cm__wsrc_frame(st->cur, &f, err, sizeof err)) { stream_fail(st, err); return; }
+    if (cm__wsrc_frame(st->cur, &f, err, sizeof err)) { stream_fail(rp, st, err); return; }
     if (f.type == CM_WIRE_BYE) end_process(st, CM__END_BYE);
   }
 }
@@ -159,21 +182,44 @@ static void idle_cb(uv_idle_t *hd) {
     }
     if (!best) {
       stop(rp);
-      if (rp->finished) rp->finished(rp->ud);
+      if (rp->finished) rp->finished(rp->ud, rp->empty ? 1 : 0);
       return;
     }
     char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
     best->pending = 0;
     if (best->cur && cm__wsrc_frame(best->cur, &best->frame, err, sizeof err)) {
-      stream_fail(best, err);
+      stream_fail(rp, best, err);
       continue;
     }
     advance(rp, best);
   }
 }
 
+/* Checks the capture file header, so that a file that is not a capture fails the start rather
+ * than replaying nothing. Returns 0, or CM_EIO after printing why. */
+static int check_header(const char *path) {
+  uint8_t h[CM_WIRE_FILE_HEADER_SIZE];
+  FILE *fp = fopen(path, "rb");
+  if (!fp) {
+    fprintf(stderr, "cuptimon-lua: cannot read capture %s: %s\n", path, strerror(errno));
+    return CM_EIO;
+  }
+  size_t got = fread(h, 1, sizeof h, fp);
+  fclose(fp);
+  cm_wire_reader *r;
+  if (cm_wire_reader_new(&r, CM_WIRE_READER_CAPTURE)) return CM_ENOMEM;
+  cm_wire_frame f;
+  int rc = cm_wire_reader_feed(r, h, got);
+  if (rc == 0) rc = cm_wire_reader_next(r, &f);
+  if (rc == 0 && got < sizeof h) rc = cm_wire_reader_end(r);
+  if (rc < 0)
+    fprintf(stderr, "cuptimon-lua: cannot replay %s: %s\n", path, cm_wire_reader_errmsg(r));
+  cm_wire_reader_free(r);
+  return rc < 0 ? CM_EIO : 0;
+}
+
 int cm__replay_start(cm_host *h, uv_loop_t *loop, const char *const *paths, int n,
-                     void (*finished)(void *ud), void *ud) {
+                     void (*finished)(void *ud, int status), void *ud) {
   replay *rp = calloc(1, sizeof *rp);
   stream *s = calloc((size_t)n, sizeof *s);
   if (!rp || !s) {
@@ -204,6 +250,7 @@ int cm__replay_start(cm_host *h, uv_loop_t *loop, const char *const *paths, int 
       fprintf(stderr, "cuptimon-lua: %s\n", msg[0] ? msg : cm_strerror(rc));
       return rc;
     }
+    if ((rc = check_header(paths[i])) != 0) return rc;
   }
   uv_idle_start(&rp->idle, idle_cb);
   return 0;

@@ -13,6 +13,7 @@
 #include "cmt.h"
 
 #include <stdint.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Like CMT_OK, but the detail comes from the wire reader, which keeps its own message. */
@@ -577,6 +578,204 @@ static void test_flips(void) {
   }
 }
 
+static int read_all(const cm_wire_buf *b, uint32_t flags, cm_wire_reader **out, int *nframes);
+
+/* ---- Resynchronization (CM_WIRE_READER_RESYNC) ------------------------------------------- */
+
+/* Reads `n` bytes in chunks of `chunk` with resync on. Checks each yielded frame against the
+ * original frame it must be (the payload bytes, 8-byte alignment), where `shift` is added to
+ * the offsets of frames at or after `from`. Returns the end() status. */
+typedef struct rs_expect {
+  const uint8_t *orig;
+  const size_t *starts, *ends;
+  int skip;          /* the original frame that must not come out, or -1 */
+  size_t from;       /* original offset from which the stream was shifted */
+  long shift;
+} rs_expect;
+
+static int rs_read(const uint8_t *p, size_t n, size_t chunk, const rs_expect *e, int *nframes,
+                   cm_wire_reader **out) {
+  cm_wire_reader *r;
+  CMT_EQ(cm_wire_reader_new(&r, CM_WIRE_READER_CAPTURE | CM_WIRE_READER_RESYNC), 0);
+  cm_wire_frame f;
+  int k = 0, rc = 0;
+  for (size_t off = 0; off < n && rc >= 0;) {
+    size_t m = n - off < chunk ? n - off : chunk;
+    WOK(cm_wire_reader_feed(r, p + off, m), r);
+    off += m;
+    while ((rc = cm_wire_reader_next(r, &f)) == 1) {
+      if (k == e->skip) k++;
+      CMT_LT(k, NFRAMES);
+      size_t st = e->starts[k], en = e->ends[k];
+      long sh = st >= e->from ? e->shift : 0;
+      CMT_EQU(f.offset, (uint64_t)((long)st + sh));
+      CMT_EQU(f.len + 24, en - st);
+      CMT_EQ((uintptr_t)f.payload % 8, 0);
+      CMT_EQ(memcmp(f.payload, e->orig + st + 24, (size_t)f.len), 0);
+      CMT_EQ(decode_any(&f), 0);
+      k++;
+    }
+  }
+  if (rc == 0) rc = cm_wire_reader_end(r);
+  *nframes = k;
+  *out = r;
+  return rc;
+}
+
+static void test_resync(void) {
+  static const uint8_t masks[] = {0x01, 0x80, 0xFF, 0x5A};
+  static const size_t chunks[] = {1 << 20, 7, 24};
+  cm_wire_buf b;
+  size_t starts[NFRAMES], ends[NFRAMES];
+  build_stream(&b, 1, starts, ends);
+  uint8_t *copy = malloc(b.len + 64);
+  char expect[160];
+  /* Every byte of every frame flipped: that frame alone is lost, the rest come out, and the
+   * skipped stretch is reported with its offset and length. */
+  for (size_t i = starts[0]; i < b.len; i++) {
+    int k = 0;
+    while (ends[k] <= i) k++;
+    for (size_t m = 0; m < sizeof masks; m++)
+      for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+        if (c > 0 && i % 5 != 0) continue; /* the small chunks on a sample of the bytes */
+        memcpy(copy, b.data, b.len);
+        copy[i] ^= masks[m];
+        rs_expect e = {b.data, starts, ends, k, 0, 0};
+        cm_wire_reader *r;
+        int n, rc = rs_read(copy, b.len, chunks[c], &e, &n, &r);
+        uint64_t bytes, resyncs = cm_wire_reader_resyncs(r, &bytes);
+        if (k == NFRAMES - 1) {
+          /* The last frame: the stretch runs to the end, which end() reports. */
+          CMT_EQ(rc, CM_EIO);
+          CMT_EQ(n, NFRAMES - 1);
+          CMT_EQU(resyncs, 0);
+          snprintf(expect, sizeof expect, "at byte %zu", starts[k]);
+          CMT_CONTAINS(cm_wire_reader_errmsg(r), expect);
+          snprintf(expect, sizeof expect, "no valid frame in the %zu bytes from byte %zu to the end at byte %zu",
+                   ends[k] - starts[k], starts[k], ends[k]);
+          CMT_CONTAINS(cm_wire_reader_errmsg(r), expect);
+        } else {
+          if (rc != 0) CMT_FAIL("byte %zu ^ 0x%02x chunk %zu: end() = %d (%s)", i, masks[m], chunks[c], rc,
+                                cm_wire_reader_errmsg(r));
+          CMT_EQ(n, NFRAMES);
+          CMT_EQU(resyncs, 1);
+          CMT_EQU(bytes, ends[k] - starts[k]);
+          snprintf(expect, sizeof expect, "at byte %zu", starts[k]);
+          CMT_CONTAINS(cm_wire_reader_resync_msg(r), expect);
+          snprintf(expect, sizeof expect, "; skipped %zu bytes from byte %zu to the next valid frame at byte %zu",
+                   ends[k] - starts[k], starts[k], ends[k]);
+          CMT_CONTAINS(cm_wire_reader_resync_msg(r), expect);
+          size_t in = i - starts[k];
+          if (in >= 24) CMT_CONTAINS(cm_wire_reader_resync_msg(r), "bad checksum at byte");
+          else if (in >= 2) CMT_CONTAINS(cm_wire_reader_resync_msg(r), "bad header checksum at byte");
+          else CMT_CONTAINS(cm_wire_reader_resync_msg(r), "bad frame magic at byte");
+        }
+        cm_wire_reader_free(r);
+      }
+  }
+  /* Junk inserted between frames, of every length 1..40 (most leave the next frames off the
+   * 8-byte grid): every frame comes out, aligned, at its shifted offset. The junk holds "CM"
+   * and a header-sized run, so the scan must reject false starts. */
+  static const char junk[] = "CMCM\x01\x00" "CM junk that is not a frame header..";
+  for (size_t J = 1; J <= 40; J++)
+    for (size_t c = 0; c < sizeof chunks / sizeof chunks[0]; c++) {
+      size_t at = starts[4];
+      memcpy(copy, b.data, at);
+      memcpy(copy + at, junk, J);
+      memcpy(copy + at + J, b.data + at, b.len - at);
+      rs_expect e = {b.data, starts, ends, -1, at, (long)J};
+      cm_wire_reader *r;
+      int n, rc = rs_read(copy, b.len + J, chunks[c], &e, &n, &r);
+      if (rc != 0) CMT_FAIL("junk %zu chunk %zu: end() = %d (%s)", J, chunks[c], rc, cm_wire_reader_errmsg(r));
+      CMT_EQ(n, NFRAMES);
+      uint64_t bytes;
+      CMT_EQU(cm_wire_reader_resyncs(r, &bytes), 1);
+      CMT_EQU(bytes, J);
+      snprintf(expect, sizeof expect, "skipped %zu bytes from byte %zu to the next valid frame at byte %zu", J, at,
+               at + J);
+      CMT_CONTAINS(cm_wire_reader_resync_msg(r), expect);
+      cm_wire_reader_free(r);
+    }
+  /* A torn frame: frame 3 loses its last 5 bytes (a writer died mid-frame and another went on).
+   * Frame 3 is lost; the next frames come out 5 bytes earlier than written. */
+  {
+    size_t cut = ends[3] - 5;
+    memcpy(copy, b.data, cut);
+    memcpy(copy + cut, b.data + ends[3], b.len - ends[3]);
+    rs_expect e = {b.data, starts, ends, 3, ends[3], -5};
+    cm_wire_reader *r;
+    int n, rc = rs_read(copy, b.len - 5, 1 << 20, &e, &n, &r);
+    if (rc != 0) CMT_FAIL("torn frame: end() = %d (%s)", rc, cm_wire_reader_errmsg(r));
+    CMT_EQ(n, NFRAMES);
+    uint64_t bytes;
+    CMT_EQU(cm_wire_reader_resyncs(r, &bytes), 1);
+    CMT_EQU(bytes, ends[3] - 5 - starts[3]);
+    cm_wire_reader_free(r);
+  }
+  /* Without the flag, the first corrupt frame still ends the stream for good. */
+  {
+    memcpy(copy, b.data, b.len);
+    copy[starts[5] + 30] ^= 1;
+    cm_wire_reader *r;
+    int n;
+    CMT_EQ(read_all(&(cm_wire_buf){copy, b.len, b.len}, CM_WIRE_READER_CAPTURE, &r, &n), CM_EIO);
+    CMT_EQ(n, 5);
+    CMT_EQU(cm_wire_reader_resyncs(r, NULL), 0);
+    cm_wire_reader_free(r);
+  }
+  free(copy);
+  cm_wire_buf_free(&b);
+}
+
+/* A stretch crafted to make resynchronization quadratic: thousands of overlapping headers with
+ * good header checksums, each claiming a 4 MiB payload whose checksum is wrong. Checking each
+ * one in full would CRC about 20 GB; the reader bounds that work by the bytes it skips, finds
+ * the real frame after the stretch, and returns promptly. */
+static void test_resync_crafted(void) {
+  enum { K = 5000, L = 4 << 20 };
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  CMT_EQ(cm_wire_write_file_header(&b, 0), 0);
+  CMT_EQ(cm_wire_write_bye(&b, 0, 1, "first"), 0);
+  size_t stretch = b.len, total = b.len + (size_t)K * 24 + L;
+  uint8_t *p = calloc(1, total + 64);
+  memcpy(p, b.data, b.len);
+  for (size_t i = 0; i < K; i++) {
+    uint8_t *h = p + stretch + i * 24;
+    h[0] = 'C', h[1] = 'M', h[2] = 1, h[4] = CM_WIRE_BYE;
+    uint64_t len = L;
+    memcpy(h + 8, &len, 8); /* little-endian host, as the other tests assume */
+    uint32_t c = crc_ref(h, 20);
+    memcpy(h + 20, &c, 4);
+  }
+  cm_wire_buf_clear(&b);
+  CMT_EQ(cm_wire_write_bye(&b, 0, 2, "second"), 0);
+  memcpy(p + total, b.data, b.len);
+  total += b.len;
+  cm_wire_reader *r;
+  CMT_EQ(cm_wire_reader_new(&r, CM_WIRE_READER_CAPTURE | CM_WIRE_READER_RESYNC), 0);
+  WOK(cm_wire_reader_feed(r, p, total), r);
+  cm_wire_frame f;
+  int n = 0, rc;
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  while ((rc = cm_wire_reader_next(r, &f)) == 1) n++;
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  CMT_EQ(rc, 0);
+  WOK(cm_wire_reader_end(r), r);
+  CMT_EQ(n, 2);
+  uint64_t bytes;
+  CMT_EQU(cm_wire_reader_resyncs(r, &bytes), 1);
+  CMT_EQU(bytes, (uint64_t)K * 24 + L);
+  double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+  printf("test_wire: crafted stretch of %d headers skipped in %.3f s\n", K, s);
+  /* Bounded, it takes milliseconds (even under a sanitizer); unbounded, about 17 s. */
+  if (s > 5) CMT_FAIL("skipping the crafted stretch took %.1f s", s);
+  cm_wire_reader_free(r);
+  free(p);
+  cm_wire_buf_free(&b);
+}
+
 typedef struct seen {
   uint32_t type;
   uint64_t offset, len;
@@ -873,9 +1072,13 @@ static void write_file(const char *path, const uint8_t *p, size_t n) {
   CMT_EQ(fclose(fp), 0);
 }
 
+static char resync_note[CM_WIRE_ERRMSG_SIZE + 128];
+
+/* Reads a capture file; the message of its last skipped stretch, if any, goes to resync_note. */
 static int read_file(const char *path, int *nframes, char *msg) {
   cm_wire_file *cf;
   char err[CM_WIRE_ERRMSG_SIZE];
+  resync_note[0] = 0;
   int rc = cm_wire_file_open(&cf, path, err);
   if (rc) {
     snprintf(msg, CM_WIRE_ERRMSG_SIZE, "%s", err);
@@ -883,7 +1086,12 @@ static int read_file(const char *path, int *nframes, char *msg) {
   }
   cm_wire_frame f;
   *nframes = 0;
+  uint64_t resyncs = 0;
   while ((rc = cm_wire_file_next(cf, &f)) == 1) {
+    if (cm_wire_reader_resyncs(f.reader, NULL) != resyncs) {
+      resyncs = cm_wire_reader_resyncs(f.reader, NULL);
+      snprintf(resync_note, sizeof resync_note, "%s", cm_wire_reader_resync_msg(f.reader));
+    }
     CMT_EQ(decode_any(&f), 0);
     (*nframes)++;
   }
@@ -903,6 +1111,7 @@ static void test_files(void) {
   cm_column col = {0, CM_TYPE_U64, 8, 0, "start", v};
   size_t big_start = b.len;
   CMT_EQ(cm_wire_write_batch(&b, &(cm_batch){CM_KIND_CONCURRENT_KERNEL, N, 1, 0, &col, 1}), 0);
+  size_t bye_start = b.len;
   CMT_EQ(cm_wire_write_bye(&b, 0, 0, "end"), 0);
   free(v);
   char path[] = "/tmp/test_wire_XXXXXX";
@@ -921,13 +1130,23 @@ static void test_files(void) {
   snprintf(expect, sizeof expect, "%d whole frames, truncated at byte %zu (the frame at byte %zu", NFRAMES,
            big_start + 1000000, big_start);
   CMT_CONTAINS(msg, expect);
-  /* Corrupt inside the big batch, past the first read chunk. */
+  /* Corrupt inside the big batch, past the first read chunk: the batch is skipped, with its
+   * offset and length, and the BYE after it is read. */
   b.data[big_start + 1500000] ^= 0x10;
   write_file(path, b.data, b.len);
+  CMT_EQ(read_file(path, &n, msg), 0);
+  CMT_EQ(n, NFRAMES + 1);
+  snprintf(expect, sizeof expect, "bad checksum at byte %zu", big_start);
+  CMT_CONTAINS(resync_note, expect);
+  snprintf(expect, sizeof expect, "skipped %zu bytes from byte %zu", bye_start - big_start, big_start);
+  CMT_CONTAINS(resync_note, expect);
+  /* The same with the file cut inside the BYE: the stretch runs to the end, an error. */
+  write_file(path, b.data, b.len - 8);
   CMT_EQ(read_file(path, &n, msg), CM_EIO);
   CMT_EQ(n, NFRAMES);
   snprintf(expect, sizeof expect, "bad checksum at byte %zu", big_start);
   CMT_CONTAINS(msg, expect);
+  CMT_CONTAINS(msg, "no valid frame in the");
   /* An empty file is a truncated capture. */
   write_file(path, b.data, 0);
   CMT_EQ(read_file(path, &n, msg), CM_EIO);
@@ -970,6 +1189,8 @@ int main(void) {
   test_versions();
   test_truncation();
   test_flips();
+  test_resync();
+  test_resync_crafted();
   test_hostile();
   test_mutations();
   test_files();

@@ -14,7 +14,12 @@
  * a header until the header's own CRC matches, so a corrupt length field is reported at once
  * rather than making the reader wait for bytes that never come; then it checks the version, the
  * must-understand flags, the size cap and the payload CRC. Errors are sticky: once a stream is
- * known bad, no later frame is yielded from it.
+ * known bad, no later frame is yielded from it. With CM_WIRE_READER_RESYNC (capture files), a
+ * corrupt frame instead starts a skipped stretch: the reader scans byte by byte for the next
+ * "CM" whose header and payload check out, moves that frame to the aligned buffer start if it
+ * is off the 8-byte grid, and reports the stretch once (docs/wire.md, "Resynchronizing"). The
+ * payload bytes checked in vain within a stretch are bounded by the bytes skipped, so crafted
+ * overlapping headers cannot make the scan quadratic.
  *
  * Decoders run over a verified payload with a cursor whose every read is bounds-checked against
  * what remains. Counts are checked against the bytes left before anything is allocated (each
@@ -472,6 +477,15 @@ struct cm_wire_reader {
   uint32_t file_minor;
   int err;            /* sticky error, 0 while the stream is good */
   char msg[CM_WIRE_ERRMSG_SIZE];
+  /* Resynchronization (CM_WIRE_READER_RESYNC): while `resyncing`, the bytes from stream offset
+   * `resync_at` on are being skipped; `cause` says what was wrong there. */
+  int resyncing;
+  uint64_t resync_at;
+  uint64_t resyncs;        /* corrupt stretches skipped and left behind */
+  uint64_t resync_bytes;   /* their total length */
+  uint64_t resync_work;    /* payload bytes checked in vain during the current stretch */
+  char cause[CM_WIRE_ERRMSG_SIZE];
+  char note[CM_WIRE_ERRMSG_SIZE + 128];
 };
 
 static int set_msg(cm_wire_reader *r, int err, const char *fmt, ...)
@@ -499,8 +513,68 @@ static int fail(cm_wire_reader *r, int err, const char *fmt, ...) {
   return err;
 }
 
+/* While resyncing, the payload bytes checked in vain are bounded by this factor times the bytes
+ * skipped, plus the minimum. */
+enum { RESYNC_WORK_FACTOR = 4, RESYNC_WORK_MIN = 4 << 20 };
+
+/* A corrupt frame at stream offset `at`. Without CM_WIRE_READER_RESYNC it is a sticky error.
+ * With it, the reader starts (or goes on) skipping: it steps one byte past `at` and scans from
+ * there for the next frame that passes every check (see cm_wire_reader_next). */
+static int corrupt(cm_wire_reader *r, uint64_t at, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+static int corrupt(cm_wire_reader *r, uint64_t at, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  if (!(r->flags & CM_WIRE_READER_RESYNC)) {
+    vsnprintf(r->msg, sizeof r->msg, fmt, ap);
+    va_end(ap);
+    r->err = CM_EIO;
+    return CM_EIO;
+  }
+  if (!r->resyncing) {
+    vsnprintf(r->cause, sizeof r->cause, fmt, ap);
+    r->resyncing = 1;
+    r->resync_at = at;
+  }
+  va_end(ap);
+  r->head++;
+  return 0;
+}
+
+/* The frame at buf[head] passed every check: a stretch being skipped ends here. */
+static void resync_done(cm_wire_reader *r) {
+  if (!r->resyncing) return;
+  uint64_t at = r->base + r->head, n = at - r->resync_at;
+  r->resyncing = 0;
+  r->resync_work = 0;
+  r->resyncs++;
+  r->resync_bytes += n;
+  snprintf(r->note, sizeof r->note, "%s; skipped %llu bytes from byte %llu to the next valid frame at byte %llu",
+           r->cause, (unsigned long long)n, (unsigned long long)r->resync_at, (unsigned long long)at);
+}
+
+/* While resyncing: drops bytes up to the next "CM" at or after head. Returns 1 when a candidate
+ * with a whole header is at head, 0 when more bytes are needed. */
+static int resync_scan(cm_wire_reader *r) {
+  while (r->head < r->tail) {
+    const uint8_t *p = memchr(r->buf + r->head, 'C', r->tail - r->head);
+    if (!p) {
+      r->head = r->tail;
+      return 0;
+    }
+    r->head = (size_t)(p - r->buf);
+    if (r->head + 1 == r->tail) return 0; /* the byte after the 'C' has not come yet */
+    if (p[1] != 'M') {
+      r->head++;
+      continue;
+    }
+    return r->tail - r->head >= CM_WIRE_FRAME_HEADER_SIZE;
+  }
+  return 0;
+}
+
 int cm_wire_reader_new(cm_wire_reader **out, uint32_t flags) {
-  if (!out || (flags & ~(uint32_t)CM_WIRE_READER_CAPTURE)) return CM_EINVAL;
+  if (!out || (flags & ~(uint32_t)(CM_WIRE_READER_CAPTURE | CM_WIRE_READER_RESYNC))) return CM_EINVAL;
   cm_wire_reader *r = calloc(1, sizeof *r);
   if (!r) return CM_ENOMEM;
   r->flags = flags;
@@ -518,6 +592,11 @@ const char *cm_wire_reader_errmsg(const cm_wire_reader *r) { return r ? r->msg :
 uint64_t cm_wire_reader_frames(const cm_wire_reader *r) { return r->frames; }
 uint64_t cm_wire_reader_skipped(const cm_wire_reader *r) { return r->skipped; }
 uint32_t cm_wire_reader_file_minor(const cm_wire_reader *r) { return r->file_minor; }
+uint64_t cm_wire_reader_resyncs(const cm_wire_reader *r, uint64_t *bytes_skipped) {
+  if (bytes_skipped) *bytes_skipped = r ? r->resync_bytes : 0;
+  return r ? r->resyncs : 0;
+}
+const char *cm_wire_reader_resync_msg(const cm_wire_reader *r) { return r ? r->note : ""; }
 
 int cm_wire_reader_feed(cm_wire_reader *r, const void *data, size_t len) {
   if (!r || (len && !data)) return CM_EINVAL;
@@ -583,38 +662,73 @@ int cm_wire_reader_next(cm_wire_reader *r, cm_wire_frame *f) {
       if (rc) return rc;
       continue;
     }
+    if (r->resyncing && !resync_scan(r)) return 0;
+    avail = r->tail - r->head;
     if (avail < CM_WIRE_FRAME_HEADER_SIZE) return 0;
     const uint8_t *h = r->buf + r->head;
-    unsigned long long at = (unsigned long long)(r->base + r->head);
-    if (h[0] != 'C' || h[1] != 'M')
-      return fail(r, CM_EIO, "bad frame magic at byte %llu (expected \"CM\", found 0x%02x 0x%02x)",
-                  at, h[0], h[1]);
+    uint64_t at64 = r->base + r->head;
+    unsigned long long at = (unsigned long long)at64;
+    if (h[0] != 'C' || h[1] != 'M') {
+      if (corrupt(r, at64, "bad frame magic at byte %llu (expected \"CM\", found 0x%02x 0x%02x)", at,
+                  h[0], h[1]))
+        return r->err;
+      continue;
+    }
     uint32_t major = h[2], minor = h[3], type = ld16(h + 4), flags = ld16(h + 6);
     uint64_t len = ld64(h + 8);
     if (cm_wire_crc32c(0, h, 20) != ld32(h + 20)) {
-      if (major != CM_WIRE_MAJOR)
-        return fail(r, CM_EIO,
-                    "bad header checksum at byte %llu (the header claims wire major version %u; "
-                    "this reader supports %d)", at, major, CM_WIRE_MAJOR);
-      return fail(r, CM_EIO, "bad header checksum at byte %llu", at);
+      int rc = major != CM_WIRE_MAJOR
+                   ? corrupt(r, at64, "bad header checksum at byte %llu (the header claims wire major "
+                             "version %u; this reader supports %d)", at, major, CM_WIRE_MAJOR)
+                   : corrupt(r, at64, "bad header checksum at byte %llu", at);
+      if (rc) return rc;
+      continue;
     }
     if (major != CM_WIRE_MAJOR)
       return fail(r, CM_ENOSYS,
                   "frame at byte %llu has wire format version %u.%u; this reader supports major "
                   "version %d only (use a newer cuptimon)", at, major, minor, CM_WIRE_MAJOR);
-    if (len > CM_WIRE_MAX_PAYLOAD)
-      return fail(r, CM_ERANGE, "frame at byte %llu declares a %llu-byte payload, over the cap of "
-                  "%llu bytes", at, (unsigned long long)len, (unsigned long long)CM_WIRE_MAX_PAYLOAD);
-    if (len % 8 != 0)
-      return fail(r, CM_EIO, "frame at byte %llu declares a payload length of %llu, not a "
-                  "multiple of 8", at, (unsigned long long)len);
+    if (len > CM_WIRE_MAX_PAYLOAD) {
+      if (!(r->flags & CM_WIRE_READER_RESYNC))
+        return fail(r, CM_ERANGE, "frame at byte %llu declares a %llu-byte payload, over the cap of "
+                    "%llu bytes", at, (unsigned long long)len, (unsigned long long)CM_WIRE_MAX_PAYLOAD);
+      corrupt(r, at64, "frame at byte %llu declares a %llu-byte payload, over the cap of %llu bytes", at,
+              (unsigned long long)len, (unsigned long long)CM_WIRE_MAX_PAYLOAD);
+      continue;
+    }
+    if (len % 8 != 0) {
+      if (corrupt(r, at64, "frame at byte %llu declares a payload length of %llu, not a multiple of 8",
+                  at, (unsigned long long)len))
+        return r->err;
+      continue;
+    }
     if (avail - CM_WIRE_FRAME_HEADER_SIZE < len) return 0;
-    const uint8_t *payload = h + CM_WIRE_FRAME_HEADER_SIZE;
-    uint32_t crc = cm_wire_crc32c(0, payload, (size_t)len);
-    if (crc != ld32(h + 16))
-      return fail(r, CM_EIO, "bad checksum at byte %llu (%s frame, %llu-byte payload: stored "
+    if (r->resyncing && r->resync_work + len > RESYNC_WORK_FACTOR * (at64 - r->resync_at) + RESYNC_WORK_MIN) {
+      /* Candidates whose headers check out but whose payloads do not are rare in real damage;
+       * a stretch full of them is crafted. Their payload checks are bounded by the bytes
+       * scanned, so skipping stays linear in the stream's length. */
+      corrupt(r, at64, "-");
+      continue;
+    }
+    uint32_t crc = cm_wire_crc32c(0, h + CM_WIRE_FRAME_HEADER_SIZE, (size_t)len);
+    if (crc != ld32(h + 16)) {
+      if (r->resyncing) r->resync_work += len;
+      if (corrupt(r, at64, "bad checksum at byte %llu (%s frame, %llu-byte payload: stored "
                   "0x%08x, computed 0x%08x)", at, cm_wire_type_name(type) ? cm_wire_type_name(type) : "unknown",
-                  (unsigned long long)len, ld32(h + 16), crc);
+                  (unsigned long long)len, ld32(h + 16), crc))
+        return r->err;
+      continue;
+    }
+    if (r->head & 7) {
+      /* Only after a resync can a frame start off the 8-byte grid: move it to the buffer's
+       * (aligned) start, so that its payload is 8-byte aligned as promised. */
+      memmove(r->buf, r->buf + r->head, r->tail - r->head);
+      r->base += r->head;
+      r->tail -= r->head;
+      r->head = 0;
+      h = r->buf;
+    }
+    const uint8_t *payload = h + CM_WIRE_FRAME_HEADER_SIZE;
     if (flags & FRAME_MUST_UNDERSTAND)
       return fail(r, CM_ENOSYS, "frame at byte %llu has unknown required flags 0x%x", at,
                   flags & FRAME_MUST_UNDERSTAND);
@@ -622,13 +736,17 @@ int cm_wire_reader_next(cm_wire_reader *r, cm_wire_frame *f) {
     if (!cm_wire_type_name(type)) {
       if (minor > CM_WIRE_MINOR) {
         /* A type added by a newer minor version: its length lets us step over it. */
+        resync_done(r);
         r->skipped++;
         r->head += whole;
         continue;
       }
-      return fail(r, CM_EIO, "unknown frame type %u at byte %llu (wire version %u.%u)", type, at,
-                  major, minor);
+      if (corrupt(r, at64, "unknown frame type %u at byte %llu (wire version %u.%u)", type, at, major,
+                  minor))
+        return r->err;
+      continue;
     }
+    resync_done(r);
     f->type = type;
     f->flags = flags;
     f->major = major;
@@ -652,6 +770,9 @@ int cm_wire_reader_end(cm_wire_reader *r) {
   if ((r->flags & CM_WIRE_READER_CAPTURE) && !r->have_file_header)
     return fail(r, CM_EIO, "0 whole frames, truncated at byte %llu (in the %d-byte file header)", end,
                 CM_WIRE_FILE_HEADER_SIZE);
+  if (r->resyncing)
+    return fail(r, CM_EIO, "%s; no valid frame in the %llu bytes from byte %llu to the end at byte %llu",
+                r->cause, end - (unsigned long long)r->resync_at, (unsigned long long)r->resync_at, end);
   size_t left = r->tail - r->head;
   if (left == 0) return 0;
   if (left < CM_WIRE_FRAME_HEADER_SIZE)
@@ -1056,7 +1177,7 @@ int cm_wire_file_open(cm_wire_file **out, const char *path, char *errmsg_out) {
   cm_wire_file *cf = calloc(1, sizeof *cf);
   if (!cf) return CM_ENOMEM;
   cf->chunk = malloc(FILE_CHUNK);
-  int rc = cf->chunk ? cm_wire_reader_new(&cf->r, CM_WIRE_READER_CAPTURE) : CM_ENOMEM;
+  int rc = cf->chunk ? cm_wire_reader_new(&cf->r, CM_WIRE_READER_CAPTURE | CM_WIRE_READER_RESYNC) : CM_ENOMEM;
   if (rc) {
     cm_wire_file_close(cf);
     return rc;

@@ -160,10 +160,15 @@ function M.wrap(p, source)
   for j = 0, cb.ncols - 1 do
     local col = cb.cols[j]
     local fi = fields and fields[col.field]
-    local name = fi and fi.name or ffi.string(col.name)
-    local ptr = ffi.cast(ptr_type[col.type], col.data)
-    cols[name] = ptr
-    if not meta_names[name] then b[name] = ptr end
+    -- A column of a type this version does not know is skipped (docs/wire.md); the wire
+    -- sources drop such columns already, this keeps any other source from breaking the view.
+    local pt = ptr_type[col.type]
+    if pt then
+      local name = fi and fi.name or ffi.string(col.name)
+      local ptr = ffi.cast(pt, col.data)
+      cols[name] = ptr
+      if not meta_names[name] then b[name] = ptr end
+    end
   end
   return b
 end
