@@ -33,9 +33,9 @@
  *  - The exiting thread runs the atexit handler within one budget: the engine's exit fence (which
  *    hurries a flush of the control thread out of its way), a bounded drain, the last frames,
  *    then it stops both threads (control.c applies the control frames).
- * Locks: q_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
- * calls. No agent lock is held while calling into the engine, except that on_batch takes q_mu
- * while the engine holds its dec_mu (order: engine dec_mu, then q_mu; q_mu is a leaf).
+ * Locks: send_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
+ * calls. No agent lock is held while calling into the engine, except that on_batch takes send_mu
+ * while the engine holds its dec_mu (order: engine dec_mu, then send_mu; send_mu is a leaf).
  * Counters are relaxed atomics.
  */
 #include <dlfcn.h>
@@ -121,8 +121,8 @@ static struct agent {
   int nobs;
   uint32_t next_gen;
 
-  /* Guarded by q_mu: the send queue. */
-  pthread_mutex_t q_mu;
+  /* Guarded by send_mu: the send queue. */
+  pthread_mutex_t send_mu;
   pthread_cond_t q_cv;     /* signals the sender: a frame, or a state change */
   pthread_cond_t idle_cv;  /* signals the exit handler: the queue ran empty or died */
   qframe *head, *tail;
@@ -157,7 +157,7 @@ static struct agent {
       records_sent, bytes_sent, frames_sent, strings_sent;
 } A = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
-    .q_mu = PTHREAD_MUTEX_INITIALIZER,
+    .send_mu = PTHREAD_MUTEX_INITIALIZER,
     .fd = -1,
     .wake = {-1, -1},
     .cb_last_kind = -1,
@@ -280,7 +280,7 @@ static void count_dropped(uint64_t batches, uint64_t records) {
     INC(records_dropped_agent, records);
 }
 
-/* Appends f (filled in by the caller) to the queue. q_mu held. */
+/* Appends f (filled in by the caller) to the queue. send_mu held. */
 static void q_link_locked(qframe *f) {
   f->next = NULL;
   if (A.tail)
@@ -298,7 +298,7 @@ static void q_link_locked(qframe *f) {
 }
 
 /* Unlinks every queued frame (not the one the sender is writing) and returns the list; the
- * batches in it no longer count as queued. q_mu held. */
+ * batches in it no longer count as queued. send_mu held. */
 static qframe *q_take_all_locked(uint64_t *batches, uint64_t *records) {
   qframe *f = A.head;
   *batches = *records = 0;
@@ -320,12 +320,12 @@ static qframe *q_take_all_locked(uint64_t *batches, uint64_t *records) {
  * decision: on_batch admits a BATCH before numbering and encoding it, and other frames are small
  * and always queued while the queue lives. A BATCH that cannot be queued (the queue died or
  * closed, no memory) is counted as dropped. Returns true when queued. Any thread; never blocks
- * beyond q_mu. */
+ * beyond send_mu. */
 static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
   qframe *f = malloc(sizeof *f);
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   if (!f || A.q_dead || A.q_closed) {
-    pthread_mutex_unlock(&A.q_mu);
+    pthread_mutex_unlock(&A.send_mu);
     if (batch) count_dropped(1, records);
     free(f);
     free(data);
@@ -336,7 +336,7 @@ static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
   f->batch = batch;
   f->records = records;
   q_link_locked(f);
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
   return true;
 }
 
@@ -360,7 +360,7 @@ static void wake_control(void) {
  * refused), and the control thread is woken to switch tracing off. Any thread; idempotent. */
 static void monitor_gone(const char *why) {
   if (atomic_exchange(&A.gone, true)) return;
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   A.q_dead = true;
   size_t nframes = A.q_frames;
   uint64_t batches, records;
@@ -369,7 +369,7 @@ static void monitor_gone(const char *why) {
   A.q_frames = 0;
   pthread_cond_broadcast(&A.q_cv);
   pthread_cond_broadcast(&A.idle_cv);
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
   count_dropped(batches, records);
   free_frames(f);
   if (atomic_load(&A.exiting))
@@ -388,15 +388,15 @@ static void *sender_main(void *arg) {
   sigset_t all;
   sigfillset(&all);
   pthread_sigmask(SIG_BLOCK, &all, NULL);
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   for (;;) {
-    while (!A.head && !A.q_dead && !A.sender_stop) pthread_cond_wait(&A.q_cv, &A.q_mu);
+    while (!A.head && !A.q_dead && !A.sender_stop) pthread_cond_wait(&A.q_cv, &A.send_mu);
     if (A.q_dead || (!A.head && A.sender_stop)) break;
     qframe *f = A.head;
     A.head = f->next;
     if (!A.head) A.tail = NULL;
     A.sending = true;
-    pthread_mutex_unlock(&A.q_mu);
+    pthread_mutex_unlock(&A.send_mu);
 
     int err = write_all(A.fd, A.is_socket, f->data, f->len, 0);
     if (!err) {
@@ -415,7 +415,7 @@ static void *sender_main(void *arg) {
     free(f->data);
     free(f);
 
-    pthread_mutex_lock(&A.q_mu);
+    pthread_mutex_lock(&A.send_mu);
     A.sending = false;
     if (!A.q_dead) {
       A.q_bytes -= len;
@@ -427,22 +427,22 @@ static void *sender_main(void *arg) {
     }
     if (!A.head) pthread_cond_broadcast(&A.idle_cv);
     if (err) {
-      pthread_mutex_unlock(&A.q_mu);
+      pthread_mutex_unlock(&A.send_mu);
       char why[128];
       snprintf(why, sizeof why, "write failed: %s", strerror(err));
       monitor_gone(why);
-      pthread_mutex_lock(&A.q_mu);
+      pthread_mutex_lock(&A.send_mu);
       break;
     }
   }
   pthread_cond_broadcast(&A.idle_cv);
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
   return NULL;
 }
 
 /* ---- frames the agent writes ---------------------------------------------------------------- */
 
-/* Fills kv with the STATS counters: the engine's (from st) and the agent's. q_mu held, so that
+/* Fills kv with the STATS counters: the engine's (from st) and the agent's. send_mu held, so that
  * records_queued and batches_queued describe exactly the BATCH frames queued ahead of this STATS
  * frame: a monitor that has received fewer knows that the difference was lost on the way. */
 static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
@@ -470,8 +470,8 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   return n;
 }
 
-/* Encodes a STATS frame and links it to the queue. q_mu held, and the queue alive; `st` holds
- * the engine's counters, which the caller read without q_mu (the engine's locks come first). */
+/* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
+ * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
   cm_wire_kv kv[24];
   uint32_t n = stats_items_locked(st, kv);
@@ -494,9 +494,9 @@ static void push_stats(void) {
   cm_stats st;
   memset(&st, 0, sizeof st);
   if (A.eng) cm_stats_get(A.eng, &st);
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   if (!A.q_dead && !A.q_closed) q_link_stats_locked(&st);
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
 }
 
 /* Queues STRINGS frames for every id interned since the last call. Ids are dense and interned in
@@ -558,9 +558,9 @@ static void on_batch(void *ud, const cm_batch *b) {
   /* A large drain is split into frames of at most MAX_BATCH_FRAME bytes (and a quarter of the
    * queue's bound, so that a small queue still admits whole frames); they share the drain's seq.
    * Each piece is its own BATCH with the same columns. */
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   size_t frame_cap = A.max_bytes / 4 < MAX_BATCH_FRAME ? A.max_bytes / 4 : MAX_BATCH_FRAME;
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
   uint32_t rows = row_bytes ? (uint32_t)(frame_cap / row_bytes) : b->n;
   if (rows == 0) rows = 1;
   cm_column cols[CM_WIRE_MAX_COLS];
@@ -571,9 +571,9 @@ static void on_batch(void *ud, const cm_batch *b) {
     /* The admission decision: only this callback queues batches (the engine serializes it),
      * and est bounds the encoded size, so an admitted frame is queued unless the queue dies or
      * closes meanwhile; the small frames of other threads may overshoot the bound a little. */
-    pthread_mutex_lock(&A.q_mu);
+    pthread_mutex_lock(&A.send_mu);
     bool full = A.q_bytes + est > A.max_bytes || A.q_frames + 1 > A.max_frames;
-    pthread_mutex_unlock(&A.q_mu);
+    pthread_mutex_unlock(&A.send_mu);
     if (full) {
       count_dropped(1, n);
       continue;
@@ -774,9 +774,9 @@ static int ops_configure(void *ud, const cm_config *cfg) {
 
 static void ops_queue_bytes(void *ud, uint64_t bytes) {
   (void)ud;
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   A.max_bytes = (size_t)bytes;
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
 }
 
 /* A FLUSH that arrives while the process exits is answered at once: the exit fence owns the
@@ -910,7 +910,7 @@ static void cut_add(char *cut, size_t cap, size_t *len, const char *fmt, ...) {
 
 /* Removes the BATCH frames still queued (not the one being written), counting them as dropped at
  * the exit deadline (A.cut is set first), so the STATS frame queued after them reports them.
- * Returns the records; *batches receives the frames. q_mu held. */
+ * Returns the records; *batches receives the frames. send_mu held. */
 static uint64_t purge_batches_locked(uint64_t *batches) {
   uint64_t records = 0;
   *batches = 0;
@@ -979,28 +979,28 @@ static void agent_atexit(void) {
   }
 
   {
-    pthread_mutex_lock(&A.q_mu);
+    pthread_mutex_lock(&A.send_mu);
     size_t queued = A.q_frames;
-    pthread_mutex_unlock(&A.q_mu);
+    pthread_mutex_unlock(&A.send_mu);
     /* Tests wait for this line to know that every record has passed the observer. */
     alog(CM_LOG_INFO, "exit: the final flush is done; %zu frames to send", queued);
   }
 
   /* 2. The drain, until its part or the budget's last tenth, whichever comes first. */
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   struct timespec ts;
   uint64_t drain_start = cm__mono_ms();
   uint64_t drain_end = min_u64(drain_start + A.exit_drain_ms, end - reserve);
   uint64_t now = cm__mono_ms();
   cm__abstime_in(&ts, drain_end > now ? drain_end - now : 0);
   while ((A.head || A.sending) && !A.q_dead)
-    if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
+    if (pthread_cond_timedwait(&A.idle_cv, &A.send_mu, &ts) == ETIMEDOUT) break;
   uint64_t purged = 0, purged_batches = 0;
   if (!A.q_dead && A.head) {
     atomic_store(&A.cut, true);
     purged = purge_batches_locked(&purged_batches);
   }
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
   if (purged_batches) {
     alog(CM_LOG_WARN,
          "exit: the %s did not take the last frames within %llu ms: dropping %llu batches (%llu "
@@ -1019,7 +1019,7 @@ static void agent_atexit(void) {
   snprintf(msg, sizeof msg, "%s%s", cl ? "exit budget: " : "", cut);
   if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, -1, msg) == 0) q_push_buf(&b, false, 0);
   cm_wire_buf_free(&b);
-  pthread_mutex_lock(&A.q_mu);
+  pthread_mutex_lock(&A.send_mu);
   A.q_closed = true;
   A.sender_stop = true;
   pthread_cond_signal(&A.q_cv);
@@ -1027,10 +1027,10 @@ static void agent_atexit(void) {
   uint64_t last_end = end - reserve / 2;
   cm__abstime_in(&ts, last_end > now ? last_end - now : 0);
   while ((A.head || A.sending) && !A.q_dead)
-    if (pthread_cond_timedwait(&A.idle_cv, &A.q_mu, &ts) == ETIMEDOUT) break;
+    if (pthread_cond_timedwait(&A.idle_cv, &A.send_mu, &ts) == ETIMEDOUT) break;
   bool drained = !A.head && !A.sending;
   size_t left = A.q_frames;
-  pthread_mutex_unlock(&A.q_mu);
+  pthread_mutex_unlock(&A.send_mu);
   if (!drained && !atomic_load(&A.gone))
     alog(CM_LOG_WARN,
          "the %s did not take the last %zu frames within the exit budget (%u ms); closing "
