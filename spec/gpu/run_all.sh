@@ -53,6 +53,20 @@ step demo_record "$LUA" --record "$OUT/demo.cmcap" -- "$G/cuptimon_demo_cuda" 30
 step demo_top "$LUA" --replay "$OUT/demo.cmcap" scripts/top_kernels.lua
 ls -la "$OUT"/*.cmcap
 
+# 5. Nothing hung, nothing changed (issue 9): the GPU ctest programs (graph captures under sync
+# flushes every 2 ms, in-process and through the agent; a kernel still spinning when main returns,
+# untraced, in capture mode and live), then PyTorch's graph captures in global mode untraced and
+# under a sync flush every 2 ms, and a second process's handshake while the script is busy.
+step ctest_gpu ctest --test-dir "$B" -L gpu --output-on-failure
+step torch_graphs_untraced python3 spec/gpu/torch_graphs.py 300
+step torch_graphs_traced "$LUA" spec/gpu/flush_every_2ms.lua -- python3 spec/gpu/torch_graphs.py 300
+rm -f "$OUT/slow.marker"
+step handshake_busy env SLOW_MARKER="$OUT/slow.marker" CUPTIMON_AGENT_LOG=info "$LUA" \
+  spec/fixtures/slow_observer.lua -- sh -c "'$G/gpu_plain_workload' >/dev/null &
+    while [ ! -f '$OUT/slow.marker' ]; do sleep 0.01; done
+    t0=\$(date +%s%3N); '$G/gpu_plain_workload' >/dev/null 2>'$OUT/second.log'; wait
+    grep -m1 -i 'connected\|handshake' '$OUT/second.log'; echo second_process_done_ms=\$((\$(date +%s%3N) - t0))"
+
 if [ -n "${QUICK:-}" ]; then
   echo "=== summary (QUICK: correctness steps only)"
   printf '%s\n' "${summary[@]}"

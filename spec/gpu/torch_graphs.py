@@ -3,7 +3,7 @@
 
 PyTorch captures and replays N small graphs (global capture mode, its default), each a few
 cuBLAS and elementwise kernels. Run it untraced, then under
-    cuptimon-lua spec/gpu/sync_flush_2ms.lua -- python3 spec/gpu/torch_graphs.py 300
+    cuptimon-lua spec/gpu/flush_every_2ms.lua -- python3 spec/gpu/torch_graphs.py 300
 which asks for a sync flush every 2 ms. A monitor must never change what the application
 computes: every capture must succeed and the replayed results must match eager execution.
 Prints "RESULT graphs ok N fail M mismatch K" and exits 1 if any capture failed or mismatched.
