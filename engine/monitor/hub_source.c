@@ -218,6 +218,18 @@ static cm__wstr *str_slot_new(cm__wsrc *w, uint32_t id) {
 
 /* ---- the source vtable ---------------------------------------------------------------------------- */
 
+/* Sends the union of the observers' selections to the process when it changed. */
+static void publish_union(cm__wsrc *w) {
+  char *u = cm__wsrc_union(w);
+  if (u && (!w->union_spec || strcmp(u, w->union_spec) != 0)) {
+    free(w->union_spec);
+    w->union_spec = u;
+    w->ops->select(w, u);
+  } else {
+    free(u);
+  }
+}
+
 static int ws_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const char *spec) {
   (void)spec;
   cm__wsrc *w = (cm__wsrc *)s;
@@ -231,16 +243,7 @@ static int ws_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const
   w->obs[w->nobs].id = obs;
   w->obs[w->nobs].sel = sel;
   w->nobs++;
-  if (w->ops->select) {
-    char *u = cm__wsrc_union(w);
-    if (u && (!w->union_spec || strcmp(u, w->union_spec) != 0)) {
-      free(w->union_spec);
-      w->union_spec = u;
-      w->ops->select(w, u);
-    } else {
-      free(u);
-    }
-  }
+  if (w->ops->select) publish_union(w);
   return 0;
 }
 
@@ -250,16 +253,7 @@ static int ws_unobserve(cm_source *s, uint32_t obs) {
     if (w->obs[i].id != obs) continue;
     memmove(&w->obs[i], &w->obs[i + 1], (size_t)(w->nobs - i - 1) * sizeof w->obs[0]);
     w->nobs--;
-    if (w->ops->select && w->attached) {
-      char *u = cm__wsrc_union(w);
-      if (u && (!w->union_spec || strcmp(u, w->union_spec) != 0)) {
-        free(w->union_spec);
-        w->union_spec = u;
-        w->ops->select(w, u);
-      } else {
-        free(u);
-      }
-    }
+    if (w->ops->select && w->attached) publish_union(w);
     return 0;
   }
   return CM_ENOENT;
