@@ -77,7 +77,11 @@ struct cm__gate {
  * (uv_spawn's pipe, an agent's connection), TSan reports a race on the number. Such reports name
  * accept4; nothing else is suppressed. */
 const char *__tsan_default_suppressions(void);
-const char *__tsan_default_suppressions(void) { return "race:accept4\n"; }
+/* Default visibility: the monitor is built with hidden visibility, and the TSan runtime finds this
+ * hook only when it is exported. */
+__attribute__((visibility("default"))) const char *__tsan_default_suppressions(void) {
+  return "race:accept4\n";
+}
 #endif
 
 static uint64_t now_ms(void) {
