@@ -674,7 +674,8 @@ describe("recipes", function()
         pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
         return
       end
-      local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, script(r)))
+      local extra = r == "dump.lua" and (" -o %s/shape_dump/"):format(tmp) or ""
+      local rc, out = helpers.sh(("%s --replay %s %s%s"):format(bin, cap, script(r), extra))
       assert.are.equal(0, rc, out)
       assert.matches(shapes[r], out)
     end)
