@@ -31,7 +31,7 @@ pc=$(find "$P" -name cuptimon.pc -path '*/pkgconfig/*' | head -n 1)
 [ -n "$pc" ] || fail "no cuptimon.pc in the install"
 libdir=$(dirname "$(dirname "$pc")")
 for f in bin/cuptimon-lua include/cuptimon.h include/cuptimon_wire.h include/cuptimon_host.h \
-    share/lua/5.1/cuptimon/init.lua share/cuptimon/scripts/top_kernels.lua \
+    share/lua/5.1/cuptimon/init.lua share/cuptimon/scripts/top.lua \
     share/cuptimon/scripts/count.lua; do
   [ -f "$P/$f" ] || fail "$f is not installed"
 done
@@ -89,7 +89,7 @@ run embed_script "script: observed 5000 kernel records" \
 grep -q "wrote 5000 kernel records" "$tmp/embed_script.out" || fail "embed_script: program output"
 
 run replay "cm_demo_matmul" "$P/bin/cuptimon-lua" --replay "$src/examples/demo.cmcap" \
-  "$P/share/cuptimon/scripts/top_kernels.lua"
+  "$P/share/cuptimon/scripts/top.lua"
 
 # The installed binary injects the installed agent (CUPTIMON_AGENT is unset): every kernel the
 # fake application writes reaches the script.

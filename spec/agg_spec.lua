@@ -79,6 +79,31 @@ describe("agg.lhist", function()
   end)
 end)
 
+describe("agg.sketch", function()
+  it("gives quantiles within the relative error, clamped to min and max", function()
+    local s = agg.sketch()
+    for v = 1, 10000 do s:add(v) end
+    assert.are.equal(10000, s.count)
+    for _, c in ipairs({ { 0.5, 5000 }, { 0.99, 9900 }, { 0.01, 100 } }) do
+      local got = s:quantile(c[1])
+      assert.is_true(math.abs(got - c[2]) <= 0.01 * c[2] + 1, c[1] .. ": " .. got)
+    end
+    assert.are.equal(1, s:quantile(0))
+    assert.are.equal(10000, s:quantile(1))
+  end)
+
+  it("keeps its memory bounded whatever the count, and takes counts and values below 1", function()
+    local s = agg.sketch(nil, { error = 0.05 })
+    for i = 1, 100000 do s:add(i * 37 % 1000003, 2) end
+    s:add(0)
+    assert.are.equal(200001, s.count)
+    assert.is_true(s.nbuckets < 400, tostring(s.nbuckets))
+    assert.are.equal(0, s:quantile(0))
+    assert.is_nil(agg.sketch():quantile(0.5))
+    assert.has_error(function() agg.sketch(nil, { error = 2 }) end)
+  end)
+end)
+
 describe("agg.quantiles", function()
   it("returns nearest-rank quantiles", function()
     local q = agg.quantiles()

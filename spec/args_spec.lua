@@ -4,7 +4,7 @@
 local args = require "cuptimon.args"
 
 local root = (os.getenv("CUPTIMON_SOURCE_DIR") or ".")
-local script = root .. "/scripts/top_kernels.lua"
+local script = root .. "/scripts/top.lua"
 local spec = {
   top = { 10, "how many kernels to show", min = 1, integer = true },
   interval = { 0, "print every MS", min = 0 },
@@ -41,25 +41,25 @@ describe("cuptimon.args", function()
       assert.is_false(ok)
       assert.is_true(args.is_exit(e))
       assert.are.equal(2, e.exit_status)
-      assert.are.equal("top_kernels.lua: --top must be at least 1, got " .. v .. " (see --help)",
+      assert.are.equal("top.lua: --top must be at least 1, got " .. v .. " (see --help)",
         e.message)
     end
     local ok, e = parse({ "--top=2.5" })
     assert.is_false(ok)
-    assert.are.equal("top_kernels.lua: --top needs an integer, got 2.5 (see --help)", e.message)
+    assert.are.equal("top.lua: --top needs an integer, got 2.5 (see --help)", e.message)
   end)
 
   it("raises exit request 2 for an unknown option, listing the valid ones", function()
     local ok, e = parse({ "--bogus" })
     assert.is_false(ok)
     assert.are.equal(2, e.exit_status)
-    assert.are.equal("top_kernels.lua: unknown option --bogus; valid options: --extra, "
+    assert.are.equal("top.lua: unknown option --bogus; valid options: --extra, "
       .. "--full-names, --interval, --mangled, --top, --help (see --help)", e.message)
     assert.are.equal(e.message, tostring(e))
     e = select(2, parse({ "--top" }))
-    assert.are.equal("top_kernels.lua: --top needs a value (see --help)", e.message)
+    assert.are.equal("top.lua: --top needs a value (see --help)", e.message)
     e = select(2, parse({ "--top", "many" }))
-    assert.are.equal('top_kernels.lua: --top needs a number, got "many" (see --help)', e.message)
+    assert.are.equal('top.lua: --top needs a number, got "many" (see --help)', e.message)
   end)
 
   it("prints --help with each option once, then raises exit request 0", function()
@@ -68,7 +68,7 @@ describe("cuptimon.args", function()
     assert.is_true(args.is_exit(e))
     assert.are.equal(0, e.exit_status)
     assert.is_nil(e.message)
-    assert.matches("^top_kernels.lua: the kernels", out)
+    assert.matches("^top.lua: the kernels", out)
     -- Each option is described on exactly one line: the header's, or the generated one for an
     -- option the header leaves out.
     for _, flag in ipairs({ "top", "interval", "full%-names", "mangled", "extra", "help" }) do

@@ -36,6 +36,26 @@ describe("cuptimon-lua --replay", function()
     assert.matches("kind%s+records\nconcurrent_kernel%s+8000\nmemcpy%s+5000\nruntime%s+3000\ntotal%s+16000", out)
   end)
 
+  it("top, nvtx and dump give a table (or rows) per process over two captures", function()
+    local rc, out = helpers.sh(("%s --replay %s --replay %s %s"):format(bin, a, b, script("top.lua")))
+    assert.are.equal(0, rc, out)
+    -- The synthetic records name a different device each, so each gets a table.
+    assert.matches("pid 111 %([^)]*%), device %d+\n.*\n\npid 222 %(", out)
+    local n = 0
+    for c in out:gmatch("\n%s*[%d.]+%s+%d+%s+(%d+)%s") do n = n + tonumber(c) end
+    assert.are.equal(8000, n, out)
+    rc, out = helpers.sh(("%s --replay %s --replay %s %s"):format(bin, a, b, script("nvtx.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("pid 111 %(.*\n%(no API record%)%s+%-%s+5000%s.*pid 222 %(.*\n%(no range%)%s+%-%s+3000%s", out)
+    local dir = tmp .. "/dump2"
+    rc, out = helpers.sh(("%s --replay %s --replay %s %s --kinds kernel,runtime -o %s/"):format(bin, a,
+      b, script("dump.lua"), dir))
+    assert.are.equal(0, rc, out)
+    assert.matches("concurrent_kernel%s+8000%s.*runtime%s+3000%s", out)
+    local _, pids = helpers.sh("cut -d, -f1 " .. dir .. "/kernel.csv | sort | uniq -c")
+    assert.matches("5000 111\n.*3000 222", pids)
+  end)
+
   it("gives the process table from HELLO and process_exit from BYE", function()
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, a, fixture("hub_events.lua")))
     assert.are.equal(0, rc, out)
@@ -609,7 +629,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
 end)
 
 describe("recipes", function()
-  local recipes = { "count.lua", "top_kernels.lua", "memcpy_bw.lua", "timeline.lua", "api_latency.lua" }
+  local recipes = { "count.lua", "top.lua", "nvtx.lua", "dump.lua", "memcpy_bw.lua", "timeline.lua", "api_latency.lua" }
   local cap = tmp .. "/recipes.cmcap"
   setup(function()
     if gen then
@@ -638,8 +658,11 @@ describe("recipes", function()
 
   local shapes = {
     ["count.lua"] = "kind%s+records\nconcurrent_kernel%s+3000\nmemcpy%s+3000\nmemset%s+3000\nruntime%s+3000\ntotal%s+12000",
-    ["top_kernels.lua"] = "kernel%s+count%s+total_us%s+avg_us%s+min_us%s+max_us%s+%% gpu\n"
-      .. "[%w_]+%s+1000%s+%d+%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+33%.3\n.*3 kernel names",
+    ["top.lua"] = "pid 77 %([^)]*%), device %d+\nTime %(%%%)%s+Total %(us%)%s+Instances%s+Avg %(us%)%s+"
+      .. "Med %(us%)%s+P99 %(us%)%s+Min %(us%)%s+Max %(us%)%s+Name\n"
+      .. "%s+100%.0%s+%d+%s+1%s.*kernel names",
+    ["nvtx.lua"] = "pid 77 %([^)]*%)\nrange%s+ranges%s+ops%s+incl_us%s+excl_us%s+%% gpu\n",
+    ["dump.lua"] = "kind%s+rows%s+file\nconcurrent_kernel%s+3000%s",
     ["memcpy_bw.lua"] = "copy kind%s+count%s+bytes%s+time_us%s+GB/s\nHtoD%s+1500%s+%d+%s+[%d.]+%s+[%d.]+\n"
       .. "DtoH%s+1500.*HtoD: size histogram %(bytes%)\n  %[1K, 2K%)%s+%d+ |@+",
     ["timeline.lua"] = "pid%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n77%s+0%s+4500",
@@ -651,7 +674,8 @@ describe("recipes", function()
         pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
         return
       end
-      local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, script(r)))
+      local extra = r == "dump.lua" and (" -o %s/shape_dump/"):format(tmp) or ""
+      local rc, out = helpers.sh(("%s --replay %s %s%s"):format(bin, cap, script(r), extra))
       assert.are.equal(0, rc, out)
       assert.matches(shapes[r], out)
     end)

@@ -15,9 +15,9 @@ local capture = root .. "/examples/demo.cmcap"
 local cases = {
   { "count", "count.lua" },
   { "count_per_process", "count.lua --per-process" },
-  { "top_kernels", "top_kernels.lua" },
-  { "top_kernels_full_names", "top_kernels.lua --full-names" },
-  { "top_kernels_mangled_top3", "top_kernels.lua --mangled --top 3" },
+  { "top", "top.lua" },
+  { "top_full_names", "top.lua --full-names" },
+  { "top_mangled_top3", "top.lua --mangled --top 3" },
   { "memcpy_bw", "memcpy_bw.lua" },
   { "memcpy_bw_no_hist", "memcpy_bw.lua --no-hist" },
   -- Stream 14's operations arrive out of start order (kernels, copies and memsets come in
@@ -25,6 +25,7 @@ local cases = {
   { "timeline", "timeline.lua" },
   { "timeline_gap_1000", "timeline.lua --gap-us 1000" },
   { "api_latency", "api_latency.lua" },
+  { "nvtx", "nvtx.lua" },
   { "api_latency_driver", "api_latency.lua --driver" },
 }
 
@@ -46,6 +47,71 @@ describe("recipes on examples/demo.cmcap", function()
       assert.are.equal(read(root .. "/spec/fixtures/demo/" .. name .. ".out"), out)
     end)
   end
+
+  local function run(cmd)
+    local rc, out = helpers.sh(("%s --replay %s %s/scripts/%s"):format(bin, capture, root, cmd))
+    assert.are.equal(0, rc, out)
+    return out
+  end
+
+  it("top: its instances equal count.lua's kernel records", function()
+    local n = 0
+    for c in run("top.lua --top 100"):gmatch("\n%s*[%d.]+%s+%d+%s+(%d+)%s") do n = n + tonumber(c) end
+    local want = run("count.lua --kinds kernel"):match("concurrent_kernel%s+(%d+)")
+    assert.are.equal(tonumber(want), n)
+  end)
+
+  it("nvtx: inclusive >= exclusive, exclusive sums to the GPU time, ranges nest", function()
+    local out = run("nvtx.lua")
+    local excl, total = 0, tonumber(out:match("([%d.]+) us of GPU time"))
+    local rows = 0
+    for name, incl, ex in out:gmatch("\n(%S+)%s+%S+%s+%d+%s+([%d.]+)%s+([%d.]+)%s+[%d.]+") do
+      rows = rows + 1
+      assert.is_true(tonumber(incl) >= tonumber(ex), name)
+      assert.is_true(tonumber(incl) <= total + 0.1, name)
+      excl = excl + tonumber(ex)
+    end
+    assert.are.equal(3, rows, out)
+    assert.is_true(math.abs(excl - total) < 0.5, out)
+    -- The demo's steps are inside "train": train's inclusive time covers step's.
+    assert.matches("\nstep%s+30%s+423%s+3609%.1%s+3609%.1", out)
+    assert.matches("\ntrain%s+1%s+423%s+3609%.1%s+0%.0", out)
+  end)
+
+  it("dump: one file per kind, rows equal the record counts, clock header, strings resolved", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    for _, fmt in ipairs { "csv", "jsonl" } do
+      local out = run(("dump.lua --kinds kernel,memcpy,memset,runtime,marker --format %s -o %s/%s/")
+        :format(fmt, dir, fmt))
+      local counts = run("count.lua")
+      for kind, file in pairs { concurrent_kernel = "kernel", memcpy = "memcpy", memset = "memset",
+          runtime = "runtime", marker = "marker" } do
+        local want = tonumber(counts:match("\n" .. kind .. "%s+(%d+)"))
+        assert.matches(kind .. "%s+" .. want .. "%s", out)
+        local text = read(("%s/%s/%s.%s"):format(dir, fmt, file, fmt))
+        local lines = select(2, text:gsub("\n", ""))
+        assert.are.equal(want + (fmt == "csv" and 2 or 1), lines, file)
+        if fmt == "csv" then
+          assert.matches("^# clock: CLOCK_REALTIME ns\nprocess_pid,", text)
+        else
+          assert.matches('^{"clock":"CLOCK_REALTIME","unit":"ns"', text)
+        end
+      end
+      assert.matches("_Z14cm_demo_matmul", read(("%s/%s/kernel.%s"):format(dir, fmt, fmt)))
+    end
+    os.execute("rm -rf " .. dir)
+  end)
+
+  it("dump: --select writes the chosen fields in field order", function()
+    local dir = os.tmpname()
+    os.remove(dir)
+    run(("dump.lua --select 'kernel:name,start,stop,correlation' -o %s/"):format(dir))
+    local text = read(dir .. "/kernel.csv")
+    os.execute("rm -rf " .. dir)
+    assert.are.equal(read(root .. "/spec/fixtures/demo/dump_kernel_head.csv"),
+      text:match("^([^\n]*\n[^\n]*\n[^\n]*\n[^\n]*\n)"))
+  end)
 
   it("timeline: no span or gap wraps below zero on the out-of-order stream", function()
     local rc, out = helpers.sh(("%s --replay %s %s/scripts/timeline.lua"):format(bin, capture, root))

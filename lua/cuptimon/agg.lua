@@ -296,6 +296,83 @@ function M.quantiles(name, opts)
 end
 
 ---------------------------------------------------------------------------------------------------
+-- sketch: quantiles within a relative error, in bounded memory (a log-bucketed histogram, as in
+-- DDSketch). A positive value v lands in bucket ceil(log(v) / log(gamma)) with
+-- gamma = (1 + e) / (1 - e); the bucket's representative 2 * gamma^i / (gamma + 1) is within a
+-- relative error e of every value in it. Values below 1 share bucket "low" (their quantile is the
+-- smallest value seen). Values up to 2^64 with e = 0.01 need at most about 2200 buckets whatever
+-- the count, so a sketch per key stays small; quantiles are clamped to the exact min and max.
+
+local Sketch = class("sketch")
+
+function Sketch:add(v, n)
+  v = tonumber(v)
+  n = n or 1
+  local i = v >= 1 and math.ceil(log(v) / self.lg) or -huge
+  local b = self.buckets
+  if b[i] == nil then
+    b[i] = n
+    self.nbuckets = self.nbuckets + 1
+    self.keys = nil
+  else
+    b[i] = b[i] + n
+  end
+  self.count = self.count + n
+  if v < self.min then self.min = v end
+  if v > self.max then self.max = v end
+  return self
+end
+
+function Sketch:reset()
+  self.buckets, self.nbuckets, self.keys = {}, 0, nil
+  self.count, self.min, self.max = 0, huge, -huge
+  return self
+end
+
+--- The q-quantile (0 <= q <= 1) by nearest rank, within the relative error, or nil when empty.
+function Sketch:quantile(q)
+  if self.count == 0 then return nil end
+  local keys = self.keys
+  if not keys then
+    keys = {}
+    for i in pairs(self.buckets) do keys[#keys + 1] = i end
+    table.sort(keys)
+    self.keys = keys
+  end
+  local rank = math.ceil(q * self.count)
+  if rank < 1 then rank = 1 end
+  if rank >= self.count then return self.max end
+  local seen = 0
+  for _, i in ipairs(keys) do
+    seen = seen + self.buckets[i]
+    if seen >= rank then
+      local v = i == -huge and self.min or 2 * self.gamma ^ i / (self.gamma + 1)
+      if v < self.min then v = self.min end
+      if v > self.max then v = self.max end
+      return v
+    end
+  end
+  return self.max
+end
+
+function Sketch:format()
+  if self.count == 0 then return title(self) .. "(no values)" end
+  return title(self) .. fmt("n %d: p50 %s, p99 %s, max %s", self.count, human(self:quantile(0.5)),
+    human(self:quantile(0.99)), human(self.max))
+end
+
+--- A quantile sketch: :add(v[, n]), :quantile(q), .count, .min, .max. opts.error is the relative
+--- error of a quantile (default 0.01, between 0.0001 and 0.5).
+function M.sketch(name, opts)
+  local e = opts and opts.error or 0.01
+  if type(e) ~= "number" or e < 0.0001 or e > 0.5 then
+    error("agg.sketch: opts.error must be a number between 0.0001 and 0.5", 2)
+  end
+  local gamma = (1 + e) / (1 - e)
+  return new(Sketch, { name = name, gamma = gamma, lg = log(gamma) }):reset()
+end
+
+---------------------------------------------------------------------------------------------------
 -- keyed maps: count_by, sum_by, stats_by, topk
 
 local Map = class("map")
@@ -423,7 +500,7 @@ end
 
 M.constructors = {
   count = M.count, sum = M.sum, summary = M.stats, hist = M.hist, lhist = M.lhist,
-  quantiles = M.quantiles, count_by = M.count_by, sum_by = M.sum_by, stats_by = M.stats_by,
+  quantiles = M.quantiles, sketch = M.sketch, count_by = M.count_by, sum_by = M.sum_by, stats_by = M.stats_by,
   topk = M.topk,
 }
 

@@ -50,7 +50,7 @@ step torch_replay_cmp python3 spec/gpu/compare_torch.py "$OUT/torch_profiler.log
 
 # 4. The demo capture for examples/, and a recipe over it.
 step demo_record "$LUA" --record "$OUT/demo.cmcap" -- "$G/cuptimon_demo_cuda" 30
-step demo_top "$LUA" --replay "$OUT/demo.cmcap" scripts/top_kernels.lua
+step demo_top "$LUA" --replay "$OUT/demo.cmcap" scripts/top.lua
 ls -la "$OUT"/*.cmcap
 
 # 5. Nothing hung, nothing changed (issue 9): the GPU ctest programs (graph captures under sync

@@ -1,0 +1,225 @@
+-- dump.lua: chosen kinds and fields to CSV or JSON Lines, one file per kind, for pandas, DuckDB
+-- or Polars.
+--
+-- Usage: cuptimon-lua scripts/dump.lua [--kinds LIST] [--fields LIST] [--select SPEC]
+--          [--format csv|jsonl] [-o PATH] -- cmd args...
+--        cuptimon-lua --replay run.cmcap scripts/dump.lua --kinds kernel,memcpy -o out/
+--
+-- Arguments:
+--   --kinds LIST     comma-separated kinds to write (default kernel,memcpy,memset,runtime)
+--   --fields LIST    comma-separated fields to write of each kind that has them (default: all);
+--                    a field no chosen kind has is a usage error
+--   --select SPEC    kinds and fields in cm_selection syntax, "kernel:name,start;memcpy:all";
+--                    replaces --kinds and --fields
+--   --format FMT     csv (default) or jsonl
+--   --output PATH    (or -o PATH) where to write: PATH/KIND.EXT when PATH is a directory or ends in "/" (it is
+--                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...)
+--
+-- Each row starts with process_pid (the process that made the record: several processes share a
+-- file), then the chosen fields in the kind's field order. Strings (kernel names, marker names)
+-- are resolved; timestamps are integer nanoseconds on the trace clock, CLOCK_REALTIME, which the
+-- file names first: a CSV opens with the comment line "# clock: CLOCK_REALTIME ns" (pandas:
+-- read_csv(path, comment="#")), a JSONL file with a metadata object. Rows are written per batch,
+-- so memory stays bounded whatever the length of the run. At exit the script prints the rows
+-- written per file.
+--
+-- Example output:
+--   (kernel.csv)
+--   # clock: CLOCK_REALTIME ns
+--   process_pid,name,start,stop,device,stream
+--   4242,cm_demo_matmul<16>,1752486514016012032,1752486514016031168,0,7
+-- and on stdout:
+--   kind                 rows file
+--   concurrent_kernel     280 out/kernel.csv
+local cm = require "cuptimon"
+local args = require "cuptimon.args"
+local tabulate = require "cuptimon.table"
+
+-- -o is --output (cuptimon.args knows only long options).
+local argv = { [0] = arg[0] }
+for i = 1, #arg do argv[i] = arg[i] == "-o" and "--output" or arg[i] end
+local opts = args.parse(argv, {
+  kinds = { "kernel,memcpy,memset,runtime", "comma-separated kinds to write" },
+  fields = { "", "comma-separated fields to write (default: all)" },
+  select = { "", "kinds and fields in cm_selection syntax (replaces --kinds and --fields)" },
+  format = { "csv", "csv or jsonl" },
+  output = { "./", "output directory (ending in /) or file prefix" },
+})
+if opts.format ~= "csv" and opts.format ~= "jsonl" then
+  args.usage_error(("dump.lua: --format must be csv or jsonl, got %q"):format(opts.format))
+end
+
+local function kind_or_fail(name)
+  local k = cm.registry.kind(name)
+  if not k then
+    args.usage_error(("dump.lua: unknown kind %q; valid kinds: %s")
+      :format(name, table.concat(cm.registry.kind_names(), ", ")))
+  end
+  return k
+end
+
+local function field_list(k, names)
+  if names == nil or names == "all" then return cm.registry.field_names(k) end
+  local want = {}
+  for _, f in ipairs(names) do want[f] = true end
+  local out = {}
+  for _, f in ipairs(cm.registry.field_names(k)) do if want[f] then out[#out + 1] = f end end
+  return out
+end
+
+-- kind name (as written) -> the kind record and its field names in field order.
+local chosen, order = {}, {}
+local function choose(name, names)
+  local k = kind_or_fail(name)
+  if chosen[k.name] then return end
+  local fields = field_list(k, names)
+  if names ~= nil and names ~= "all" then
+    for _, f in ipairs(names) do
+      if not k.by_name[f] then
+        args.usage_error(("dump.lua: kind %q has no field %q; valid fields: %s")
+          :format(name, f, table.concat(cm.registry.field_names(k), ", ")))
+      end
+    end
+  end
+  chosen[k.name] = { kind = k, label = name, fields = fields }
+  order[#order + 1] = k.name
+end
+
+if opts.select ~= "" then
+  for part in opts.select:gmatch("[^;]+") do
+    local kname, list = part:match("^%s*([%w_]+)%s*:%s*(.-)%s*$")
+    if not kname then kname, list = part:match("^%s*([%w_]+)%s*$"), "all" end
+    if not kname then
+      args.usage_error(("dump.lua: --select: cannot read %q; expected KIND:FIELD,FIELD;KIND:all")
+        :format(part))
+    end
+    choose(kname, list == "all" and "all" or args.list(list))
+  end
+else
+  local fields = opts.fields ~= "" and args.list(opts.fields) or nil
+  local kinds = args.list(opts.kinds)
+  if fields then
+    for _, f in ipairs(fields) do
+      local found = false
+      for _, name in ipairs(kinds) do found = found or kind_or_fail(name).by_name[f] ~= nil end
+      if not found then
+        args.usage_error(("dump.lua: no chosen kind has the field %q"):format(f))
+      end
+    end
+  end
+  for _, name in ipairs(kinds) do
+    local k = kind_or_fail(name)
+    choose(name, fields and field_list(k, fields) or nil)
+  end
+end
+
+local ext = opts.format == "csv" and ".csv" or ".jsonl"
+local prefix = opts.output
+do
+  local uv = require "luv"
+  local st = uv.fs_stat(prefix)
+  if st and st.type == "directory" then
+    if prefix:sub(-1) ~= "/" then prefix = prefix .. "/" end
+  elseif prefix:sub(-1) == "/" then
+    local path = prefix:sub(1, 1) == "/" and "" or "."
+    for part in prefix:gmatch("[^/]+") do -- mkdir -p, mode 0755
+      path = path .. "/" .. part
+      local ok, err = uv.fs_mkdir(path, 493)
+      if not ok and (uv.fs_stat(path) or {}).type ~= "directory" then
+        args.usage_error(("dump.lua: cannot create %s: %s"):format(path, err))
+      end
+    end
+  end
+end
+
+local function csv_cell(s)
+  if s:find('[,"\r\n]') then return '"' .. s:gsub('"', '""') .. '"' end
+  return s
+end
+
+local json_escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function json_string(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return json_escapes[c] or ("\\u%04x"):format(c:byte())
+  end) .. '"'
+end
+
+-- An integer of any width as exact decimal text (a 64-bit value is a cdata: tostring gives
+-- "123ULL").
+local function int_text(v)
+  if type(v) == "number" then return ("%d"):format(v) end
+  return (tostring(v):gsub("U?LL$", ""))
+end
+
+-- kind name -> { file =, path =, rows =, writer = function(b) }
+local outs = {}
+
+local function open(c)
+  local path = prefix .. c.label .. ext
+  local f, err = io.open(path, "w")
+  if not f then error(("dump.lua: cannot write %s: %s"):format(path, err), 0) end
+  if opts.format == "csv" then
+    f:write("# clock: CLOCK_REALTIME ns\n", "process_pid,", table.concat(c.fields, ","), "\n")
+  else
+    local names = {}
+    for i, n in ipairs(c.fields) do names[i] = json_string(n) end
+    f:write(('{"clock":"CLOCK_REALTIME","unit":"ns","kind":%s,"fields":["process_pid",%s]}\n')
+      :format(json_string(c.kind.name), table.concat(names, ",")))
+  end
+  return { file = f, path = path, rows = 0 }
+end
+
+local sel = {}
+for name, c in pairs(chosen) do sel[name] = c.fields end
+
+cm.observe(sel, function(b)
+  local c = chosen[b.kind]
+  local o = outs[b.kind]
+  if not o then
+    o = open(c)
+    outs[b.kind] = o
+  end
+  local p = b:process()
+  local pid = tostring(p and p.pid or 0)
+  local fields, kind = c.fields, c.kind
+  local cols, strs, keys = {}, {}, {}
+  for j, f in ipairs(fields) do
+    cols[j] = b.cols[f]
+    strs[j] = kind.by_name[f].is_string
+    keys[j] = json_string(f) .. ":"
+  end
+  local csv = opts.format == "csv"
+  local lines, cells = {}, {}
+  for i = 0, b.n - 1 do
+    cells[1] = csv and pid or '{"process_pid":' .. pid
+    for j = 1, #fields do
+      local v
+      if strs[j] then
+        local s = b:str(fields[j], i) or ""
+        v = csv and csv_cell(s) or json_string(s)
+      else
+        v = int_text(cols[j][i])
+      end
+      cells[j + 1] = csv and v or keys[j] .. v
+    end
+    lines[#lines + 1] = table.concat(cells, ",", 1, #fields + 1) .. (csv and "\n" or "}\n")
+  end
+  o.file:write(table.concat(lines))
+  o.rows = o.rows + b.n
+end)
+
+cm.on("exit", function()
+  local t = tabulate.new { { "kind", width = 20 }, { "rows", "%d", width = 8 },
+    { "file", align = "left" } }
+  for _, name in ipairs(order) do
+    local o = outs[name]
+    if o then
+      o.file:close()
+    else
+      o = open(chosen[name]) -- an empty file with its header: the kind had no records
+      o.file:close()
+    end
+    t:add(name, o.rows, o.path)
+  end
+  t:print()
+end)

@@ -1,0 +1,150 @@
+-- top.lua: the kernels that took the most GPU time, per process and device, by total duration.
+--
+-- Usage: cuptimon-lua scripts/top.lua [--top N] [--interval MS] [--full-names] [--mangled]
+--          -- cmd args...
+--        cuptimon-lua --replay run.cmcap scripts/top.lua
+--
+-- Arguments:
+--   --top N          how many kernels to show per table (default 10; at least 1)
+--   --interval MS    also show the tables every MS milliseconds, with the interval's instances
+--                    and time (+Instances, +Total) beside the totals; on a terminal the screen is
+--                    redrawn in place, otherwise each refresh is a table headed by its time
+--                    (default 0: only the final table at exit)
+--   --full-names     show whole demangled signatures (default: name and template arguments)
+--   --mangled        show the names as CUPTI reports them, mangled
+--
+-- One table per process (pid and executable) and device. The columns follow nsys stats'
+-- cuda_gpu_kern_sum, in microseconds: Time (%) is the kernel's share of the summed duration of
+-- all kernels of that process and device (concurrent kernels can make the sum exceed the wall
+-- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
+--
+-- Example output:
+--   pid 4242 (/usr/bin/demo), device 0
+--   Time (%) Total (us) Instances Avg (us) Med (us) P99 (us) Min (us) Max (us) Name
+--       93.3       2863       150     19.1     19.2     30.0      5.2     30.1 cm_demo_matmul<16>
+--        2.5         78        60      1.3      1.3      1.7      1.0      1.7 cm_demo_sgd_update<float>
+--   5 kernel names, 3069 us of kernel time
+local cm = require "cuptimon"
+local agg = require "cuptimon.agg"
+local args = require "cuptimon.args"
+local tabulate = require "cuptimon.table"
+
+local opts = args.parse(arg, {
+  top = { 10, "how many kernels to show per table", min = 1, integer = true },
+  interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
+    integer = true },
+  full_names = { false, "show whole demangled signatures" },
+  mangled = { false, "show the names as CUPTI reports them, mangled" },
+})
+local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
+
+-- group key ("pid:device") -> { title =, pid =, device =, names = stats_by, sketch = { name -> sketch } }
+local groups = {}
+-- group key -> { name -> { count, sum } } at the previous refresh, for the interval's deltas.
+local last = {}
+
+local function group_of(b, device)
+  local p = b:process()
+  local pid = p and p.pid or 0
+  local key = pid .. ":" .. device
+  local g = groups[key]
+  if not g then
+    g = { pid = pid, device = device, names = agg.stats_by(), sketch = {},
+      title = ("pid %d (%s), device %d"):format(pid, p and p.exe or "?", device) }
+    groups[key] = g
+  end
+  return g
+end
+
+cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
+  local start, stop, device = b.start, b.stop, b.device
+  local g, gdev
+  for i = 0, b.n - 1 do
+    local d = device[i]
+    if d ~= gdev then g, gdev = group_of(b, d), d end
+    local name, dur = b:kernel_name(i, form), tonumber(stop[i] - start[i])
+    g.names:add(name, dur)
+    local s = g.sketch[name]
+    if not s then
+      s = agg.sketch()
+      g.sketch[name] = s
+    end
+    s:add(dur)
+  end
+end)
+
+local function sorted_groups()
+  local list = {}
+  for k, g in pairs(groups) do list[#list + 1] = { key = k, g = g } end
+  table.sort(list, function(a, b)
+    if a.g.pid ~= b.g.pid then return a.g.pid < b.g.pid end
+    return a.g.device < b.g.device
+  end)
+  return list
+end
+
+-- Prints the table of one group; with `deltas`, the interval's instances and time beside.
+local function print_group(key, g, deltas)
+  local all = g.names:total()
+  local cols = { { "Time (%)", "%.1f", width = 8, align = "right" },
+    { "Total (us)", "%.0f", width = 10 }, { "Instances", "%d", width = 9 } }
+  if deltas then
+    cols[#cols + 1] = { "+Total (us)", "%.0f", width = 11 }
+    cols[#cols + 1] = { "+Instances", "%d", width = 10 }
+  end
+  for _, c in ipairs { "Avg (us)", "Med (us)", "P99 (us)", "Min (us)", "Max (us)" } do
+    cols[#cols + 1] = { c, "%.1f", width = 8 }
+  end
+  cols[#cols + 1] = { "Name", align = "left" }
+  local t = tabulate.new(cols)
+  local prev = last[key] or {}
+  local now = {}
+  for _, e in ipairs(g.names:sorted(opts.top)) do
+    local s = g.sketch[e.key]
+    local row = { all > 0 and 100 * e.sum / all or 0, e.sum / 1e3, e.count }
+    if deltas then
+      local p = prev[e.key]
+      row[#row + 1] = (e.sum - (p and p.sum or 0)) / 1e3
+      row[#row + 1] = e.count - (p and p.count or 0)
+    end
+    for _, v in ipairs { e.avg, s:quantile(0.5), s:quantile(0.99), e.min, e.max } do
+      row[#row + 1] = v / 1e3
+    end
+    row[#row + 1] = e.key
+    t:add(unpack(row))
+  end
+  if deltas then
+    for k, e in pairs(g.names.entries) do now[k] = { count = e.count, sum = e.sum } end
+    last[key] = now
+  end
+  print(g.title)
+  t:print()
+  print(("%d kernel names, %.0f us of kernel time"):format(g.names:len(), all / 1e3))
+end
+
+local function report(deltas)
+  local list = sorted_groups()
+  if #list == 0 then print("no kernels") end
+  for i, e in ipairs(list) do
+    if i > 1 then print() end
+    print_group(e.key, e.g, deltas)
+  end
+end
+
+if opts.interval > 0 then
+  local tty = require("luv").guess_handle(1) == "tty"
+  cm.every(opts.interval, function()
+    if tty then
+      io.write("\27[H\27[2J") -- home and clear: the screen is redrawn in place
+    else
+      print(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
+    end
+    report(true)
+    if not tty then print() end
+    io.stdout:flush()
+  end)
+end
+cm.on("exit", function()
+  if opts.interval > 0 then print("== at exit") end
+  report(false)
+end)
