@@ -23,13 +23,19 @@
 -- that arrived after it.
 --
 -- Example output:
---   pid 601 demo
+--   pid 601 cuptimon_demo_cuda
 --   device stream     ops     span_us     busy_us  busy%    gaps  max_gap_us
 --        0      7       4        93.2        33.5   35.9       2        29.1
+--        0     13      30      4504.2       387.2    8.6      29       546.4
 --        0     14     393      4748.9      3221.9   67.8      29       225.1
+--   busy % per 1 ms (columns: device/stream)
+--   start_ms    0/7   0/13   0/14
+--          0    3.4    4.9   29.2
+--          1    0.0    9.0   74.4
 --   largest idle gaps
---   device stream    start_us      gap_us last_api_before                  api_end_us
---        0     13    214571.2       546.4 cudaStreamSynchronize              214570.4
+--   device stream    start_us      gap_us last_api_before                   api_end_us
+--        0     13       185.7       546.4 cudaStreamWaitEvent                    180.6
+--        0     14       668.3       225.1 cudaMemcpyAsync                        665.6
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"

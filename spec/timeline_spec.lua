@@ -182,6 +182,28 @@ describe("timeline.lua", function()
   end)
 end)
 
+describe("records earlier than the first one seen", function()
+  -- wire_gen writes the runtime batches first: the first record seen is a call's end, and the
+  -- kernel it launched started before it. An unsigned subtraction would wrap below zero there.
+  it("give signed times in idle.lua and timeline.lua", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local cap, path = tmp .. "/rk.cmcap", tmp .. "/rk.json"
+    assert(os.execute(("%s capture %s --pid 9 --records 2000 --kinds runtime,kernel"):format(gen, cap)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s --interval 1"):format(bin, cap, script("idle.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("\n%s+0%s+0%s+1%s+0%.5%s+0%.5%s+100%.0%s+0%s+0%.0\n", out)
+    assert.is_nil(out:match("%d%d%d%d%d%d%d%d%d%d"), out)
+    rc, out = helpers.sh(("%s --replay %s %s -o %s"):format(bin, cap, script("timeline.lua"), path))
+    assert.are.equal(0, rc, out)
+    local r, err = check.file(path)
+    assert.is_truthy(r, err)
+    for v in read(path):gmatch('"ts":([^,}]+)') do assert.is_true(tonumber(v) < 1e8, v) end
+  end)
+end)
+
 describe("idle.lua on examples/demo.cmcap", function()
   it("has no span or gap that wrapped below zero, and names the call before each gap", function()
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, demo, script("idle.lua")))
