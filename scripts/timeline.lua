@@ -1,87 +1,275 @@
--- timeline.lua: per-stream busy and idle time, and the gaps between GPU operations.
+-- timeline.lua: a Chrome trace event JSON file of the run, for ui.perfetto.dev and chrome://tracing.
 --
--- Usage: cuptimon-lua scripts/timeline.lua [--gap-us N] -- cmd args...
---        cuptimon-lua --replay run.cmcap scripts/timeline.lua
+-- Usage: cuptimon-lua scripts/timeline.lua -o FILE -- cmd args...
+--        cuptimon-lua --replay run.cmcap scripts/timeline.lua -o trace.json
 --
 -- Arguments:
---   --gap-us N    a gap of at least N microseconds between two operations of a stream counts as
---                 idle (default 10)
+--   --output FILE, -o FILE   the trace file to write (required; overwritten)
+--   --window N               how many API calls and GPU operations per process wait for the
+--                            partner of their flow arrow (default 65536; memory grows with it)
 --
--- Kernels, copies and memsets are attributed to (pid, stream). Busy is the summed duration of the
--- stream's operations, span runs from its first start to its last stop, and idle is the rest.
--- Gaps are measured in arrival order: an operation that starts at least N us after every
--- operation seen before it on its stream ends opens a gap. Kernels, copies and memsets arrive in
--- separate batches, so an operation may arrive before an earlier one of another kind: it
--- then extends the span backwards and opens no gap.
+-- What the trace holds, per process (pid = the process's pid, named by its executable):
+--   - kernels, copies and memsets as complete ("X") slices on one track per device and stream,
+--     named "GPU D stream S";
+--   - CUDA runtime and driver API calls as slices on the track of the thread that made them;
+--   - NVTX ranges (push/pop and start/end) as slices on the thread that opened them, NVTX marks
+--     as instant events;
+--   - a flow arrow from each API call to the GPU work it launched (same correlation id).
+-- Timestamps are microseconds with nanosecond precision (3 decimals) from 10 s before the first
+-- record seen: records arrive in batches per kind, so a later batch may hold earlier records.
+--
+-- The trace is streamed: each batch is written out as it arrives, and what is kept in memory is
+-- bounded whatever the length of the run: the API calls and GPU operations still waiting for
+-- their partner of a flow arrow (the last --window of each per process), open NVTX ranges (as
+-- many) and the names of the tracks already named (a track may be named twice after
+-- 4096 others). An arrow whose partner left that window, or arrived after it, is not drawn; the
+-- slices are always written.
 --
 -- Example output:
---   pid         stream     ops     span_us     busy_us  busy%    gaps  max_gap_us
---   601              7       4        93.2        33.5   35.9       2        29.1
---   601             13      30      4504.2       387.2    8.6      29       546.4
+--   (the trace goes to FILE; on stdout:)
+--   timeline.lua: wrote trace.json: 1088 slices (300 kernel, 66 memcpy, 61 memset, 629 runtime,
+--     0 driver, 32 nvtx), 3 marks, 427 flows
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
-local tabulate = require "cuptimon.table"
+local cbid = require "cuptimon.cbid"
 local ffi = require "ffi"
 
-local opts = args.parse(arg, { gap_us = { 10, "minimum idle gap in microseconds", min = 0 } })
-local gap_ns = opts.gap_us * 1e3
+local opts = args.parse(arg, {
+  output = { "", "the trace file to write (required)" },
+  window = { 65536, "API calls and GPU operations kept waiting for a flow partner", min = 16,
+    integer = true },
+})
+-- -o FILE (as with nsys -o) arrives as two positional arguments.
+local rest = {}
+local i = 1
+while opts[i] ~= nil do
+  if opts[i] == "-o" and opts[i + 1] ~= nil then
+    opts.output = opts[i + 1]
+    i = i + 2
+  else
+    rest[#rest + 1] = opts[i]
+    i = i + 1
+  end
+end
+if #rest > 0 then args.usage_error("timeline.lua: unexpected argument " .. rest[1] .. " (see --help)") end
+if opts.output == "" then args.usage_error("timeline.lua: -o FILE is required (see --help)") end
 
+local WINDOW = opts.window -- entries kept per process (per generation) waiting for a partner
+local NAMED = 4096   -- track names remembered (per generation)
+local GPU_TRACK = 2 ^ 31 -- GPU tracks get tids above any Linux thread id
+local MARGIN_NS = 10e9
+
+local out, err = io.open(opts.output, "w")
+if not out then error("timeline.lua: cannot write the trace: " .. tostring(err), 0) end
+out:setvbuf("full", 1048576)
+out:write('{"displayTimeUnit":"ns","traceEvents":[\n')
+local written = 0
+local counts = { kernel = 0, memcpy = 0, memset = 0, runtime = 0, driver = 0, nvtx = 0,
+  marks = 0, flows = 0 }
+
+local function emit(s)
+  if written > 0 then out:write(",\n") end
+  out:write(s)
+  written = written + 1
+end
+
+-- A JSON string literal of s.
+local escapes = { ['"'] = '\\"', ["\\"] = "\\\\", ["\n"] = "\\n", ["\r"] = "\\r", ["\t"] = "\\t" }
+local function jstr(s)
+  return '"' .. s:gsub('[%c"\\]', function(c)
+    return escapes[c] or ("\\u%04x"):format(c:byte())
+  end) .. '"'
+end
+
+-- A map of a key to two numbers that keeps at most 2 * cap keys: when the current generation is
+-- full it becomes the old one and the older is dropped. get looks in both, so an entry lives for
+-- cap to 2 * cap puts. The values are plain numbers in parallel tables: no table per entry.
+local function window(cap) return { a = {}, b = {}, old_a = {}, old_b = {}, n = 0, cap = cap } end
+local function wget(w, k)
+  local v = w.a[k]
+  if v ~= nil then return v, w.b[k] end
+  return w.old_a[k], w.old_b[k]
+end
+local function wput(w, k, v1, v2)
+  if w.n >= w.cap then w.old_a, w.old_b, w.a, w.b, w.n = w.a, w.b, {}, {}, 0 end
+  w.a[k], w.b[k] = v1, v2
+  w.n = w.n + 1
+end
+local function wdel(w, k)
+  w.a[k], w.b[k], w.old_a[k], w.old_b[k] = nil, nil, nil, nil
+end
+
+-- Timestamps: microseconds from `base`, kept exact by subtracting in 64-bit integers first.
 local int64 = ffi.typeof("int64_t")
--- Nanoseconds from timestamp `base` to timestamp `t` (both uint64), negative when t is earlier.
--- Subtracting two uint64 values wraps below zero, so the difference is read back as signed.
-local function since(t, base) return tonumber(ffi.cast(int64, t - base)) end
+local base
+-- Nanoseconds from the base (a plain number, exact below 2^53 ns: 104 days).
+local function ns(t)
+  if not base then base = t - MARGIN_NS end
+  return tonumber(ffi.cast(int64, t - base))
+end
+local function us(n) return ("%.3f"):format(n / 1e3) end
+local function dur_us(stop, start)
+  local d = tonumber(ffi.cast(int64, stop - start))
+  return ("%.3f"):format(d > 0 and d / 1e3 or 0)
+end
 
-local streams = {} -- "pid/stream" -> state
-local order = {}
+-- Per source: pid, the flow windows and the open NVTX ranges.
+local procs = {}
+local named = window(NAMED) -- "pid/tid" -> 1 once the track's name was written
 
-local function state(pid, stream)
-  local key = pid .. "/" .. stream
-  local s = streams[key]
-  if not s then
-    -- first, last: ns from base (the first start seen); busy: durations; gaps: idle gaps.
-    s = { pid = pid, stream = stream, busy = cm.summary(), gaps = cm.summary() }
-    streams[key] = s
-    order[#order + 1] = s
+local function name_track(pid, tid, name)
+  local key = pid .. "/" .. tid
+  if wget(named, key) then return end
+  wput(named, key, 1)
+  emit(('{"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}}')
+    :format(pid, tid, jstr(name)))
+end
+
+local function process(b)
+  local pr = procs[b.source]
+  if pr then return pr end
+  local p = b:process() or {}
+  local exe = p.exe and p.exe:match("([^/]*)$") or "process"
+  pr = { pid = p.pid or 0, api = window(WINDOW), gpu = window(WINDOW), ranges = window(WINDOW) }
+  -- ranges: id -> start ns, and a table { tid, name, domain }
+  procs[b.source] = pr
+  emit(('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}}')
+    :format(pr.pid, jstr(exe)))
+  return pr
+end
+
+-- Flow arrows: an API call (ts, tid) and a GPU operation (ts, tid) with the same correlation id
+-- give one "s" and one "f" event with an id of their own (one call can launch several operations).
+local next_flow = 0
+local function flow(pr, api_ts, api_tid, gpu_ts, gpu_tid)
+  next_flow = next_flow + 1
+  counts.flows = counts.flows + 1
+  emit(('{"ph":"s","id":%d,"pid":%d,"tid":%d,"ts":%s,"name":"launch","cat":"flow"}')
+    :format(next_flow, pr.pid, api_tid, us(api_ts)))
+  emit(('{"ph":"f","bp":"e","id":%d,"pid":%d,"tid":%d,"ts":%s,"name":"launch","cat":"flow"}')
+    :format(next_flow, pr.pid, gpu_tid, us(gpu_ts)))
+end
+
+-- GPU operations: one X slice each, and the flow from its API call when that one is known (else
+-- it waits in the process's gpu window for the call).
+local memcpy_kinds = { [0] = "Memcpy", "Memcpy HtoD", "Memcpy DtoH", "Memcpy HtoA", "Memcpy AtoH",
+  "Memcpy AtoA", "Memcpy AtoD", "Memcpy DtoA", "Memcpy DtoD", "Memcpy HtoH", "Memcpy PtoP" }
+
+local function gpu_observer(kind)
+  return function(b)
+    local pr = process(b)
+    local start, stop, device, stream, corr = b.start, b.stop, b.device, b.stream, b.correlation
+    for j = 0, b.n - 1 do
+      local dev, st = tonumber(device[j]), tonumber(stream[j])
+      local tid = GPU_TRACK + dev * 1048576 + st
+      name_track(pr.pid, tid, ("GPU %d stream %d"):format(dev, st))
+      local name
+      if kind == "kernel" then name = b:kernel_name(j)
+      elseif kind == "memcpy" then name = memcpy_kinds[tonumber(b.copy_kind[j])] or "Memcpy"
+      else name = "Memset" end
+      local ts, c = ns(start[j]), tonumber(corr[j])
+      emit(('{"ph":"X","cat":"%s","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,'
+        .. '"args":{"device":%d,"stream":%d,"correlation":%d}}')
+        :format(kind, jstr(name), pr.pid, tid, us(ts), dur_us(stop[j], start[j]), dev, st, c))
+      counts[kind] = counts[kind] + 1
+      if c ~= 0 then
+        local api_ts, api_tid = wget(pr.api, c)
+        if api_ts then flow(pr, api_ts, api_tid, ts, tid)
+        else wput(pr.gpu, c, ts, tid) end
+      end
+    end
   end
-  return s
 end
+cm.observe({ kernel = { "name", "start", "stop", "device", "stream", "correlation" } },
+  gpu_observer("kernel"))
+cm.observe({ memcpy = { "copy_kind", "start", "stop", "device", "stream", "correlation" } },
+  gpu_observer("memcpy"))
+cm.observe({ memset = { "start", "stop", "device", "stream", "correlation" } },
+  gpu_observer("memset"))
 
-local function on_batch(b)
-  local p = b:process()
-  local pid = p and p.pid or 0
-  local start, stop, stream = b.start, b.stop, b.stream
-  for i = 0, b.n - 1 do
-    local s = state(pid, tonumber(stream[i]))
-    if not s.base then s.base = start[i] end
-    local a = since(start[i], s.base)
-    local e = a + since(stop[i], start[i])
-    if s.last and a - s.last >= gap_ns then s.gaps:add(a - s.last) end
-    if not s.last or e > s.last then s.last = e end
-    if not s.first or a < s.first then s.first = a end
-    s.busy:add(e - a)
+-- API calls: one X slice each on the thread's track; the flow to GPU work already seen, else the
+-- call waits in the api window for its work.
+-- API names as JSON strings, cached per cbid (real cbids are below 1024; larger ones are not cached,
+-- so the cache stays bounded whatever the records hold).
+local function api_name_cache(name_of)
+  local cache = {}
+  return function(c)
+    local v = cache[c]
+    if v then return v end
+    v = jstr(name_of(c))
+    if c >= 0 and c < 4096 then cache[c] = v end
+    return v
   end
 end
+local api_names = { runtime = api_name_cache(cbid.name),
+  driver = api_name_cache(function(c) return "driver cbid " .. c end) }
 
-for _, kind in ipairs { "kernel", "memcpy", "memset" } do
-  cm.observe({ [kind] = { "start", "stop", "stream" } }, on_batch)
+local function api_observer(kind)
+  local name_of = api_names[kind]
+  return function(b)
+    local pr = process(b)
+    local id, start, stop, tids, corr = b.cbid, b.start, b.stop, b.tid, b.correlation
+    for j = 0, b.n - 1 do
+      local tid, c = tonumber(tids[j]), tonumber(corr[j])
+      name_track(pr.pid, tid, "thread " .. tid)
+      local ts = ns(start[j])
+      emit(('{"ph":"X","cat":"cuda_%s","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,'
+        .. '"args":{"correlation":%d}}')
+        :format(kind, name_of(tonumber(id[j])), pr.pid, tid, us(ts), dur_us(stop[j], start[j]), c))
+      counts[kind] = counts[kind] + 1
+      if c ~= 0 then
+        local gpu_ts, gpu_tid = wget(pr.gpu, c)
+        if gpu_ts then
+          -- Of the call's operations that arrived before it, the last one waits (one per key).
+          wdel(pr.gpu, c)
+          flow(pr, ts, tid, gpu_ts, gpu_tid)
+        end
+        if not wget(pr.api, c) then wput(pr.api, c, ts, tid) end
+      end
+    end
+  end
 end
+cm.observe({ runtime = { "cbid", "start", "stop", "tid", "correlation" } }, api_observer("runtime"))
+cm.observe({ driver = { "cbid", "start", "stop", "tid", "correlation" } }, api_observer("driver"))
+
+-- NVTX: a start record opens a range (named, on its thread), the end record with the same id
+-- closes it and writes the slice; an instantaneous record is a mark.
+local FLAG_INSTANT, FLAG_START, FLAG_END = 1, 2, 4
+cm.observe({ marker = { "flags", "timestamp", "id", "tid", "name", "domain" } }, function(b)
+  local pr = process(b)
+  local flags, ts, ids, tids = b.flags, b.timestamp, b.id, b.tid
+  for j = 0, b.n - 1 do
+    local f, id = tonumber(flags[j]), tonumber(ids[j])
+    if bit.band(f, FLAG_START) ~= 0 then
+      wput(pr.ranges, id, ns(ts[j]),
+        { tonumber(tids[j]), b:str("name", j) or "", b:str("domain", j) or "" })
+    elseif bit.band(f, FLAG_END) ~= 0 then
+      local t0, r = wget(pr.ranges, id)
+      if t0 then
+        wdel(pr.ranges, id)
+        local t1 = ns(ts[j])
+        name_track(pr.pid, r[1], "thread " .. r[1])
+        emit(('{"ph":"X","cat":"nvtx","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,'
+          .. '"args":{"domain":%s}}')
+          :format(jstr(r[2]), pr.pid, r[1], us(t0), us(math.max(0, t1 - t0)), jstr(r[3])))
+        counts.nvtx = counts.nvtx + 1
+      end
+    elseif bit.band(f, FLAG_INSTANT) ~= 0 then
+      local tid = tonumber(tids[j])
+      name_track(pr.pid, tid, "thread " .. tid)
+      emit(('{"ph":"i","s":"t","cat":"nvtx","name":%s,"pid":%d,"tid":%d,"ts":%s}')
+        :format(jstr(b:str("name", j) or ""), pr.pid, tid, us(ns(ts[j]))))
+      counts.marks = counts.marks + 1
+    end
+  end
+end)
 
 cm.on("exit", function()
-  table.sort(order, function(a, b)
-    if a.pid ~= b.pid then return a.pid < b.pid end
-    return a.stream < b.stream
-  end)
-  local t = tabulate.new {
-    { "pid", "%d", width = 9 }, { "stream", "%d", width = 8 }, { "ops", "%d", width = 7 },
-    { "span_us", "%.1f", width = 11 }, { "busy_us", "%.1f", width = 11 },
-    { "busy%", "%.1f", width = 6 }, { "gaps", "%d", width = 7 },
-    { "max_gap_us", "%.1f", width = 11 },
-  }
-  for _, s in ipairs(order) do
-    local span, busy = s.last - s.first, s.busy.sum
-    t:add(s.pid, s.stream, s.busy.count, span / 1e3, busy / 1e3,
-      span > 0 and math.min(100, 100 * busy / span) or 0, s.gaps.count,
-      (s.gaps.count > 0 and s.gaps.max or 0) / 1e3)
-  end
-  t:print()
+  out:write("\n]}\n")
+  out:close()
+  print(("timeline.lua: wrote %s: %d slices (%d kernel, %d memcpy, %d memset, %d runtime, "
+    .. "%d driver, %d nvtx), %d marks, %d flows"):format(opts.output,
+    counts.kernel + counts.memcpy + counts.memset + counts.runtime + counts.driver + counts.nvtx,
+    counts.kernel, counts.memcpy, counts.memset, counts.runtime, counts.driver, counts.nvtx,
+    counts.marks, counts.flows))
 end)

@@ -629,7 +629,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
 end)
 
 describe("recipes", function()
-  local recipes = { "count.lua", "top.lua", "nvtx.lua", "dump.lua", "memcpy_bw.lua", "timeline.lua", "api_latency.lua" }
+  local recipes = { "count.lua", "top.lua", "nvtx.lua", "dump.lua", "memcpy_bw.lua", "timeline.lua",
+    "idle.lua", "api_latency.lua" }
   local cap = tmp .. "/recipes.cmcap"
   setup(function()
     if gen then
@@ -665,7 +666,9 @@ describe("recipes", function()
     ["dump.lua"] = "kind%s+rows%s+file\nconcurrent_kernel%s+3000%s",
     ["memcpy_bw.lua"] = "copy kind%s+count%s+bytes%s+time_us%s+GB/s\nHtoD%s+1500%s+%d+%s+[%d.]+%s+[%d.]+\n"
       .. "DtoH%s+1500.*HtoD: size histogram %(bytes%)\n  %[1K, 2K%)%s+%d+ |@+",
-    ["timeline.lua"] = "pid%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n77%s+0%s+4500",
+    ["timeline.lua"] = "timeline.lua: wrote [^\n]*: 12000 slices %(3000 kernel, 3000 memcpy, 3000 memset, "
+      .. "3000 runtime, 0 driver, 0 nvtx%), 0 marks, %d+ flows\n",
+    ["idle.lua"] = "pid 77 wire_gen\ndevice%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n",
     ["api_latency.lua"] = "api%s+calls%s+total_us%s+avg_us%s+min_us%s+max_us\n.*cudaLaunchKernel%s+1000",
   }
   for _, r in ipairs(recipes) do
@@ -674,7 +677,8 @@ describe("recipes", function()
         pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
         return
       end
-      local extra = r == "dump.lua" and (" -o %s/shape_dump/"):format(tmp) or ""
+      local extra = r == "dump.lua" and (" -o %s/shape_dump/"):format(tmp)
+        or r == "timeline.lua" and (" -o " .. tmp .. "/recipes.json") or ""
       local rc, out = helpers.sh(("%s --replay %s %s%s"):format(bin, cap, script(r), extra))
       assert.are.equal(0, rc, out)
       assert.matches(shapes[r], out)

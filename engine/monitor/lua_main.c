@@ -98,7 +98,7 @@ static void usage(FILE *out) {
 "\n");
   fprintf(out,
 "Examples:\n"
-"  cuptimon-lua scripts/top_kernels.lua --top 20 -- python train.py\n"
+"  cuptimon-lua scripts/top.lua --top 20 -- python train.py\n"
 "  cuptimon-lua scripts/count.lua --per-process -- torchrun --nproc-per-node 8 train.py\n"
 "  cuptimon-lua --record run.%%p.cmcap -- ./my_cuda_app\n"
 "  cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/timeline.lua\n"

@@ -1,0 +1,221 @@
+-- Specs of scripts/timeline.lua (the Chrome trace event JSON writer) and scripts/idle.lua on the
+-- bundled capture, on a multi-process capture from wire_gen, live on two fake CUDA applications,
+-- and of timeline's bounded memory on a long synthetic capture. Every trace is checked by
+-- spec/trace_check.lua (strict JSON, the fields of each phase, B/E and slice nesting per track,
+-- flow pairs), and its slice counts are compared with count.lua's numbers.
+-- luacheck: std +busted
+local helpers = require "helpers"
+local check = require "trace_check"
+
+local bin = helpers.binary()
+local root = helpers.root()
+local gen = os.getenv("CUPTIMON_WIRE_GEN")
+local demo = root .. "/examples/demo.cmcap"
+local tmp = os.tmpname()
+os.remove(tmp)
+os.execute("mkdir -p " .. tmp)
+local function script(name) return root .. "/scripts/" .. name end
+
+local function read(path)
+  local f = assert(io.open(path, "rb"))
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+-- count.lua's table as { kind = records }.
+local function counts(out)
+  local t = {}
+  for k, n in out:gmatch("\n([%w_]+)%s+(%d+)") do t[k] = tonumber(n) end
+  return t
+end
+
+-- The process_name events of a trace: { [pid] = name }.
+local function process_names(path)
+  local trace = assert(check.json(read(path)))
+  local names = {}
+  for _, e in ipairs(trace.traceEvents) do
+    if e.ph == "M" and e.name == "process_name" then names[e.pid] = e.args.name end
+  end
+  return names, trace
+end
+
+describe("trace_check", function()
+  it("accepts a good trace and refuses bad JSON, missing fields, bad nesting and lone flows", function()
+    assert.is_truthy(check.check { traceEvents = {
+      { ph = "X", name = "a", pid = 1, tid = 1, ts = 0, dur = 10 },
+      { ph = "X", name = "b", pid = 1, tid = 1, ts = 2, dur = 3 },
+      { ph = "B", name = "c", pid = 1, tid = 2, ts = 0 }, { ph = "E", name = "c", pid = 1, tid = 2, ts = 1 },
+      { ph = "s", id = 7, name = "f", pid = 1, tid = 1, ts = 1 },
+      { ph = "f", bp = "e", id = 7, name = "f", pid = 1, tid = 2, ts = 1 } } })
+    assert.is_nil(check.json('{"traceEvents":[1,]}'))
+    assert.is_nil(check.json('{"a":01}'))
+    local function fails(events, what)
+      local r, err = check.check { traceEvents = events }
+      assert.is_nil(r)
+      assert.matches(what, err)
+    end
+    fails({ { ph = "X", name = "a", pid = 1, tid = 1, ts = 0 } }, "X without a dur")
+    fails({ { ph = "X", name = "a", pid = 1, ts = 0, dur = 1 } }, "no tid")
+    fails({ { ph = "i", name = "a", pid = 1, tid = 1 } }, "no ts")
+    fails({ { ph = "X", name = "a", pid = 1, tid = 1, ts = 0, dur = 10 },
+      { ph = "X", name = "b", pid = 1, tid = 1, ts = 5, dur = 10 } }, "overlaps")
+    fails({ { ph = "B", name = "a", pid = 1, tid = 1, ts = 0 } }, "never ends")
+    fails({ { ph = "E", name = "a", pid = 1, tid = 1, ts = 0 } }, "closes no open B")
+    fails({ { ph = "s", id = 1, name = "f", pid = 1, tid = 1, ts = 0 } }, "1 starts and 0 finishes")
+    fails({ { ph = "f", id = 2, name = "f", pid = 1, tid = 1, ts = 0 } }, "0 starts and 1 finishes")
+  end)
+end)
+
+describe("timeline.lua", function()
+  it("needs -o and says so", function()
+    local rc, out = helpers.sh(("%s %s -- /bin/true"):format(bin, script("timeline.lua")))
+    assert.are.equal(2, rc, out)
+    assert.matches("%-o FILE is required", out)
+  end)
+
+  it("writes a valid trace of examples/demo.cmcap whose slices match count.lua", function()
+    local path = tmp .. "/demo.json"
+    local rc, out = helpers.sh(("%s --replay %s %s -o %s"):format(bin, demo, script("timeline.lua"), path))
+    assert.are.equal(0, rc, out)
+    assert.matches("wrote [^\n]*demo%.json: 1088 slices %(300 kernel, 66 memcpy, 61 memset, 629 runtime, "
+      .. "0 driver, 32 nvtx%), 3 marks, 427 flows\n", out)
+    local r, err = check.file(path)
+    assert.is_truthy(r, err)
+    local rc2, cout = helpers.sh(("%s --replay %s %s"):format(bin, demo, script("count.lua")))
+    assert.are.equal(0, rc2, cout)
+    local c = counts(cout)
+    assert.are.same({ kernel = c.concurrent_kernel, memcpy = c.memcpy, memset = c.memset,
+      cuda_runtime = c.runtime, nvtx = 32 }, r.by_cat)
+    -- Every marker record is used: a range is a start and an end record, a mark one record.
+    assert.are.equal(c.marker, 2 * r.by_cat.nvtx + r.by_ph.i)
+    assert.are.equal(427, r.flows)
+    assert.are.equal(r.by_ph.s, r.by_ph.f)
+    assert.are.equal(150, r.by_name["cm_demo_matmul<16>"])
+    local names = process_names(path)
+    assert.are.same({ [601] = "cuptimon_demo_cuda" }, names)
+    -- Every timestamp and duration keeps its nanoseconds: three decimals.
+    local text = read(path)
+    for v in text:gmatch('"ts":([^,}]+)') do assert.matches("^%-?%d+%.%d%d%d$", v) end
+    for v in text:gmatch('"dur":([^,}]+)') do assert.matches("^%d+%.%d%d%d$", v) end
+    assert.matches('"name":"thread_name","pid":601,"tid":%d+,"args":{"name":"GPU 0 stream 14"}', text)
+  end)
+
+  it("writes one process per capture, named by pid and executable", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local a, b, path = tmp .. "/a.cmcap", tmp .. "/b.cmcap", tmp .. "/ab.json"
+    assert(os.execute(("%s capture %s --pid 111 --records 2000 --kinds kernel,runtime,memcpy"):format(gen, a)) == 0)
+    assert(os.execute(("%s capture %s --pid 222 --records 1000 --kinds kernel,runtime,marker"):format(gen, b)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s --replay %s %s -o %s"):format(bin, a, b,
+      script("timeline.lua"), path))
+    assert.are.equal(0, rc, out)
+    local r, err = check.file(path)
+    assert.is_truthy(r, err)
+    assert.are.equal(3000, r.by_cat.kernel)
+    assert.are.equal(3000, r.by_cat.cuda_runtime)
+    assert.are.equal(2000, r.by_cat.memcpy)
+    local names, trace = process_names(path)
+    assert.are.same({ [111] = "wire_gen", [222] = "wire_gen" }, names)
+    local per_pid = {}
+    for _, e in ipairs(trace.traceEvents) do
+      if e.ph == "X" and e.cat == "kernel" then per_pid[e.pid] = (per_pid[e.pid] or 0) + 1 end
+    end
+    assert.are.same({ [111] = 2000, [222] = 1000 }, per_pid)
+
+    local rc2, idle = helpers.sh(("%s --replay %s --replay %s %s --top 3"):format(bin, a, b, script("idle.lua")))
+    assert.are.equal(0, rc2, idle)
+    assert.matches("^pid 111 wire_gen\ndevice%s+stream%s+ops", idle)
+    assert.matches("\n\npid 222 wire_gen\ndevice%s+stream%s+ops", idle)
+    assert.matches("largest idle gaps\ndevice%s+stream%s+start_us%s+gap_us%s+last_api_before%s+api_end_us\n", idle)
+  end)
+
+  it("traces two live fake CUDA applications at once", function()
+    local app = os.getenv("CUPTIMON_FAKE_APP")
+    local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
+    local f = io.open(build .. "/libcuptimon-agent.so", "r")
+    if f then f:close() end
+    if not app or not f then
+      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+      return
+    end
+    local path = tmp .. "/live.json"
+    local cmd = ("sh -c '%s --records 3000 --kinds kernel,runtime,marker & %s --records 2000 --kinds kernel,memcpy,marker; wait'")
+      :format(app, app)
+    local rc, out = helpers.sh(("%s %s -o %s -- %s"):format(bin, script("timeline.lua"), path, cmd))
+    assert.are.equal(0, rc, out)
+    local r, err = check.file(path)
+    assert.is_truthy(r, err)
+    local names = process_names(path)
+    local n = 0
+    for pid, name in pairs(names) do
+      n = n + 1
+      assert.is_true(pid > 0)
+      assert.are.equal("fake_cuda_app", name)
+    end
+    assert.are.equal(2, n, out)
+    -- Each app prints what it wrote; the trace has a slice per kernel record of both.
+    local kernels = 0
+    for k in out:gmatch("fake_cuda_app: [^\n]*concurrent_kernel=(%d+)") do kernels = kernels + tonumber(k) end
+    assert.are.equal(kernels, r.by_cat.kernel, out)
+    local rc2, idle = helpers.sh(("%s %s -- %s"):format(bin, script("idle.lua"), cmd))
+    assert.are.equal(0, rc2, idle)
+    local tables = 0
+    for _ in idle:gmatch("pid %d+ fake_cuda_app\ndevice") do tables = tables + 1 end
+    assert.are.equal(2, tables, idle)
+  end)
+
+  it("keeps the Lua heap bounded over a long capture", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local big = tmp .. "/big.cmcap"
+    assert(os.execute(("%s capture %s --pid 5 --records 300000 --kinds kernel,runtime"):format(gen, big)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s/spec/fixtures/timeline_memory.lua %s 600000")
+      :format(bin, big, root, script("timeline.lua")))
+    os.remove(big)
+    assert.are.equal(0, rc, out)
+    assert.matches("records 600000 of 600000.*\nbounded\n", out)
+  end)
+end)
+
+describe("records earlier than the first one seen", function()
+  -- wire_gen writes the runtime batches first: the first record seen is a call's end, and the
+  -- kernel it launched started before it. An unsigned subtraction would wrap below zero there.
+  it("give signed times in idle.lua and timeline.lua", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local cap, path = tmp .. "/rk.cmcap", tmp .. "/rk.json"
+    assert(os.execute(("%s capture %s --pid 9 --records 2000 --kinds runtime,kernel"):format(gen, cap)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s --interval 1"):format(bin, cap, script("idle.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("\n%s+0%s+0%s+1%s+0%.5%s+0%.5%s+100%.0%s+0%s+0%.0\n", out)
+    assert.is_nil(out:match("%d%d%d%d%d%d%d%d%d%d"), out)
+    rc, out = helpers.sh(("%s --replay %s %s -o %s"):format(bin, cap, script("timeline.lua"), path))
+    assert.are.equal(0, rc, out)
+    local r, err = check.file(path)
+    assert.is_truthy(r, err)
+    for v in read(path):gmatch('"ts":([^,}]+)') do assert.is_true(tonumber(v) < 1e8, v) end
+  end)
+end)
+
+describe("idle.lua on examples/demo.cmcap", function()
+  it("has no span or gap that wrapped below zero, and names the call before each gap", function()
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, demo, script("idle.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("\n%s+0%s+14%s+393%s+4748%.9%s+3221%.9%s+67%.8%s+29%s+225%.1\n", out)
+    assert.is_nil(out:match("%d%d%d%d%d%d%d%d%d%d"), out) -- no 10-digit value anywhere
+    local gaps = out:match("largest idle gaps\n[^\n]*\n(.*)$")
+    local n = 0
+    for line in gaps:gmatch("[^\n]+") do
+      n = n + 1
+      assert.matches("^%s+%d+%s+%d+%s+[%d.]+%s+[%d.]+ cuda%a+%s+[%d.]+$", line)
+    end
+    assert.are.equal(5, n, out)
+  end)
+end)
