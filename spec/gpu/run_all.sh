@@ -67,6 +67,18 @@ step handshake_busy env SLOW_MARKER="$OUT/slow.marker" CUPTIMON_AGENT_LOG=info "
     t0=\$(date +%s%3N); '$G/gpu_plain_workload' >/dev/null 2>'$OUT/second.log'; wait
     grep -m1 -i 'connected\|handshake' '$OUT/second.log'; echo second_process_done_ms=\$((\$(date +%s%3N) - t0))"
 
+# 6. The recipes against torch.profiler on a fixed-seed training loop with NVTX ranges (issue 10):
+# per-kernel counts equal, total kernel time compared; nvtx's ranges; timeline's trace validated.
+step nvtx_profiler python3 spec/gpu/torch_nvtx.py 200 profiler
+step nvtx_top "$LUA" scripts/top.lua --full-names --top 100000 -- python3 spec/gpu/torch_nvtx.py 200
+step nvtx_top_cmp python3 spec/gpu/compare_top.py "$OUT/nvtx_profiler.log" "$OUT/nvtx_top.log"
+step nvtx_nvtx "$LUA" scripts/nvtx.lua -- python3 spec/gpu/torch_nvtx.py 200
+step nvtx_timeline "$LUA" scripts/timeline.lua -o "$OUT/torch_trace.json" -- python3 spec/gpu/torch_nvtx.py 200
+step nvtx_trace_check "$LUA" -e "package.path='spec/?.lua;'..package.path
+  local r, e = require('trace_check').file('$OUT/torch_trace.json')
+  if not r then print('trace invalid: ' .. tostring(e)); os.exit(1) end
+  print('trace valid'); for k, v in pairs(r) do if type(v) ~= 'table' then print(k, v) end end"
+
 if [ -n "${QUICK:-}" ]; then
   echo "=== summary (QUICK: correctness steps only)"
   printf '%s\n' "${summary[@]}"
