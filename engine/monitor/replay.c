@@ -263,9 +263,13 @@ void cm__replay_free(void) {
   if (!rp) return;
   g_replay = NULL;
   for (int i = 0; i < rp->n; i++) {
-    if (rp->s[i].cur) {
-      rp->s[i].cur->owner = NULL;
-      rp->s[i].cur = NULL; /* the host detaches and frees attached processes */
+    cm__wsrc *w = rp->s[i].cur;
+    if (w) {
+      w->owner = NULL;
+      rp->s[i].cur = NULL;
+      /* The host detaches and frees attached processes; one that never reached the host (the
+       * run ended before its HELLO was handled) is the replay's to free. */
+      if (!w->attached) proc_detached(w);
     }
     cm_wire_file_close(rp->s[i].cf);
   }
