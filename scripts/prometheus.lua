@@ -1,0 +1,460 @@
+-- prometheus.lua: GPU activity as Prometheus metrics, served over HTTP at /metrics.
+--
+-- Usage: cuptimon-lua scripts/prometheus.lua [--listen HOST:PORT] [--port N] [--top-kernels K]
+--          [--linger MS] -- cmd args...
+--        cuptimon-lua --replay run.cmcap scripts/prometheus.lua --linger 30000
+--
+-- Arguments:
+--   --listen HOST:PORT  where to serve (default 127.0.0.1:9464; "[::1]:9464" for IPv6; port 0
+--                       picks a free port). The bound address is printed on stderr:
+--                       "prometheus.lua: serving http://127.0.0.1:9464/metrics"
+--   --port N            the port, overriding --listen's
+--   --top-kernels K     how many kernel names get their own "kernel" label (default 20); the
+--                       others are summed under kernel="other"
+--   --linger MS         once the run has ended (the command exited, the captures are read), keep
+--                       serving the final metrics MS milliseconds, then exit; -1: until Control-C
+--                       (default: -1 on --replay, 0 with a command)
+--
+-- Metrics (text exposition format 0.0.4; base units; labels host, pid, executable (the
+-- executable's base name) and device on every GPU series):
+--   cuptimon_kernel_launches_total{...,kernel}          kernels run
+--   cuptimon_kernel_duration_seconds{...,kernel}        histogram of kernel durations
+--   cuptimon_memcpy_bytes_total{...,copy_kind}          bytes copied (HtoD, DtoH, DtoD...)
+--   cuptimon_memcpy_duration_seconds_total{...,copy_kind}  time spent copying
+--   cuptimon_records_total{host,pid,executable,kind}    records decoded, per activity kind
+--   cuptimon_records_dropped_total{host,pid,executable,cause}  records lost (cm.stats(): cupti,
+--                                                       agent, exit, wire)
+--
+-- Bounded labels. A kernel name gets its own label only among the first K admitted: names seen
+-- since the last decision wait (per process and device) until the next scrape, which admits the
+-- ones with the most GPU time while slots are free and folds the rest into "other". A name once
+-- exported keeps its label for the whole run, and a name's time counted in "other" stays there,
+-- so no counter ever goes backwards and at most K + 1 kernel values exist per process and
+-- device, however long the run. A kernel literally named "other" is counted under "other".
+--
+-- HTTP. Requests are read by a strict, bounded parser written here rather than Debian's
+-- libhttp-parser: cuptimon-lua does not link that library, binding it would mean C build changes
+-- for a server that answers exactly two GET targets, and libhttp-parser is deprecated upstream
+-- (its successor llhttp is not in Debian's stable C libraries). The parser takes a request line
+-- `METHOD TARGET HTTP/1.x` and header fields (RFC 9112 token names, no obsolete line folding, no
+-- control characters), all within 8 KiB (else 431 and the connection closes), Host required on
+-- HTTP/1.1, no request body (Content-Length other than 0 or Transfer-Encoding: 400). GET /metrics
+-- and GET / are answered; other targets get 404, other methods 405, anything malformed 400. Every
+-- response closes its connection; a connection that has not sent its request within 10 s is
+-- closed; at most 64 are open at once.
+--
+-- Example output (curl http://127.0.0.1:9464/metrics, abridged):
+--   # HELP cuptimon_kernel_launches_total Kernels run.
+--   # TYPE cuptimon_kernel_launches_total counter
+--   cuptimon_kernel_launches_total{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>"} 150
+--   # TYPE cuptimon_kernel_duration_seconds histogram
+--   cuptimon_kernel_duration_seconds_bucket{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>",le="2.5e-05"} 120
+--   cuptimon_kernel_duration_seconds_bucket{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>",le="+Inf"} 150
+--   cuptimon_kernel_duration_seconds_sum{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>"} 0.002863000
+--   cuptimon_kernel_duration_seconds_count{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>"} 150
+--   cuptimon_memcpy_bytes_total{host="gpu1",pid="4242",executable="demo",device="0",copy_kind="HtoD"} 4194304
+--   cuptimon_records_total{host="gpu1",pid="4242",executable="demo",kind="concurrent_kernel"} 300
+--   cuptimon_records_dropped_total{host="gpu1",pid="4242",executable="demo",cause="cupti"} 0
+local cm = require "cuptimon"
+local args = require "cuptimon.args"
+local uv = require "luv"
+
+local opts = args.parse(arg, {
+  listen = { "127.0.0.1:9464", "where to serve, HOST:PORT" },
+  port = { "", "the port, overriding --listen's" },
+  top_kernels = { 20, "kernel names with their own label", min = 0, integer = true },
+  linger = { -2, "serve the final metrics this long after the run (-1: until Control-C)", min = -2,
+    integer = true },
+})
+
+local MAX_HEAD = 8192          -- bytes of request line and headers
+local REQUEST_TIMEOUT_MS = 10000
+local MAX_CLIENTS = 64
+local MAX_PENDING_NAMES = 1024 -- undecided kernel names that force a decision before a scrape
+
+local host, port = opts.listen:match("^%[([^%]]+)%]:(%d+)$")
+if not host then host, port = opts.listen:match("^([^:]+):(%d+)$") end
+if not host then args.usage_error("prometheus.lua: --listen must be HOST:PORT, got " .. opts.listen) end
+if opts.port ~= "" then port = opts.port end
+port = tonumber(port)
+if not port or port ~= math.floor(port) or port < 0 or port > 65535 then
+  args.usage_error("prometheus.lua: the port must be an integer from 0 to 65535, got "
+    .. tostring(opts.port ~= "" and opts.port or port))
+end
+
+---------------------------------------------------------------------------------------------------
+-- metrics
+
+-- Upper bounds of the duration histogram's buckets, in ns (1 us to 10 s), and their `le` text.
+local BOUNDS = { 1e3, 2.5e3, 5e3, 1e4, 2.5e4, 5e4, 1e5, 2.5e5, 5e5, 1e6, 2.5e6, 5e6, 1e7, 2.5e7,
+  5e7, 1e8, 2.5e8, 5e8, 1e9, 2.5e9, 5e9, 1e10 }
+local LE = {}
+for i, b in ipairs(BOUNDS) do LE[i] = ("%g"):format(b / 1e9) end
+local NB = #BOUNDS
+
+-- CUpti_ActivityMemcpyKind.
+local COPY_KINDS = { [0] = "unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA",
+  "DtoD", "HtoH", "PtoP" }
+
+local function escape(v)
+  return (tostring(v):gsub("[\\\"\n]", { ["\\"] = "\\\\", ['"'] = '\\"', ["\n"] = "\\n" }))
+end
+
+-- Seconds from integral nanoseconds, exactly ("%d.%09d").
+local function seconds(ns)
+  local s = math.floor(ns / 1e9)
+  return ("%.0f.%09.0f"):format(s, ns - s * 1e9)
+end
+
+local procs = {}      -- source -> process table (kept after exit: its series stay)
+local groups = {}     -- "source:device" -> { labels =, series = { kernel label -> S }, pending = { name -> S } }
+local group_list = {} -- in creation order, for a stable output
+local copies = {}     -- "source:device:copy_kind" -> { labels =, bytes =, ns = }
+local copy_list = {}
+local admitted = {}   -- kernel name -> true once it has its own label
+local nadmitted = 0
+local pending_ns = {} -- undecided kernel name -> ns summed over groups
+local npending = 0
+
+local function proc_labels(source)
+  local p = procs[source] or cm.process(source) or {}
+  local exe = tostring(p.exe or "?"):match("([^/]*)$")
+  return ('host="%s",pid="%s",executable="%s"'):format(escape(p.host or "?"), escape(p.pid or 0),
+    escape(exe))
+end
+
+local function new_series() return { count = 0, ns = 0, buckets = {} } end
+
+local function group_of(source, device)
+  local key = source .. ":" .. device
+  local g = groups[key]
+  if not g then
+    g = { labels = ('%s,device="%d"'):format(proc_labels(source), device), series = {},
+      pending = {}, order = {} }
+    groups[key] = g
+    group_list[#group_list + 1] = g
+  end
+  return g
+end
+
+local function merge(into, from)
+  into.count = into.count + from.count
+  into.ns = into.ns + from.ns
+  for i = 1, NB + 1 do
+    local n = from.buckets[i]
+    if n then into.buckets[i] = (into.buckets[i] or 0) + n end
+  end
+end
+
+local function series(g, label)
+  local s = g.series[label]
+  if not s then
+    s = new_series()
+    g.series[label] = s
+    g.order[#g.order + 1] = label
+  end
+  return s
+end
+
+-- Admits the undecided names with the most time while slots are free; folds the rest into
+-- "other". Series only ever gain counts, so no exported counter goes backwards.
+local function decide()
+  if npending == 0 then return end
+  local names = {}
+  for name in pairs(pending_ns) do names[#names + 1] = name end
+  table.sort(names, function(a, b)
+    if pending_ns[a] ~= pending_ns[b] then return pending_ns[a] > pending_ns[b] end
+    return a < b
+  end)
+  for _, name in ipairs(names) do
+    if nadmitted < opts.top_kernels and name ~= "other" then
+      admitted[name] = true
+      nadmitted = nadmitted + 1
+    end
+  end
+  for _, g in ipairs(group_list) do
+    for _, name in ipairs(names) do
+      local s = g.pending[name]
+      if s then merge(series(g, admitted[name] and name or "other"), s) end
+    end
+    g.pending = {}
+  end
+  pending_ns, npending = {}, 0
+end
+
+cm.on("process_start", function(p) procs[p.source] = p end)
+
+cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
+  local start, stop, device = b.start, b.stop, b.device
+  local g, gdev
+  local full = nadmitted >= opts.top_kernels
+  for i = 0, b.n - 1 do
+    local d = device[i]
+    if d ~= gdev then g, gdev = group_of(b.source, d), d end
+    local name, dur = b:kernel_name(i), tonumber(stop[i] - start[i])
+    if dur < 0 then dur = 0 end
+    local s
+    if admitted[name] then
+      s = series(g, name)
+    elseif full then
+      s = series(g, "other")
+    else
+      s = g.pending[name]
+      if not s then
+        s = new_series()
+        g.pending[name] = s
+      end
+      local t = pending_ns[name]
+      if not t then npending, t = npending + 1, 0 end
+      pending_ns[name] = t + dur
+    end
+    s.count = s.count + 1
+    s.ns = s.ns + dur
+    local k = 1
+    while k <= NB and dur > BOUNDS[k] do k = k + 1 end
+    s.buckets[k] = (s.buckets[k] or 0) + 1
+  end
+  if npending > MAX_PENDING_NAMES then decide() end
+end)
+
+cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, function(b)
+  local ck, nbytes, start, stop, device = b.copy_kind, b.bytes, b.start, b.stop, b.device
+  for i = 0, b.n - 1 do
+    local kind, d = tonumber(ck[i]), tonumber(device[i])
+    local key = b.source .. ":" .. d .. ":" .. kind
+    local c = copies[key]
+    if not c then
+      c = { labels = ('%s,device="%d",copy_kind="%s"'):format(proc_labels(b.source), d,
+        escape(COPY_KINDS[kind] or tostring(kind))), bytes = 0, ns = 0 }
+      copies[key] = c
+      copy_list[#copy_list + 1] = c
+    end
+    local dur = tonumber(stop[i] - start[i])
+    c.bytes = c.bytes + tonumber(nbytes[i])
+    c.ns = c.ns + (dur > 0 and dur or 0)
+  end
+end)
+
+-- The last counters of each source, never lower than the ones exported before.
+local source_counts = {} -- source -> { kinds = { name -> n }, lost = { cause -> n } }
+local LOSS = { { "cupti", "dropped_cupti" }, { "agent", "dropped_agent" }, { "exit", "dropped_exit" },
+  { "wire", "lost_wire" } }
+
+local function update_counts()
+  local sources = {}
+  for source in pairs(procs) do sources[#sources + 1] = source end
+  table.sort(sources)
+  for _, source in ipairs(sources) do
+    local c = source_counts[source]
+    if not c then
+      c = { kinds = {}, lost = {} }
+      source_counts[source] = c
+    end
+    local st = cm.stats(source)
+    if st then
+      for k, n in pairs(st.records_by_kind) do
+        if n > (c.kinds[k] or 0) then c.kinds[k] = n end
+      end
+      for _, l in ipairs(LOSS) do
+        local n = st[l[2]] or 0
+        if n > (c.lost[l[1]] or 0) then c.lost[l[1]] = n end
+      end
+    end
+  end
+  return sources
+end
+
+local function render()
+  decide()
+  local out = {}
+  local function w(s) out[#out + 1] = s end
+  local function family(name, typ, help)
+    w(("# HELP %s %s\n# TYPE %s %s\n"):format(name, help, name, typ))
+  end
+  local function kernel_series(fn)
+    for _, g in ipairs(group_list) do
+      for _, label in ipairs(g.order) do
+        fn(('%s,kernel="%s"'):format(g.labels, escape(label)), g.series[label])
+      end
+    end
+  end
+
+  family("cuptimon_kernel_launches_total", "counter", "Kernels run.")
+  kernel_series(function(l, s) w(("cuptimon_kernel_launches_total{%s} %.0f\n"):format(l, s.count)) end)
+
+  family("cuptimon_kernel_duration_seconds", "histogram", "Kernel durations.")
+  kernel_series(function(l, s)
+    local cum = 0
+    for i = 1, NB do
+      cum = cum + (s.buckets[i] or 0)
+      w(('cuptimon_kernel_duration_seconds_bucket{%s,le="%s"} %.0f\n'):format(l, LE[i], cum))
+    end
+    w(('cuptimon_kernel_duration_seconds_bucket{%s,le="+Inf"} %.0f\n'):format(l, s.count))
+    w(("cuptimon_kernel_duration_seconds_sum{%s} %s\n"):format(l, seconds(s.ns)))
+    w(("cuptimon_kernel_duration_seconds_count{%s} %.0f\n"):format(l, s.count))
+  end)
+
+  family("cuptimon_memcpy_bytes_total", "counter", "Bytes copied by memory copies.")
+  for _, c in ipairs(copy_list) do w(("cuptimon_memcpy_bytes_total{%s} %.0f\n"):format(c.labels, c.bytes)) end
+  family("cuptimon_memcpy_duration_seconds_total", "counter", "Time spent in memory copies.")
+  for _, c in ipairs(copy_list) do
+    w(("cuptimon_memcpy_duration_seconds_total{%s} %s\n"):format(c.labels, seconds(c.ns)))
+  end
+
+  local sources = update_counts()
+  family("cuptimon_records_total", "counter", "Activity records decoded, per kind.")
+  for _, source in ipairs(sources) do
+    local c, l = source_counts[source], proc_labels(source)
+    local kinds = {}
+    for k in pairs(c.kinds) do kinds[#kinds + 1] = k end
+    table.sort(kinds)
+    for _, k in ipairs(kinds) do
+      w(('cuptimon_records_total{%s,kind="%s"} %.0f\n'):format(l, escape(k), c.kinds[k]))
+    end
+  end
+  family("cuptimon_records_dropped_total", "counter", "Activity records lost, per cause.")
+  for _, source in ipairs(sources) do
+    local c, l = source_counts[source], proc_labels(source)
+    for _, loss in ipairs(LOSS) do
+      w(('cuptimon_records_dropped_total{%s,cause="%s"} %.0f\n'):format(l, loss[1], c.lost[loss[1]] or 0))
+    end
+  end
+  return table.concat(out)
+end
+
+---------------------------------------------------------------------------------------------------
+-- HTTP
+
+local REASONS = { [200] = "OK", [400] = "Bad Request", [404] = "Not Found",
+  [405] = "Method Not Allowed", [431] = "Request Header Fields Too Large" }
+local TOKEN = "^[!#$%%&'*+%.^_`|~%w%-]+$"
+
+-- Parses the head of a request (request line and header fields, CRLF-separated, without the
+-- final empty line). Returns the status to answer and, for 200, the body and its content type.
+local function answer(head)
+  local lines = {}
+  for line in (head .. "\r\n"):gmatch("(.-)\r\n") do lines[#lines + 1] = line end
+  local method, target, minor = (lines[1] or ""):match("^(%S+) (%S+) HTTP/1%.([01])$")
+  if not method or not method:match(TOKEN) then return 400 end
+  local fields = {}
+  for i = 2, #lines do
+    local name, value = lines[i]:match("^([^:]+):[ \t]*(.-)[ \t]*$")
+    if not name or not name:match(TOKEN) or value:find("[%z\1-\8\10-\31\127]") then return 400 end
+    name = name:lower()
+    if fields[name] and (name == "host" or name == "content-length") then return 400 end
+    fields[name] = value
+  end
+  if minor == "1" and not fields.host then return 400 end
+  if fields["transfer-encoding"] or (fields["content-length"] and fields["content-length"] ~= "0") then
+    return 400
+  end
+  if target:sub(1, 1) ~= "/" then return 400 end
+  if method ~= "GET" then return 405 end
+  local path = target:match("^[^?#]*")
+  if path == "/metrics" then return 200, render(), "text/plain; version=0.0.4; charset=utf-8" end
+  if path == "/" then
+    return 200, "cuptimon Prometheus exporter: the metrics are at /metrics\n", "text/plain; charset=utf-8"
+  end
+  return 404
+end
+
+local server = uv.new_tcp()
+local clients = {} -- tcp handle -> close function
+local nclients = 0
+local stopped = false
+
+local function stop()
+  if stopped then return end
+  stopped = true
+  if not server:is_closing() then server:close() end
+  local list = {}
+  for _, close in pairs(clients) do list[#list + 1] = close end
+  for _, close in ipairs(list) do close() end
+end
+
+local function serve(c)
+  local timer = uv.new_timer()
+  local data, answered = "", false
+  local function close()
+    if clients[c] == nil then return end
+    clients[c] = nil
+    nclients = nclients - 1
+    if not timer:is_closing() then timer:close() end
+    if not c:is_closing() then c:close() end
+  end
+  clients[c] = close
+  nclients = nclients + 1
+  timer:start(REQUEST_TIMEOUT_MS, 0, close)
+  local function respond(status, body, ctype)
+    answered = true
+    c:read_stop()
+    body = body or (REASONS[status] .. "\n")
+    local head = { ("HTTP/1.1 %d %s"):format(status, REASONS[status]),
+      "Content-Type: " .. (ctype or "text/plain; charset=utf-8"),
+      "Content-Length: " .. #body, "Connection: close" }
+    if status == 405 then head[#head + 1] = "Allow: GET" end
+    c:write(table.concat(head, "\r\n") .. "\r\n\r\n" .. body, function() close() end)
+  end
+  c:read_start(function(err, chunk)
+    if answered then return end
+    if err or not chunk then return close() end
+    data = data .. chunk
+    local e = data:find("\r\n\r\n", 1, true)
+    if (e and e + 3 > MAX_HEAD) or (not e and #data >= MAX_HEAD) then return respond(431) end
+    if not e then return end
+    local ok, status, body, ctype = xpcall(answer, debug.traceback, data:sub(1, e - 1))
+    if not ok then
+      close()
+      error(status, 0)
+    end
+    respond(status, body, ctype)
+  end)
+end
+
+local ok, err = server:bind(host, port)
+if ok then ok, err = server:listen(128, function(lerr)
+  if lerr or stopped then return end
+  local c = uv.new_tcp()
+  if not server:accept(c) or nclients >= MAX_CLIENTS then
+    c:close()
+    return
+  end
+  serve(c)
+end) end
+if not ok then
+  io.stderr:write(("prometheus.lua: cannot serve on %s port %d: %s\n"):format(host, port, tostring(err)))
+  if not server:is_closing() then server:close() end
+  cm.exit(1)
+else
+  local addr = server:getsockname()
+  local shown = addr.family == "inet6" and "[" .. addr.ip .. "]" or addr.ip
+  io.stderr:write(("prometheus.lua: serving http://%s:%d/metrics\n"):format(shown, addr.port))
+end
+
+-- The host ends its loop when the command has exited or the captures are read; the final flush
+-- and the exit hooks follow. --linger serves the final metrics from this exit hook, on the same
+-- loop, until the time is up or Control-C (our own signal handlers: the host's are gone by then).
+cm.on("exit", function()
+  local linger = opts.linger
+  if linger == -2 then -- the default: -1 after a replay, 0 after a command
+    linger = 0
+    for _, p in pairs(procs) do if p.kind == "replay" then linger = -1 end end
+  end
+  if stopped or linger == 0 then return stop() end
+  io.stderr:write(linger > 0 and ("prometheus.lua: the run ended; serving the final metrics for %d ms\n"):format(linger)
+    or "prometheus.lua: the run ended; serving the final metrics until Control-C\n")
+  local handles = {}
+  for _, signum in ipairs { "sigint", "sigterm" } do
+    local sig = uv.new_signal()
+    sig:start(signum, stop)
+    handles[#handles + 1] = sig
+  end
+  if linger > 0 then
+    local t = uv.new_timer()
+    t:start(linger, 0, stop)
+    handles[#handles + 1] = t
+  end
+  while not stopped or nclients > 0 do uv.run("once") end
+  for _, h in ipairs(handles) do if not h:is_closing() then h:close() end end
+  uv.run("nowait")
+end)

@@ -1,0 +1,115 @@
+#!/bin/sh
+# spec/prometheus_scrape.sh LUA_BIN SOURCE_DIR: a real Prometheus server (Debian's `prometheus`)
+# scrapes scripts/prometheus.lua serving a replay of examples/demo.cmcap, and its HTTP API must
+# return the demo's numbers: 300 kernels in all (count.lua's figure), 150 of cm_demo_matmul<16>,
+# the histogram's count equal to the launches, and up == 1.
+#
+# Both servers run on loopback on free ports: the exporter binds port 0 and prints the port;
+# Prometheus gets a port found free by binding port 0 (retried if it lost the race). Every
+# process started here is killed on every exit path. Bounded: about 10 s, at most 50 s.
+# Without prometheus the test is skipped (status 77), unless CI=true: then it fails.
+set -u
+lua=$1
+src=$2
+if ! command -v prometheus >/dev/null 2>&1; then
+  if [ "${CI:-}" = true ]; then
+    echo "prometheus is not installed: CI must install it (prometheus in .ci/run)" >&2
+    exit 1
+  fi
+  echo "prometheus is not installed: skipped (apt-get install prometheus)"
+  exit 77
+fi
+command -v curl >/dev/null 2>&1 || { echo "curl is not installed" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+exporter=""
+prom=""
+cleanup() {
+  [ -n "$prom" ] && kill "$prom" 2>/dev/null && wait "$prom" 2>/dev/null
+  [ -n "$exporter" ] && kill "$exporter" 2>/dev/null && wait "$exporter" 2>/dev/null
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+start=$(date +%s)
+deadline=$((start + 50))
+fail() {
+  echo "FAIL: $*" >&2
+  echo "--- exporter:" >&2; cat "$tmp/exporter.log" >&2
+  echo "--- prometheus (tail):" >&2; tail -n 20 "$tmp/prom.log" >&2 2>/dev/null
+  exit 1
+}
+
+# The exporter serves until it is killed (--linger -1), after the replay ended.
+"$lua" --replay "$src/examples/demo.cmcap" "$src/scripts/prometheus.lua" --port 0 --linger -1 \
+  >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
+exporter=$!
+eport=""
+while [ -z "$eport" ]; do
+  eport=$(sed -n 's|^prometheus.lua: serving http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$tmp/exporter.log")
+  [ -n "$eport" ] && break
+  kill -0 "$exporter" 2>/dev/null || fail "the exporter exited before serving"
+  [ "$(date +%s)" -lt "$deadline" ] || fail "the exporter did not say its port"
+  sleep 0.1
+done
+
+free_port() {
+  "$lua" -e 'local uv = require "luv"; local s = uv.new_tcp(); assert(s:bind("127.0.0.1", 0));
+    print(s:getsockname().port); s:close()'
+}
+
+cat >"$tmp/prometheus.yml" <<YML
+global:
+  scrape_interval: 1s
+  scrape_timeout: 1s
+scrape_configs:
+  - job_name: cuptimon
+    static_configs:
+      - targets: ["127.0.0.1:$eport"]
+YML
+
+pport=""
+for attempt in 1 2 3; do
+  pport=$(free_port) || fail "no free port"
+  prometheus --config.file="$tmp/prometheus.yml" --storage.tsdb.path="$tmp/data" \
+    --web.listen-address="127.0.0.1:$pport" >"$tmp/prom.log" 2>&1 &
+  prom=$!
+  ready=""
+  while [ "$(date +%s)" -lt "$deadline" ]; do
+    if curl -sf "http://127.0.0.1:$pport/-/ready" >/dev/null 2>&1; then ready=1; break; fi
+    kill -0 "$prom" 2>/dev/null || break
+    sleep 0.2
+  done
+  [ -n "$ready" ] && break
+  kill "$prom" 2>/dev/null; wait "$prom" 2>/dev/null; prom=""
+  grep -q "address already in use" "$tmp/prom.log" || fail "prometheus did not start"
+done
+[ -n "$prom" ] || fail "prometheus did not start (attempt $attempt)"
+
+# The value of an instant query that returns one series (empty while there is none).
+query() {
+  curl -sf -G "http://127.0.0.1:$pport/api/v1/query" --data-urlencode "query=$1" |
+    sed -n 's/.*"result":\[{"metric":{[^}]*},"value":\[[0-9.]*,"\([^"]*\)"\]}\].*/\1/p'
+}
+
+# Wait for the first scrape.
+while [ "$(query 'up{job="cuptimon"}')" != 1 ]; do
+  [ "$(date +%s)" -lt "$deadline" ] || fail "prometheus never scraped the exporter: up=$(query 'up{job="cuptimon"}')"
+  sleep 0.5
+done
+
+check() {
+  got=$(query "$1")
+  [ "$got" = "$2" ] || fail "$1 = '$got', expected $2"
+  echo "ok: $1 = $got"
+}
+check 'sum(cuptimon_kernel_launches_total)' 300
+check 'cuptimon_kernel_launches_total{kernel="cm_demo_matmul<16>"}' 150
+check 'count(cuptimon_kernel_launches_total)' 5
+check 'sum(cuptimon_kernel_duration_seconds_count)' 300
+check 'sum(cuptimon_kernel_duration_seconds_bucket{le="+Inf"})' 300
+check 'cuptimon_records_total{kind="concurrent_kernel",pid="601",executable="cuptimon_demo_cuda"}' 300
+check 'sum(cuptimon_records_dropped_total)' 0
+check 'sum(cuptimon_memcpy_bytes_total)' 20119672
+check 'count(cuptimon_kernel_launches_total{host="vm",device="0"})' 5
+echo "prometheus scraped the exporter in $(( $(date +%s) - start )) s"

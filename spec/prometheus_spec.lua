@@ -1,0 +1,296 @@
+-- Specs of scripts/prometheus.lua without a Prometheus server (spec/prometheus_scrape.sh has the
+-- real one): the exporter serves a replay, a luv client fetches /metrics, and a small parser of
+-- the text exposition format 0.0.4 checks every line (HELP and TYPE before a family's samples,
+-- families contiguous, `name{labels} value` samples, histogram buckets cumulative and ending with
+-- le="+Inf" equal to _count) before the values are compared with count.lua's figures. Also the
+-- HTTP answers (404, 405, 400, 431), the bounded kernel label, and one series set per process.
+-- luacheck: std +busted
+local uv = require "luv"
+local helpers = require "helpers"
+
+local bin = helpers.binary()
+local root = helpers.root()
+local gen = os.getenv("CUPTIMON_WIRE_GEN")
+local demo = root .. "/examples/demo.cmcap"
+local script = root .. "/scripts/prometheus.lua"
+
+-- Starts the exporter on `captures` with extra `argv`; returns { port =, proc =, log = fn,
+-- stop = fn -> exit status }. The process is killed by stop(), which finally() calls.
+local function start(captures, argv)
+  local a = {}
+  for _, c in ipairs(captures) do a[#a + 1] = "--replay"; a[#a + 1] = c end
+  a[#a + 1] = script
+  a[#a + 1] = "--port"
+  a[#a + 1] = "0"
+  a[#a + 1] = "--linger"
+  a[#a + 1] = "-1"
+  for _, v in ipairs(argv or {}) do a[#a + 1] = v end
+  local err = uv.new_pipe(false)
+  local log, status = {}, nil
+  local e = { }
+  local proc = uv.spawn(bin, { args = a, stdio = { nil, nil, err } }, function(code, signal)
+    status = signal ~= 0 and 128 + signal or code
+  end)
+  assert(proc, "cannot start cuptimon-lua")
+  err:read_start(function(_, chunk) if chunk then log[#log + 1] = chunk end end)
+  e.log = function() return table.concat(log) end
+  helpers.run_until(function()
+    return e.log():match("the run ended") ~= nil or status ~= nil
+  end, 20000)
+  e.port = tonumber(e.log():match("serving http://127%.0%.0%.1:(%d+)/metrics"))
+  e.stop = function()
+    if status == nil then proc:kill("sigterm") end
+    helpers.run_until(function() return status ~= nil end, 10000)
+    if not err:is_closing() then err:close() end
+    if not proc:is_closing() then proc:close() end
+    return status
+  end
+  finally(e.stop)
+  assert.is_truthy(e.port, e.log())
+  assert.is_nil(status, e.log())
+  return e
+end
+
+-- Sends `request` to the port and returns the status, the head and the body of the answer.
+local function http(port, request)
+  local c = uv.new_tcp()
+  local got, done = {}, false
+  c:connect("127.0.0.1", port, function(cerr)
+    assert(not cerr, cerr)
+    c:write(request)
+    c:read_start(function(rerr, chunk)
+      if rerr or not chunk then
+        done = true
+        c:close()
+      else
+        got[#got + 1] = chunk
+      end
+    end)
+  end)
+  assert.is_true(helpers.run_until(function() return done end, 10000), "no answer")
+  local text = table.concat(got)
+  local head, body = text:match("^(.-)\r\n\r\n(.*)$")
+  local status = tonumber((head or ""):match("^HTTP/1%.1 (%d+) "))
+  return status, head, body
+end
+
+local function get(port, path)
+  return http(port, ("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: spec\r\n\r\n"):format(path))
+end
+
+-- Parses an exposition; returns { [family] = { type =, samples = { { name =, labels =, value = } } } }
+-- or raises naming the line at fault.
+local function parse(text)
+  local fams, order, current = {}, {}, nil
+  local function family(name, line)
+    local f = fams[name]
+    if not f then
+      f = { samples = {} }
+      fams[name] = f
+      order[#order + 1] = name
+    elseif current ~= name then
+      error("family " .. name .. " is not contiguous: " .. line)
+    end
+    current = name
+    return f
+  end
+  assert(text:sub(-1) == "\n", "the exposition must end with a newline")
+  for line in text:gmatch("([^\n]*)\n") do
+    local name, help = line:match("^# HELP ([%a_:][%w_:]*) (.*)$")
+    local tname, typ = line:match("^# TYPE ([%a_:][%w_:]*) (%a+)$")
+    if name then
+      local f = family(name, line)
+      assert(not f.help and #f.samples == 0, "HELP after samples or twice: " .. line)
+      f.help = help
+    elseif tname then
+      local f = family(tname, line)
+      assert(not f.type and #f.samples == 0, "TYPE after samples or twice: " .. line)
+      assert(typ == "counter" or typ == "gauge" or typ == "histogram" or typ == "summary" or typ == "untyped", line)
+      f.type = typ
+    else
+      local sname, rest = line:match("^([%a_:][%w_:]*)(.*)$")
+      assert(sname, "not a sample line: " .. line)
+      local labels = {}
+      if rest:sub(1, 1) == "{" then
+        local i = 2
+        while rest:sub(i, i) ~= "}" do
+          local k, after = rest:match("^([%a_][%w_]*)=\"()", i)
+          assert(k, "bad label at " .. i .. ": " .. line)
+          local v, j = {}, after
+          while true do
+            local ch = rest:sub(j, j)
+            assert(ch ~= "" and ch ~= "\n", "unterminated label value: " .. line)
+            if ch == "\\" then
+              local esc = rest:sub(j + 1, j + 1)
+              v[#v + 1] = ({ ["\\"] = "\\", ['"'] = '"', n = "\n" })[esc] or error("bad escape: " .. line)
+              j = j + 2
+            elseif ch == '"' then
+              break
+            else
+              v[#v + 1] = ch
+              j = j + 1
+            end
+          end
+          assert(labels[k] == nil, "label twice: " .. line)
+          labels[k] = table.concat(v)
+          i = j + 1
+          if rest:sub(i, i) == "," then i = i + 1 end
+        end
+        rest = rest:sub(i + 1)
+      end
+      local value = rest:match("^ (%S+)$")
+      local n = tonumber(value) or (value == "+Inf" and math.huge) or nil
+      assert(n, "bad value: " .. line)
+      local base = sname:gsub("_bucket$", ""):gsub("_sum$", ""):gsub("_count$", "")
+      local f = fams[sname] or fams[base]
+      assert(f and (fams[sname] or f.type == "histogram"), "sample without its TYPE: " .. line)
+      family(fams[sname] and sname or base, line)
+      f.samples[#f.samples + 1] = { name = sname, labels = labels, value = n }
+    end
+  end
+  -- Histograms: per label set, buckets cumulative in le order, ending with +Inf = _count.
+  for fname, f in pairs(fams) do
+    if f.type == "histogram" then
+      local sets = {}
+      for _, s in ipairs(f.samples) do
+        local key = {}
+        for k, v in pairs(s.labels) do if k ~= "le" then key[#key + 1] = k .. "=" .. v end end
+        table.sort(key)
+        key = table.concat(key, ",")
+        local set = sets[key] or { buckets = {} }
+        sets[key] = set
+        if s.name == fname .. "_bucket" then
+          set.buckets[#set.buckets + 1] = { le = tonumber(s.labels.le) or (s.labels.le == "+Inf" and math.huge), n = s.value }
+        elseif s.name == fname .. "_count" then
+          set.count = s.value
+        elseif s.name == fname .. "_sum" then
+          set.sum = s.value
+        end
+      end
+      for key, set in pairs(sets) do
+        local prev = { le = -math.huge, n = 0 }
+        for _, b in ipairs(set.buckets) do
+          assert(b.le and b.le > prev.le and b.n >= prev.n, "buckets not cumulative: " .. key)
+          prev = b
+        end
+        assert(prev.le == math.huge and prev.n == set.count and set.sum, "no +Inf = _count or _sum: " .. key)
+      end
+    end
+  end
+  return fams
+end
+
+local function sum(f, where)
+  local n = 0
+  for _, s in ipairs(f.samples) do
+    local ok = true
+    for k, v in pairs(where or {}) do if s.labels[k] ~= v then ok = false end end
+    if ok and (s.name:match("_total$") or s.name:match("_count$")) then n = n + s.value end
+  end
+  return n
+end
+
+describe("prometheus.lua", function()
+  it("serves the demo capture's metrics in the text exposition format", function()
+    local e = start({ demo })
+    local status, head, body = get(e.port, "/metrics")
+    assert.are.equal(200, status, head)
+    assert.matches("Content%-Type: text/plain; version=0%.0%.4", head)
+    local fams = parse(body)
+    local launches = fams.cuptimon_kernel_launches_total
+    assert.are.equal("counter", launches.type)
+    assert.are.equal(300, sum(launches))
+    assert.are.equal(150, sum(launches, { kernel = "cm_demo_matmul<16>" }))
+    assert.are.equal(300, sum(fams.cuptimon_kernel_duration_seconds))
+    assert.are.equal("histogram", fams.cuptimon_kernel_duration_seconds.type)
+    assert.are.equal(300, sum(fams.cuptimon_records_total, { kind = "concurrent_kernel" }))
+    assert.are.equal(0, sum(fams.cuptimon_records_dropped_total))
+    assert.is_true(sum(fams.cuptimon_memcpy_bytes_total, { copy_kind = "HtoD" }) > 0)
+    assert.is_truthy(fams.cuptimon_memcpy_duration_seconds_total)
+    local s = launches.samples[1].labels
+    assert.are.same({ host = "vm", pid = "601", executable = "cuptimon_demo_cuda", device = "0",
+      kernel = s.kernel }, s)
+    -- A second scrape gives the same numbers (nothing arrives after the run).
+    local _, _, again = get(e.port, "/metrics")
+    assert.are.equal(body, again)
+    assert.are.equal(0, e.stop())
+  end)
+
+  it("answers only GET / and GET /metrics, strictly", function()
+    local e = start({ demo })
+    assert.are.equal(200, (get(e.port, "/")))
+    assert.are.equal(200, (get(e.port, "/metrics?x=1")))
+    assert.are.equal(404, (get(e.port, "/nope")))
+    local st, head = http(e.port, "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    assert.are.equal(405, st)
+    assert.matches("Allow: GET", head)
+    assert.are.equal(400, (http(e.port, "GET /metrics\r\n\r\n")))
+    assert.are.equal(400, (http(e.port, "GET /metrics HTTP/1.1\r\n\r\n")))       -- no Host
+    assert.are.equal(200, (http(e.port, "GET /metrics HTTP/1.0\r\n\r\n")))       -- 1.0: optional
+    assert.are.equal(400, (http(e.port, "GET /metrics HTTP/2.0\r\nHost: x\r\n\r\n")))
+    assert.are.equal(400, (http(e.port, "GET /metrics HTTP/1.1\r\nHost: x\r\n folded\r\n\r\n")))
+    assert.are.equal(400, (http(e.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n")))
+    assert.are.equal(400, (http(e.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")))
+    assert.are.equal(400, (http(e.port, "GET metrics HTTP/1.1\r\nHost: x\r\n\r\n")))
+    local big = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " .. ("a"):rep(9000) .. "\r\n\r\n"
+    assert.are.equal(431, (http(e.port, big)))
+    -- The server still answers after all that.
+    assert.are.equal(200, (get(e.port, "/metrics")))
+    assert.are.equal(0, e.stop())
+  end)
+
+  it("bounds the kernel label to the top names by time plus other", function()
+    local e = start({ demo }, { "--top-kernels", "1" })
+    local _, _, body = get(e.port, "/metrics")
+    local launches = parse(body).cuptimon_kernel_launches_total
+    local kernels = {}
+    for _, s in ipairs(launches.samples) do kernels[s.labels.kernel] = s.value end
+    assert.are.same({ ["cm_demo_matmul<16>"] = 150, other = 150 }, kernels)
+    assert.are.equal(0, e.stop())
+  end)
+
+  it("serves a live run of two fake CUDA applications, one series set per pid", function()
+    local app = os.getenv("CUPTIMON_FAKE_APP")
+    local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
+    local f = io.open(build .. "/libcuptimon-agent.so", "r")
+    if f then f:close() end
+    if not app or not f then
+      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+      return
+    end
+    local e = start({}, { "--", "sh", "-c",
+      ("%s --records 1000 --kinds kernel & %s --records 500 --kinds kernel; wait"):format(app, app) })
+    local _, _, body = get(e.port, "/metrics")
+    local launches = parse(body).cuptimon_kernel_launches_total
+    local per_pid = {}
+    for _, s in ipairs(launches.samples) do
+      assert.are.equal("fake_cuda_app", s.labels.executable)
+      per_pid[#per_pid + 1] = sum(launches, { pid = s.labels.pid })
+    end
+    table.sort(per_pid)
+    assert.are.equal(1500, sum(launches))
+    assert.are.equal(500, per_pid[1])
+    assert.are.equal(1000, per_pid[#per_pid])
+    assert.are.equal(0, e.stop())
+  end)
+
+  it("labels each process of a multi-process run by pid", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local tmp = os.tmpname()
+    local a, b = tmp .. ".a.cmcap", tmp .. ".b.cmcap"
+    finally(function() os.remove(a); os.remove(b); os.remove(tmp) end)
+    assert(os.execute(("%s capture %s --pid 111 --records 2000 --kinds kernel,runtime,memcpy"):format(gen, a)) == 0)
+    assert(os.execute(("%s capture %s --pid 222 --records 1000 --kinds kernel,runtime"):format(gen, b)) == 0)
+    local e = start({ a, b })
+    local _, _, body = get(e.port, "/metrics")
+    local fams = parse(body)
+    assert.are.equal(2000, sum(fams.cuptimon_kernel_launches_total, { pid = "111", executable = "wire_gen" }))
+    assert.are.equal(1000, sum(fams.cuptimon_kernel_launches_total, { pid = "222", executable = "wire_gen" }))
+    assert.are.equal(2000, sum(fams.cuptimon_records_total, { pid = "111", kind = "memcpy" }))
+    assert.are.equal(0, sum(fams.cuptimon_records_total, { pid = "222", kind = "memcpy" }))
+    assert.are.equal(0, e.stop())
+  end)
+end)
