@@ -34,10 +34,19 @@ describe("the column loop", function()
     assert.is_number(loop_line)
     local here = "sum_observer.lua:" .. loop_line
     assert.matches("%[TRACE%s+%d+ [^%]]*" .. here .. " loop%]", log)
+    -- No trace in the loop or in agg.lua may stop at something the JIT cannot compile (NYI) or
+    -- abort for any other reason, except two that only say where the recorder met a loop: which
+    -- side exits become hot before which traces exist depends on the batch boundaries, and those
+    -- depend on when the engine's worker thread delivers, so they vary with load (a side trace
+    -- from Hist:add once aborted with "loop unroll limit reached at sum_observer.lua:10" in 1 of
+    -- 20 TSan runs under load). LuaJIT retries such a trace later; the loop trace is checked above.
     for line in log:gmatch("[^\n]+") do
       if line:find("sum_observer.lua") or line:find("agg.lua") then
         assert.is_nil(line:find("NYI", 1, true), line)
-        assert.is_nil(line:find("TRACE ---", 1, true), line)
+        if not (line:find("-- loop unroll limit reached", 1, true)
+                or line:find("-- leaving loop in root trace", 1, true)) then
+          assert.is_nil(line:find("TRACE ---", 1, true), line)
+        end
       end
     end
   end)
