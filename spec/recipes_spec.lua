@@ -122,3 +122,79 @@ describe("recipes on examples/demo.cmcap", function()
     assert.is_nil(out:match("%d%d%d%d%d%d%d%d%d%d"), out) -- no 10-digit value anywhere
   end)
 end)
+
+-- Every recipe over a capture of several processes recorded from the fake CUDA application with
+-- the real agent: one table (or file, or track) per process, and counts equal to what each
+-- process reports it wrote.
+describe("every recipe on a two-process capture of the fake CUDA app", function()
+  local app = os.getenv("CUPTIMON_FAKE_APP")
+  local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
+
+  it("gives each process its own table with exact counts", function()
+    local f = io.open(build .. "/libcuptimon-agent.so", "r")
+    if f then f:close() end
+    if not app or not f then
+      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+      return
+    end
+    local dir = os.tmpname()
+    os.remove(dir)
+    assert(os.execute("mkdir -p " .. dir) == 0)
+    local cmd = ("sh -c '%s --records 3000 --kinds kernel,runtime,marker & %s --records 2000 --kinds kernel,memcpy,memset; wait'")
+      :format(app, app)
+    local rc, out = helpers.sh(("%s --record %s/p.%%p.cmcap -- %s"):format(bin, dir, cmd))
+    assert.are.equal(0, rc, out)
+    local written, caps = {}, {}
+    for pid, k in out:gmatch("fake_cuda_app: pid=(%d+)[^\n]*concurrent_kernel=(%d+)") do
+      written[pid] = tonumber(k)
+    end
+    for path in out:gmatch("recorded (%S+): ") do caps[#caps + 1] = "--replay " .. path end
+    assert.are.equal(2, #caps, out)
+    local replay = ("%s %s %s/scripts/"):format(bin, table.concat(caps, " "), root)
+    local function recipe(args)
+      local rc2, o = helpers.sh(replay .. args)
+      assert.are.equal(0, rc2, args .. ": " .. o)
+      return o
+    end
+    -- top: a table per process and device, titled by pid and executable; the instances of a
+    -- process's tables add up to what it wrote.
+    local top = recipe("top.lua --top 100")
+    local inst, cur = {}, nil
+    for line in top:gmatch("[^\n]+") do
+      local pid = line:match("^pid (%d+) %([^)]*fake_cuda_app%), device %d+$")
+      if pid then cur = pid end
+      local c = line:match("^%s*[%d.]+%s+%d+%s+(%d+)%s")
+      if c and cur then inst[cur] = (inst[cur] or 0) + tonumber(c) end
+    end
+    for pid, n in pairs(written) do assert.are.equal(n, inst[pid], top) end
+    -- count, per process.
+    local count = recipe("count.lua --per-process")
+    for pid in pairs(written) do assert.matches(pid, count, 1, true) end
+    -- nvtx, idle, memcpy_bw, api_latency: one section per process, status 0.
+    for _, r in ipairs { "nvtx.lua", "idle.lua", "memcpy_bw.lua", "api_latency.lua" } do
+      local o = recipe(r)
+      assert.is_true(#o > 0, r)
+    end
+    local idle = recipe("idle.lua")
+    local tables = 0
+    for _ in idle:gmatch("pid %d+ fake_cuda_app\n") do tables = tables + 1 end
+    assert.are.equal(2, tables, idle)
+    -- dump: rows per process equal what each wrote.
+    recipe(("dump.lua --kinds kernel -o %s/dump/"):format(dir))
+    local rows = {}
+    for line in io.lines(dir .. "/dump/kernel.csv") do
+      local pid = line:match("^(%d+),")
+      if pid then rows[pid] = (rows[pid] or 0) + 1 end
+    end
+    for pid, n in pairs(written) do assert.are.equal(n, rows[pid], pid) end
+    -- timeline: a valid trace with both processes.
+    package.path = root .. "/spec/?.lua;" .. package.path
+    recipe(("timeline.lua -o %s/t.json"):format(dir))
+    local r, err = require("trace_check").file(dir .. "/t.json")
+    assert.is_truthy(r, err)
+    local total = 0
+    for _, n in pairs(written) do total = total + n end
+    assert.are.equal(total, r.by_cat.kernel)
+    os.execute("rm -rf " .. dir)
+  end)
+end)
