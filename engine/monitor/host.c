@@ -16,6 +16,8 @@
  * in-process source (inproc.c) runs the engine with deliver_ms = 0 and batch_records = 0: the
  * decode worker never delivers, and deliveries happen on the loop thread inside the calls above.
  * A delivery on any other thread would be a bug; it is dropped and counted, never run.
+ * Subscriber callbacks (cm.on_api) come the same way: apicb.c queues them on the application
+ * threads and wakes the loop, and the "api" event hands them to Lua on the loop thread.
  *
  * Ownership. The host owns the lua_State, the observer table and the attached sources; it does
  * not own the loop. All functions run on the loop thread.

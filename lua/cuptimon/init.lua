@@ -11,9 +11,10 @@
 -- Design note. This module is the Lua half of the host (engine/monitor/host.c). The host calls two
 -- functions registered here: the dispatcher, once per batch with (batch pointer, source id,
 -- observer id), and the event function for everything else (exit, process_start, process_exit,
--- flush_done, deferred, error). Requests that would deliver batches (observe, close, flush) go
--- through the cuptimon.core lua_CFunctions, never the FFI; made from inside an observer callback
--- they are deferred to the next loop iteration, because the engine is mid-delivery then.
+-- flush_done, deferred, error, and api: subscriber callbacks queued by engine/monitor/apicb.c).
+-- Requests that would deliver batches (observe, close, flush) go through the cuptimon.core
+-- lua_CFunctions, never the FFI; made from inside an observer callback they are deferred to the
+-- next loop iteration, because the engine is mid-delivery then.
 --
 -- Errors follow luv: misuse (an unknown kind or field, a wrong type) raises error(msg, 2) naming
 -- the valid choices; a failure at run time returns nil, "ENAME: detail", "ENAME".
