@@ -16,6 +16,8 @@
  * in-process source (inproc.c) runs the engine with deliver_ms = 0 and batch_records = 0: the
  * decode worker never delivers, and deliveries happen on the loop thread inside the calls above.
  * A delivery on any other thread would be a bug; it is dropped and counted, never run.
+ * Subscriber callbacks (cm.on_api) come the same way: apicb.c queues them on the application
+ * threads and wakes the loop, and the "api" event hands them to Lua on the loop thread.
  *
  * Ownership. The host owns the lua_State, the observer table and the attached sources; it does
  * not own the loop. All functions run on the loop thread.
@@ -36,6 +38,7 @@
 
 #include "cuptimon.h"
 #include "cuptimon_host.h"
+#include "apicb.h"
 #include "host_internal.h"
 
 /* The Lua modules embedded at build time (a generated file, lua/CMakeLists.txt). */
@@ -795,7 +798,108 @@ static int core_demangle(lua_State *L) {
   return 1;
 }
 
+/* ---- subscriber callbacks (apicb.c) ---------------------------------------------------------- */
+
+void cm__host_api_ready(cm_host *h) {
+  if (h->shut_down) return;
+  fire_event(h, "api", 0);
+}
+
+/* The in-process source's subscriber-callback queue, or NULL (pushing nil, err, name: the
+ * caller returns 3) when there is none: the script monitors other processes only. */
+static cm__apicb *host_apicb(lua_State *L, cm_host *h) {
+  int rc = ensure_inproc(h);
+  if (rc) {
+    push_fail(L, rc, "cannot start the in-process engine (is CUPTI available? set "
+                     "CUPTIMON_LIBCUPTI): see the log above");
+    return NULL;
+  }
+  for (int i = 0; i < h->nsources; i++) {
+    cm__apicb *q = cm__inproc_apicb(h->sources[i]);
+    if (q) return q;
+  }
+  lua_pushnil(L);
+  lua_pushstring(L, "ENOTSUP: API callbacks need the in-process engine (a script run without "
+                    "'-- cmd' or --replay); the traced processes of a hub are remote");
+  lua_pushstring(L, "ENOTSUP");
+  return NULL;
+}
+
+/* api_add(domain, cbid, sites) -> subscription id | nil, err, name. */
+static int core_api_add(lua_State *L) {
+  cm_host *h = core_host(L);
+  int domain = (int)luaL_checkinteger(L, 1);
+  uint32_t cbid = (uint32_t)luaL_checkinteger(L, 2);
+  unsigned sites = (unsigned)luaL_checkinteger(L, 3);
+  cm__apicb *q = host_apicb(L, h);
+  if (!q) return 3;
+  uint32_t id;
+  int rc = cm__apicb_add(q, domain, cbid, sites, &id);
+  if (rc) return push_fail(L, rc, cm_errmsg());
+  lua_pushinteger(L, (lua_Integer)id);
+  return 1;
+}
+
+/* api_remove(id) -> true | nil, err, name. */
+static int core_api_remove(lua_State *L) {
+  cm_host *h = core_host(L);
+  uint32_t id = (uint32_t)luaL_checkinteger(L, 1);
+  cm__apicb *q = host_apicb(L, h);
+  if (!q) return 3;
+  int rc = cm__apicb_remove(q, id);
+  if (rc) return push_fail(L, rc, NULL);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* api_take() -> { {sub, domain, cbid, site, correlation, tid, time}, ... } (the queued events,
+ * oldest first, at most one queue's worth), queued, dropped; nil when there is no in-process
+ * engine. */
+static int core_api_take(lua_State *L) {
+  cm_host *h = core_host(L);
+  cm__apicb *q = NULL;
+  for (int i = 0; i < h->nsources && !q; i++) q = cm__inproc_apicb(h->sources[i]);
+  if (!q) return 0;
+  /* In chunks, and at most one queue's worth per call, so producers that keep pushing cannot
+   * hold the loop here. */
+  cm__api_event buf[256];
+  lua_createtable(L, 256, 0);
+  int at = 0;
+  for (uint32_t total = 0; total < CM__APICB_CAPACITY;) {
+    uint32_t n = cm__apicb_take(q, buf, 256);
+    for (uint32_t i = 0; i < n; i++) {
+      const cm__api_event *ev = &buf[i];
+      lua_createtable(L, 0, 7);
+      lua_pushinteger(L, (lua_Integer)ev->sub);
+      lua_setfield(L, -2, "sub");
+      lua_pushinteger(L, ev->domain);
+      lua_setfield(L, -2, "domain");
+      lua_pushinteger(L, (lua_Integer)ev->cbid);
+      lua_setfield(L, -2, "cbid");
+      lua_pushstring(L, ev->site == CM__APICB_EXIT ? "exit" : "enter");
+      lua_setfield(L, -2, "site");
+      lua_pushnumber(L, (lua_Number)ev->correlation);
+      lua_setfield(L, -2, "correlation");
+      lua_pushnumber(L, (lua_Number)ev->tid);
+      lua_setfield(L, -2, "tid");
+      lua_pushnumber(L, (lua_Number)ev->time_ns);
+      lua_setfield(L, -2, "time");
+      lua_rawseti(L, -2, ++at);
+    }
+    total += n;
+    if (n < 256) break;
+  }
+  uint64_t queued, dropped;
+  cm__apicb_counts(q, &queued, &dropped, NULL);
+  lua_pushnumber(L, (lua_Number)queued);
+  lua_pushnumber(L, (lua_Number)dropped);
+  return 3;
+}
+
 static const luaL_Reg core_funcs[] = {
+    {"api_add", core_api_add},
+    {"api_remove", core_api_remove},
+    {"api_take", core_api_take},
     {"register", core_register},
     {"demangle", core_demangle},
     {"host", core_host_ptr},

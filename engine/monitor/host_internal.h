@@ -21,4 +21,13 @@ void cm__host_error(cm_host *h, const char *where, const char *msg);
 /* The cadences the script asked for with cuptimon.configure (0 when it did not). */
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms);
 
+struct cm__apicb;
+
+/* Subscriber callbacks (apicb.h): events are waiting; the host takes them into Lua (the script's
+ * "api" event). Called from the queue's uv_async on the loop thread. */
+void cm__host_api_ready(cm_host *h);
+/* The subscriber-callback queue of an in-process source, created on first use; NULL for another
+ * kind of source or when it cannot be created. Implemented in inproc.c. */
+struct cm__apicb *cm__inproc_apicb(cm_source *s);
+
 #endif /* CM_HOST_INTERNAL_H */

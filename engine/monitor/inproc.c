@@ -21,6 +21,7 @@
 
 #include "cuptimon.h"
 #include "cuptimon_host.h"
+#include "apicb.h"
 #include "host_internal.h"
 
 typedef struct inproc inproc;
@@ -41,6 +42,7 @@ struct inproc {
   inproc_obs **obs;
   int nobs, cap;
   uint32_t deliver_ms;
+  cm__apicb *apicb; /* subscriber callbacks for the script, created on first use */
   /* The process table's strings, rebuilt by each describe. */
   char exe[4096];
   char cmdline[8192];
@@ -170,9 +172,25 @@ static void inproc_closed(uv_handle_t *hd) { free(hd->data); }
 static void inproc_free(cm_source *s) {
   inproc *p = (inproc *)s;
   while (p->nobs) inproc_unobserve(s, p->obs[p->nobs - 1]->obs);
+  cm__apicb_free(p->apicb); /* before the engine: it unregisters its handlers */
   cm_engine_free(p->e);
   free(p->obs);
   uv_close((uv_handle_t *)&p->timer, inproc_closed);
+}
+
+static void apicb_ready(void *ud) {
+  inproc *p = ud;
+  cm__host_api_ready(p->base.host);
+}
+
+static const cm_source_vtable inproc_vt;
+
+cm__apicb *cm__inproc_apicb(cm_source *s) {
+  if (!s || s->vt != &inproc_vt) return NULL;
+  inproc *p = (inproc *)s;
+  if (!p->apicb && cm__apicb_new(&p->apicb, p->e, cm_host_loop(p->base.host), 0, apicb_ready, p))
+    p->apicb = NULL;
+  return p->apicb;
 }
 
 static const cm_source_vtable inproc_vt = {

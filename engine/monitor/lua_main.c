@@ -94,6 +94,13 @@ static void usage(FILE *out) {
 "  cm.stats(), cm.sources(), cm.exit(status)\n"
 "  cm.count(), cm.summary(), cm.hist(), cm.lhist(min, max, step), cm.quantiles(),\n"
 "  cm.count_by(), cm.sum_by(), cm.stats_by(), cm.topk(k)   aggregations that print themselves\n"
+"  cm.kernel_name(name [, full]), b:kernel_name(i)      a short demangled kernel name\n"
+"  cm.demangle(name)                                    the full demangled C++ name\n"
+"  In-process only (this process's CUDA work, not `-- cmd` or --replay; see docs/monitor.md):\n"
+"  cm.on_api(\"cudaLaunchKernel\", fn [, {site=}])        API callbacks, queued to the loop\n"
+"  cm.corr_push([id]), cm.corr_pop(), cm.corr_current(), cm.corr_depth(), cm.corr_chain(id),\n"
+"  cm.corr_join_chains(ec, b), cm.corr_metadata_put(id, json), cm.corr_metadata_take()\n"
+"  cm.corr_join(ec, b)                                  external ids of rows (batches of any source)\n"
 "  require \"luv\" gives the same loop as the host.\n"
 "\n");
   fprintf(out,

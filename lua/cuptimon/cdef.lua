@@ -117,6 +117,23 @@ typedef struct cm_session_info {
 
 const char *cm_version(void);
 
+uint64_t cm_corr_push(void);
+int cm_corr_push_id(uint64_t id);
+int cm_corr_pop(uint64_t *id);
+uint64_t cm_corr_current(void);
+int cm_corr_depth(void);
+int cm_corr_chain(uint64_t id, uint64_t *out, int max);
+int cm_corr_join(const uint32_t *ec_kind, const uint64_t *ec_external_id,
+                 const uint32_t *ec_correlation, uint32_t n_ec,
+                 const uint32_t *correlation, uint32_t n, uint64_t *external_out);
+int64_t cm_corr_join_chains(const uint32_t *ec_kind, const uint64_t *ec_external_id,
+                            const uint32_t *ec_correlation, uint32_t n_ec,
+                            const uint32_t *correlation, uint32_t n, uint32_t *offsets,
+                            uint64_t *ids, uint32_t cap_ids);
+int cm_corr_metadata_put(uint64_t id, const char *json, size_t len);
+int cm_corr_metadata_take(char **json_out, size_t *len_out);
+void cm_free(void *p);
+
 typedef struct cm_host cm_host;
 const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
 int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
