@@ -46,6 +46,7 @@
 #include "cm_internal.h"
 
 #define RESOURCE_QUEUE_MAX 65536
+#define CAPTURE_WAIT_MS 100   /* how long a capture that begins waits for a running synchronize */
 #define CAPTURE_TRACK_MAX 256 /* streams tracked by handle; more are counted without a handle */
 
 /* One registered handler. Freed only after a grace period, so a dispatch may still read it. */
@@ -122,6 +123,7 @@ struct cm__callbacks {
   uint32_t ncap;
   uint32_t cap_untracked; /* captures begun while the table was full */
   atomic_int captures;    /* ncap + cap_untracked, read without the lock */
+  atomic_int begin_pending; /* begin calls between their enter and exit callbacks */
 
   atomic_uint_fast64_t st_dispatched, st_calls, st_failures, st_res, st_res_dropped;
 };
@@ -129,6 +131,8 @@ struct cm__callbacks {
 /* The engine allows one engine per process, so one registry exists at a time; the public calls
  * find it through the engine, and this thread-local depth tells a writer it runs in a dispatch. */
 static _Thread_local int t_dispatch_depth;
+/* Capture begin calls of this thread between their enter and exit callbacks. */
+static _Thread_local int t_begin_pending;
 
 static const uint32_t resource_cbids[] = {
     CUPTI_CBID_RESOURCE_CONTEXT_CREATED, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING,
@@ -442,6 +446,19 @@ static void record_capture(cm__callbacks *cb, uint32_t cbid, const void *data) {
   bool end = !begin && in_list(capture_end_cbids, sizeof capture_end_cbids / sizeof capture_end_cbids[0], cbid);
   if ((!begin && !end) || !data) return;
   const CUpti_CallbackData *cd = data;
+  if (begin && cd->callbackSite == CUPTI_API_ENTER) {
+    /* Before the capture begins: count it, so no synchronize starts from now on, then let a
+     * synchronize already running finish (a synchronize that overlaps the capture invalidates
+     * it). The wait is bounded: a synchronize blocked behind a kernel that runs on does not hold
+     * the application longer than CAPTURE_WAIT_MS. */
+    t_begin_pending++;
+    atomic_fetch_add(&cb->begin_pending, 1);
+    struct timespec nap = {0, 50000};
+    for (int waited_us = 0; atomic_load(&cm__sync_helpers) > 0 && waited_us < CAPTURE_WAIT_MS * 1000;
+         waited_us += 50)
+      nanosleep(&nap, NULL);
+    return;
+  }
   if (cd->callbackSite != CUPTI_API_EXIT || !cd->functionParams) return;
   CUresult res = cd->functionReturnValue ? *(const CUresult *)cd->functionReturnValue : CUDA_SUCCESS;
   uint64_t stream = (uint64_t)(uintptr_t)*(void *const *)cd->functionParams;
@@ -463,10 +480,16 @@ static void record_capture(cm__callbacks *cb, uint32_t cbid, const void *data) {
   }
   atomic_store(&cb->captures, (int)(cb->ncap + cb->cap_untracked));
   pthread_mutex_unlock(&cb->cap_mu);
+  /* After the stream joined the set, so the count never drops to 0 in between. An exit whose
+   * enter was not seen (the registry was created in between) has nothing to undo. */
+  if (begin && t_begin_pending > 0) {
+    t_begin_pending--;
+    atomic_fetch_sub(&cb->begin_pending, 1);
+  }
 }
 
 int cm__callbacks_captures_active(const cm__callbacks *cb) {
-  return cb ? atomic_load(&cb->captures) : 0;
+  return cb ? atomic_load(&cb->captures) + atomic_load(&cb->begin_pending) : 0;
 }
 
 void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const void *data,

@@ -340,6 +340,9 @@ int cm__callbacks_stats(cm__callbacks *cb, cm_callback_stats *out);
  * not synchronize the device while it is not 0: a synchronize call can invalidate an
  * application's graph capture. Any thread; lock-free. */
 int cm__callbacks_captures_active(const cm__callbacks *cb);
+/* Device synchronizes running on fence.c's helper thread (0 or 1). A capture that begins waits,
+ * for a bounded time, until it is 0 (callbacks.c). */
+extern _Atomic int cm__sync_helpers;
 
 /* ---- fence.c: the exit fence ------------------------------------------------------------------
  *

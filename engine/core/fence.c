@@ -25,8 +25,8 @@
 
 #include "engine.h"
 
-/* Device syncs still running on a helper thread (see sync_job). */
-static atomic_int g_sync_helpers;
+/* Device syncs still running on a helper thread (see sync_job); callbacks.c reads it too. */
+_Atomic int cm__sync_helpers;
 /* True on the thread running the exit fence, whose own waits keep their deadlines. */
 static _Thread_local bool t_exit_fence;
 
@@ -114,7 +114,7 @@ static void *sync_helper_main(void *arg) {
   int synced = sync_contexts(&j->c, j->cur);
   /* The count drops before `done` is published, so a waiter that saw this sync finish may start
    * the next one at once. */
-  atomic_fetch_sub(&g_sync_helpers, 1);
+  atomic_fetch_sub(&cm__sync_helpers, 1);
   pthread_mutex_lock(&j->mu);
   j->synced = synced;
   j->done = true;
@@ -133,23 +133,27 @@ int cm__engine_device_sync(cm_engine *e, uint64_t deadline, int *why) {
   cm__cupti *c = &e->cupti;
   *why = CM__SYNC_NONE;
   if (!c->cuCtxSynchronize || !c->cuCtxGetCurrent) return 0;
+  /* At most one helper at a time: a second one would only block behind the first. The helper
+   * is counted before the capture check, and a capture that begins counts itself before it waits
+   * for the helpers to finish (callbacks.c): with both orders sequentially consistent, either this
+   * check sees the capture, or the capture waits for this synchronize. */
+  int expected = 0;
+  if (!atomic_compare_exchange_strong(&cm__sync_helpers, &expected, 1)) {
+    ADD(e, st_sync_skipped_busy, 1);
+    *why = CM__SYNC_BUSY;
+    return 0;
+  }
   if (cm__callbacks_captures_active(atomic_load(&e->cb)) > 0) {
+    atomic_fetch_sub(&cm__sync_helpers, 1);
     if (ADD(e, st_sync_skipped_capture, 1) == 0)
       cm__engine_log(e, CM_LOG_INFO, "a CUDA stream capture is in progress: sync flushes do not synchronize "
                            "the device until it ends (a synchronize would invalidate the capture)");
     *why = CM__SYNC_CAPTURE;
     return 0;
   }
-  /* At most one helper at a time: a second one would only block behind the first. */
-  int expected = 0;
-  if (!atomic_compare_exchange_strong(&g_sync_helpers, &expected, 1)) {
-    ADD(e, st_sync_skipped_busy, 1);
-    *why = CM__SYNC_BUSY;
-    return 0;
-  }
   sync_job *j = calloc(1, sizeof *j);
   if (!j) {
-    atomic_fetch_sub(&g_sync_helpers, 1);
+    atomic_fetch_sub(&cm__sync_helpers, 1);
     return 0;
   }
   pthread_mutex_init(&j->mu, NULL);
@@ -169,7 +173,7 @@ int cm__engine_device_sync(cm_engine *e, uint64_t deadline, int *why) {
   int prc = pthread_create(&t, &at, sync_helper_main, j);
   pthread_attr_destroy(&at);
   if (prc != 0) {
-    atomic_fetch_sub(&g_sync_helpers, 1);
+    atomic_fetch_sub(&cm__sync_helpers, 1);
     j->refs = 1;
     job_release(j);
     return 0;

@@ -49,8 +49,9 @@ step torch_replay "$LUA" --replay "$OUT/torch.cmcap" spec/gpu/workload_counts.lu
 step torch_replay_cmp python3 spec/gpu/compare_torch.py "$OUT/torch_profiler.log" "$OUT/torch_replay.log"
 
 # 4. The demo capture for examples/, and a recipe over it.
-step demo_record "$LUA" --record "$OUT/demo.cmcap" -- "$G/cuptimon_demo_cuda" 30
-step demo_top "$LUA" --replay "$OUT/demo.cmcap" scripts/top.lua
+rm -f "$OUT"/demo.*.cmcap
+step demo_record "$LUA" --record "$OUT/demo.%p.cmcap" -- "$G/cuptimon_demo_cuda" 30
+step demo_top "$LUA" --replay "$(ls "$OUT"/demo.*.cmcap | head -n 1)" scripts/top.lua
 ls -la "$OUT"/*.cmcap
 
 # 5. Nothing hung, nothing changed (issue 9): the GPU ctest programs (graph captures under sync
@@ -106,6 +107,6 @@ echo "=== summary"
 printf '%s\n' "${summary[@]}"
 if [ -n "$RESULTS" ]; then
   tar czf "$RESULTS/gpu_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log)
-  cp "$OUT/demo.cmcap" "$RESULTS/" 2>/dev/null
+  cp "$OUT"/demo.*.cmcap "$RESULTS/" 2>/dev/null
   cp "$OUT/plain.cmcap" "$RESULTS/" 2>/dev/null
 fi
