@@ -191,6 +191,41 @@ local function sum(f, where)
 end
 
 describe("prometheus.lua", function()
+  -- The script's ffi.cdef of http-parser's structs (plain words for the bitfields) must match the
+  -- C compiler's layout, printed by spec/http_parser_layout.c.
+  it("declares http-parser's structs with the C compiler's layout", function()
+    local ffi = require "ffi"
+    local layout_bin = assert(os.getenv("CUPTIMON_HTTP_PARSER_LAYOUT"), "CUPTIMON_HTTP_PARSER_LAYOUT")
+    local pipe = assert(io.popen(layout_bin))
+    local c = {}
+    for line in pipe:lines() do
+      local k, v = line:match("^(%S+) (%d+)$")
+      c[k] = tonumber(v)
+    end
+    pipe:close()
+    local f = assert(io.open(script))
+    local text = f:read("*a")
+    f:close()
+    local cdef = assert(text:match("local HTTP_PARSER_CDEF = %[%[(.-)%]%]"), "no HTTP_PARSER_CDEF")
+    local ms, es = text:match("local METHOD_SHIFT, ERRNO_SHIFT = (%d+), (%d+)")
+    -- The types only (the functions follow them), renamed so as not to collide with another
+    -- declaration in this process.
+    cdef = assert(cdef:match("^(.-)unsigned long http_parser_version"))
+    cdef = cdef:gsub("http_parser", "spec_http_parser"):gsub("http_data_cb", "spec_http_data_cb")
+      :gsub("http_cb", "spec_http_cb")
+    ffi.cdef(cdef)
+    assert.are.equal(c.size, ffi.sizeof("spec_http_parser"))
+    for _, k in ipairs { "nread", "content_length", "http_major", "http_minor", "data" } do
+      assert.are.equal(c[k], ffi.offsetof("spec_http_parser", k), k)
+    end
+    assert.are.equal(c.http_minor + 2, ffi.offsetof("spec_http_parser", "_word2"))
+    assert.are.equal(c.method_shift, tonumber(ms))
+    assert.are.equal(c.errno_shift, tonumber(es))
+    assert.are.equal(c.settings_size, ffi.sizeof("spec_http_parser_settings"))
+    assert.are.equal(c.on_message_complete,
+      ffi.offsetof("spec_http_parser_settings", "on_message_complete"))
+  end)
+
   it("serves the demo capture's metrics in the text exposition format", function()
     local e = start({ demo })
     local status, head, body = get(e.port, "/metrics")
@@ -234,6 +269,10 @@ describe("prometheus.lua", function()
     assert.are.equal(400, (http(e.port, "GET metrics HTTP/1.1\r\nHost: x\r\n\r\n")))
     local big = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Big: " .. ("a"):rep(9000) .. "\r\n\r\n"
     assert.are.equal(431, (http(e.port, big)))
+    -- One request per connection: a pipelined second one is not parsed.
+    assert.are.equal(200, (http(e.port, "GET / HTTP/1.1\r\nHost: x\r\n\r\nGET /nope HTTP/1.1\r\n\r\n")))
+    -- A method http-parser does not know is malformed.
+    assert.are.equal(400, (http(e.port, "FOO / HTTP/1.1\r\nHost: x\r\n\r\n")))
     -- The server still answers after all that.
     assert.are.equal(200, (get(e.port, "/metrics")))
     assert.are.equal(0, e.stop())
