@@ -36,11 +36,12 @@ local function start(captures, argv)
   e.log = function() return table.concat(log) end
   helpers.run_until(function()
     return e.log():match("the run ended") ~= nil or status ~= nil
-  end, 20000)
+  end, 60000)
   e.port = tonumber(e.log():match("serving http://127%.0%.0%.1:(%d+)/metrics"))
   e.stop = function()
     if status == nil then proc:kill("sigterm") end
-    helpers.run_until(function() return status ~= nil end, 10000)
+    -- Generous: under ThreadSanitizer on a loaded 2-core machine the exit alone takes seconds.
+    helpers.run_until(function() return status ~= nil end, 60000)
     if not err:is_closing() then err:close() end
     if not proc:is_closing() then proc:close() end
     return status
