@@ -87,6 +87,19 @@ function M.sh(cmd)
   return rc, (out:gsub("::rc=%d+%s*$", ""))
 end
 
+--- The fake CUDA application (CUPTIMON_FAKE_APP) when it and the agent are built, or nil and
+--- the reason for pending(): `local app, why = helpers.agent_app(); if not app then
+--- pending(why) return end`.
+function M.agent_app()
+  local app = os.getenv("CUPTIMON_FAKE_APP")
+  local f = io.open((os.getenv("CUPTIMON_BUILD_DIR") or "") .. "/libcuptimon-agent.so", "r")
+  if f then f:close() end
+  if not app or not f then
+    return nil, "the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet"
+  end
+  return app
+end
+
 --- The repository's root directory.
 function M.root()
   return os.getenv("CUPTIMON_SOURCE_DIR") or "."

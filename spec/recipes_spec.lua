@@ -127,14 +127,10 @@ end)
 -- the real agent: one table (or file, or track) per process, and counts equal to what each
 -- process reports it wrote.
 describe("every recipe on a two-process capture of the fake CUDA app", function()
-  local app = os.getenv("CUPTIMON_FAKE_APP")
-  local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
-
   it("gives each process its own table with exact counts", function()
-    local f = io.open(build .. "/libcuptimon-agent.so", "r")
-    if f then f:close() end
-    if not app or not f then
-      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
       return
     end
     local dir = os.tmpname()

@@ -133,12 +133,9 @@ describe("timeline.lua", function()
   end)
 
   it("traces two live fake CUDA applications at once", function()
-    local app = os.getenv("CUPTIMON_FAKE_APP")
-    local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
-    local f = io.open(build .. "/libcuptimon-agent.so", "r")
-    if f then f:close() end
-    if not app or not f then
-      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
       return
     end
     local path = tmp .. "/live.json"

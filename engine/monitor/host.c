@@ -274,7 +274,7 @@ static void remember_gone(cm_host *h, cm_source *s) {
 }
 
 /* Pushes the process table of source `s`: source, pid and kind, then what the source's describe
- * filled in (host, ppid, exe, argv, devices; status and stats at exit). The same shape for every
+ * filled in (host, ppid, exe, argv, devices, env; status and stats at exit). The same shape for every
  * kind of source, so a script never needs to know where its batches come from. */
 static void push_process(cm_host *h, cm_source *s, int exiting) {
   lua_State *L = h->L;
@@ -324,6 +324,15 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
       lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "devices");
+    lua_createtable(L, 0, (int)info.nenv);
+    for (uint32_t i = 0; i < info.nenv; i++) {
+      const char *eq = info.env[i] ? strchr(info.env[i], '=') : NULL;
+      if (!eq || eq == info.env[i]) continue; /* not NAME=VALUE: skipped */
+      lua_pushlstring(L, info.env[i], (size_t)(eq - info.env[i]));
+      lua_pushstring(L, eq + 1);
+      lua_rawset(L, -3);
+    }
+    lua_setfield(L, -2, "env");
     if (info.status) {
       lua_pushstring(L, info.status);
       lua_setfield(L, -2, "status");

@@ -86,6 +86,8 @@ struct cm__wsrc {
   char **dev_names;
   uint32_t *dev_index;
   uint32_t ndevices;
+  char **env;           /* "NAME=VALUE" strings from HELLO */
+  uint32_t nenv;
   uint32_t cupti_version;
 
   /* Peer-chosen keys (kind ids, string ids, counter names) are looked up in hash tables with a

@@ -344,6 +344,8 @@ static void ws_describe(cm_source *s, cm_process_info *out, int exiting) {
   }
   out->argv = (const char *const *)w->argv;
   out->argc = w->argc;
+  out->env = (const char *const *)w->env;
+  out->nenv = w->nenv;
   free(w->desc_devices);
   w->desc_devices = w->ndevices ? calloc(w->ndevices, sizeof *w->desc_devices) : NULL;
   if (w->desc_devices) {
@@ -422,10 +424,12 @@ static void free_hello(cm__wsrc *w) {
   for (uint32_t i = 0; i < w->ndevices; i++) free(w->dev_names[i]);
   free(w->dev_names);
   free(w->dev_index);
+  for (uint32_t i = 0; i < w->nenv; i++) free(w->env[i]);
+  free(w->env);
   w->host = w->exe = NULL;
-  w->argv = w->dev_names = NULL;
+  w->argv = w->dev_names = w->env = NULL;
   w->dev_index = NULL;
-  w->argc = w->ndevices = 0;
+  w->argc = w->ndevices = w->nenv = 0;
 }
 
 static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
@@ -446,7 +450,8 @@ static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   w->argv = calloc(hl.argc + 1, sizeof *w->argv);
   w->dev_names = calloc(hl.ndevices + 1, sizeof *w->dev_names);
   w->dev_index = calloc(hl.ndevices + 1, sizeof *w->dev_index);
-  if (!w->argv || !w->dev_names || !w->dev_index) {
+  w->env = calloc(hl.nenv + 1, sizeof *w->env);
+  if (!w->argv || !w->dev_names || !w->dev_index || !w->env) {
     cm_wire_hello_release(&hl);
     snprintf(err, errlen, "out of memory");
     return CM_ENOMEM;
@@ -457,6 +462,7 @@ static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     w->dev_index[i] = hl.devices[i].index;
     w->ndevices++;
   }
+  for (uint32_t i = 0; i < hl.nenv; i++) w->env[w->nenv++] = xstrdup(hl.env[i]);
   cm_wire_hello_release(&hl);
   return 0;
 }

@@ -85,7 +85,7 @@ static void usage(FILE *out) {
 "Lua API (local cm = require \"cuptimon\"):\n"
 "  cm.observe({ kernel = {\"name\",\"start\",\"stop\"}, memcpy = \"all\" }, function(b) ... end)\n"
 "                    b.n records; b.start[i] typed columns (i from 0); b:str(\"name\", i);\n"
-"                    b:process() / cm.process(b.source): pid, ppid, host, exe, argv, devices\n"
+"                    b:process() / cm.process(b.source): pid, ppid, host, exe, argv, devices, env\n"
 "  cm.configure{ flush_ms = 200, deliver_ms = 1000 }   cadences\n"
 "  cm.every(ms, fn), cm.after(ms, fn)                   timers on the loop\n"
 "  cm.flush{ sync = true, done = fn }                   deliver everything produced so far\n"

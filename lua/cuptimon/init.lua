@@ -281,7 +281,8 @@ end
 --- Registers a hook: "process_start" fn(p) and "process_exit" fn(p), "exit" fn() when the
 --- script ends (after the final flush), "error" fn(msg, where) when the script or one of its
 --- callbacks fails (instead of printing it; the error still counts in cm.errors() and makes the
---- exit status non-zero). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}),
+--- exit status non-zero). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}), env
+--- ({ RANK = "1", ... }: a distributed job's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE),
 --- kind ("inproc", "agent", "replay"); at exit also status ("exit", "disconnected", "error", "timeout",
 --- "detached"), exit_code (from the agent's BYE), message, stats (the agent's counters) and
 --- what the process lost, in records: dropped (all of it) = dropped_cupti + dropped_agent +

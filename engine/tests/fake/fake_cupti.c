@@ -1372,6 +1372,38 @@ int fake_gen_kinds(int *out, int max) {
   return n;
 }
 
+size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t stream, uint64_t start,
+                        uint64_t end, uint32_t correlation) {
+  CUpti_ActivityKernel10 k;
+  memset(&k, 0, sizeof k);
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  k.start = start;
+  k.end = k.completed = end;
+  k.deviceId = device;
+  k.contextId = 1;
+  k.streamId = stream;
+  k.gridX = k.gridY = k.gridZ = k.blockX = k.blockY = k.blockZ = 1;
+  k.correlationId = correlation;
+  k.name = name;
+  k.queued = k.submitted = start;
+  return memcpy(out, &k, sizeof k), sizeof k;
+}
+
+size_t fake_make_marker(void *out, int start, uint64_t timestamp, uint32_t id, uint32_t tid,
+                        const char *name) {
+  CUpti_ActivityMarker2 m;
+  memset(&m, 0, sizeof m);
+  m.kind = CUPTI_ACTIVITY_KIND_MARKER;
+  m.flags = start ? CUPTI_ACTIVITY_FLAG_MARKER_START : CUPTI_ACTIVITY_FLAG_MARKER_END;
+  m.timestamp = timestamp;
+  m.id = id;
+  m.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+  m.objectId.pt.processId = (uint32_t)getpid();
+  m.objectId.pt.threadId = tid;
+  m.name = start ? name : NULL;
+  return memcpy(out, &m, sizeof m), sizeof m;
+}
+
 /* ---- workloads --------------------------------------------------------------------------- */
 
 /* The 256-byte generator contract covers every layout. */
