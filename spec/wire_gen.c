@@ -74,10 +74,11 @@ static void parse_kinds(const char *s) {
 static void hello(cm_wire_buf *b, const char *token) {
   const char *argv[] = {"wire_gen", "--synthetic"};
   cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = "Fake GPU"};
+  const char *env[] = {"RANK=0", "WORLD_SIZE=1"};
   cm_wire_hello h = {.pid = pid, .ppid = (uint32_t)getppid(), .cupti_version = 130000,
                      .clock_realtime_ns = 1, .clock_cupti_ns = 1, .token = token,
                      .host = "testhost", .exe = "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
-                     .argv = argv, .devices = &dev};
+                     .argv = argv, .devices = &dev, .nenv = 2, .env = env};
   cm_wire_write_hello(b, &h);
 }
 
