@@ -18,7 +18,7 @@
 --
 -- A rank is a process: its rank and local rank come from its RANK and LOCAL_RANK environment
 -- variables (torchrun sets them; "-" when unset), its device is the one its kernels ran on.
--- Columns: steps seen, step time median and last (ms), busy % (the share of the span from its
+-- Columns: steps seen, kernels seen, step time median and last (ms), busy % (the share of the span from its
 -- first kernel to its last covered by at least one kernel), comm_ms (time in NCCL kernels,
 -- names starting ncclDevKernel_ or ncclKernel_) and wait_ms (the part of it spent waiting for
 -- other ranks).
@@ -39,9 +39,9 @@
 -- those that did). Memory is bounded by the lag between the ranks.
 --
 -- Example output (two fake ranks, rank 1 made slower by 1 ms per step):
---   rank local   pid device steps step_med_ms step_last_ms  busy% comm_ms wait_ms
---      0     0  4242      0    10       3.000        3.000   90.0   14.00   10.00
---      1     1  4243      1    10       3.000        3.000   90.0    4.00    0.00
+--   rank local   pid device steps kernels step_med_ms step_last_ms  busy% comm_ms wait_ms
+--      0     0  4242      0    12      24       3.000        3.000   80.6   16.80   12.00
+--      1     1  4243      1    12      24       3.000        3.000   80.6    4.80    0.00
 --   straggler: rank 1 (pid 4243, device 1) steps 1-3: own time 3.00 ms, 50% over the median
 --   2.00 ms of the other ranks (step 3.00 ms, waiting 0.00 ms)
 local cm = require "cuptimon"
@@ -86,7 +86,7 @@ local function rank_of(b, t0)
     devices = {}, steps = {}, open = {}, ended = {}, begun = 0, done = 0,
     nended = 0, dur = agg.sketch(), last = nil, cover = nil, busy = 0, span_lo = nil,
     span_hi = nil, comm = 0, wait = 0, ncoll = 0, credits = {}, streak = 0, streak_from = 0,
-    flagged = 0 }
+    flagged = 0, kernels = 0, matched_t = nil }
   ranks[b.source] = r
   order[#order + 1] = r
   return r
@@ -179,6 +179,7 @@ local function match(n)
       local w = e.dur - least
       local credits = e.r.credits
       e.r.wait = e.r.wait + w
+      if not e.r.matched_t or e.start > e.r.matched_t then e.r.matched_t = e.start end
       if #credits >= MAX_PENDING then table.remove(credits, 1) end
       credits[#credits + 1] = { e.start, w }
     end
@@ -217,6 +218,7 @@ cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
   if b.n == 0 then return end
   local start, stop, device = b.start, b.stop, b.device
   local r = rank_of(b, start[0])
+  r.kernels = r.kernels + b.n
   for i = 0, b.n - 1 do
     local a, e = since(start[i], r.base), since(stop[i], r.base)
     local d = tonumber(device[i])
@@ -309,14 +311,26 @@ local function judge(k)
   end
 end
 
--- Judges every step that all ranks have passed by LAG steps (at exit: every step).
+-- Whether the waiting within step k is known: when the job runs collectives, each rank has had
+-- one matched that began at or after its next step began (collectives match in launch order).
+local function waits_known(k)
+  if coll_hi == 0 then return true end
+  for _, r in ipairs(order) do
+    local nxt = r.steps[k + 1]
+    if nxt and r.ncoll > 0 and (not r.matched_t or r.matched_t < nxt.start) then return false end
+  end
+  return true
+end
+
+-- Judges every step that all ranks have passed by LAG steps and whose waiting is known (at exit:
+-- every step).
 local function evaluate(final)
   local upto = math.huge
   for _, r in ipairs(order) do
     if r.begun > 0 then upto = math.min(upto, final and r.begun or r.begun - LAG) end
   end
   if upto == math.huge then return end
-  while judged < upto do
+  while judged < upto and (final or waits_known(judged + 1)) do
     judged = judged + 1
     judge(judged)
   end
@@ -338,6 +352,7 @@ local function report()
   local t = tabulate.new {
     { "rank", "%s", width = 4, align = "right" }, { "local", "%s", width = 5 },
     { "pid", "%d", width = 5 }, { "device", "%s", width = 6 }, { "steps", "%d", width = 5 },
+    { "kernels", "%d", width = 7 },
     { "step_med_ms", "%.3f", width = 11 }, { "step_last_ms", "%.3f", width = 12 },
     { "busy%", "%.1f", width = 6 }, { "comm_ms", "%.2f", width = 7 },
     { "wait_ms", "%.2f", width = 7 },
@@ -345,7 +360,7 @@ local function report()
   for _, r in ipairs(sorted()) do
     local span = r.span_hi and r.span_hi - r.span_lo or 0
     t:add(r.rank and tostring(r.rank) or "-", r.local_rank and tostring(r.local_rank) or "-",
-      r.pid, r.device_text or "-", r.done, r.done > 0 and r.dur:quantile(0.5) / 1e6 or nil,
+      r.pid, r.device_text or "-", r.done, r.kernels, r.done > 0 and r.dur:quantile(0.5) / 1e6 or nil,
       r.last and r.last / 1e6, span > 0 and math.min(100, 100 * r.busy / span) or 0,
       r.comm / 1e6, r.wait / 1e6)
   end

@@ -55,7 +55,7 @@ describe("ranks.lua", function()
     local rc, out = helpers.sh(("%s --replay %s/examples/demo.cmcap %s --interval 0"):format(bin,
       root, recipe))
     assert.are.equal(0, rc, out)
-    assert.matches("\n%s+%-%s+%-%s+%d+%s+0%s+30%s", out) -- the demo's 30 NVTX steps
+    assert.matches("\n%s+%-%s+%-%s+%d+%s+0%s+30%s+300%s", out) -- the demo's 30 NVTX steps
     assert.matches("no straggler\n$", out)
   end)
 
@@ -76,7 +76,7 @@ describe("ranks.lua", function()
       .. "over the median 2%.00 ms", lines[1])
     local rows = final_rows(out)
     for r = 0, 2 do
-      assert.matches(("^%d %d 12 3%%.000 3%%.000 "):format(r, r), rows[r])
+      assert.matches(("^%d %d 12 24 3%%.000 3%%.000 "):format(r, r), rows[r])
     end
     -- Ranks 0 and 2 waited 1 ms in each of their 12 collectives (0.4 ms of transfer each), rank 1
     -- never.
@@ -98,7 +98,7 @@ describe("ranks.lua", function()
     assert.are.equal(1, #lines, out)
     assert.matches("^straggler: rank 2 ", lines[1])
     -- 12 launches make 11 steps.
-    assert.matches(("\n%s+3%s+3%s+%d+%s+3%s+11%s"), out)
+    assert.matches("\n%s+3%s+3%s+%d+%s+3%s+11%s+24%s", out)
   end)
 
   it("flags nobody when the ranks are alike, or the slowness is under --threshold", function()
