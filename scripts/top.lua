@@ -13,7 +13,8 @@
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
 --
--- One table per process (pid and executable) and device. The columns follow nsys stats'
+-- One table per process (pid and executable, and rank when its RANK environment variable is set:
+-- "pid 4242 (/usr/bin/python3), rank 1, device 1") and device. The columns follow nsys stats'
 -- cuda_gpu_kern_sum, in microseconds: Time (%) is the kernel's share of the summed duration of
 -- all kernels of that process and device (concurrent kernels can make the sum exceed the wall
 -- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
@@ -50,7 +51,8 @@ local function group_of(b, device)
   local g = groups[key]
   if not g then
     g = { pid = pid, device = device, names = agg.stats_by(), sketch = {},
-      title = ("pid %d (%s), device %d"):format(pid, p and p.exe or "?", device) }
+      title = ("pid %d (%s)%s, device %d"):format(pid, p and p.exe or "?",
+        p and p.env and p.env.RANK and ", rank " .. p.env.RANK or "", device) }
     groups[key] = g
   end
   return g

@@ -17,19 +17,19 @@ describe("the process table", function()
     local gen = os.getenv("CUPTIMON_WIRE_GEN")
     if not gen then return pending("CUPTIMON_WIRE_GEN is not set (run through ctest)") end
     local cap = os.tmpname()
-    assert.is_true(os.execute(("%s capture %s --pid 111 --records 500 --kinds kernel"):format(gen, cap)) == 0)
+    assert.is_true(os.execute(("%s capture %s --pid 111 --records 500 --kinds kernel --rank 3"):format(gen, cap)) == 0)
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, fixture))
     os.remove(cap)
     assert.are.equal(0, rc, out)
     local start, exit = tables(out)
     local ppid = assert(start and start:match(" ppid=(%d+) "), out)
     assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
-      "devices={1={index=0 name=Fake GPU}} env={RANK=0 WORLD_SIZE=1} exe=/usr/bin/wire_gen " ..
+      "devices={1={index=0 name=Fake GPU}} env={RANK=3 WORLD_SIZE=4} exe=/usr/bin/wire_gen " ..
       "host=testhost kind=replay pid=111 " ..
       "ppid=" .. ppid .. " source=1}", start)
     assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
       "devices={1={index=0 name=Fake GPU}} dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " ..
-      "env={RANK=0 WORLD_SIZE=1} " ..
+      "env={RANK=3 WORLD_SIZE=4} " ..
       "exe=/usr/bin/wire_gen exit_code=0 host=testhost incomplete=0 kind=replay last_number=1 " ..
       "lost_frames=0 lost_wire=0 message= pid=111 ppid=" .. ppid .. " produced=500 received=500 " ..
       "source=1 stats={batches_queued=1 batches_received=1 records_decoded=500 records_dropped=0 " ..

@@ -40,6 +40,48 @@ local function final_rows(out)
   return rows
 end
 
+-- The recipes over two recorded fake ranks (spec/fixtures/ranks/rank0.cmcap and rank1.cmcap:
+-- fake_cuda_app --steps 8, WORLD_SIZE=2, rank 0 on device 0 waiting 1 ms a step for rank 1 on
+-- device 1, which computes 1 ms longer): each output must equal the reviewed one in
+-- spec/fixtures/ranks/NAME.out byte for byte; regenerate with
+--   build/cuptimon-lua --replay spec/fixtures/ranks/rank0.cmcap \
+--     --replay spec/fixtures/ranks/rank1.cmcap scripts/RECIPE.lua ARGS > spec/fixtures/ranks/NAME.out
+describe("recipes on two recorded ranks", function()
+  local dir = root .. "/spec/fixtures/ranks/"
+  local replay = ("%s --replay %srank0.cmcap --replay %srank1.cmcap %s/scripts/"):format(bin, dir,
+    dir, root)
+  for _, c in ipairs { { "top", "top.lua" }, { "idle_top_2", "idle.lua --top 2" },
+      { "ranks", "ranks.lua" } } do
+    it(c[1] .. ": " .. c[2], function()
+      local rc, out = helpers.sh(replay .. c[2])
+      assert.are.equal(0, rc, out)
+      local f = assert(io.open(dir .. c[1] .. ".out", "rb"))
+      local want = f:read("*a")
+      f:close()
+      assert.are.equal(want, out)
+    end)
+  end
+
+  it("timeline: one trace process per rank, named by rank, holding its device's work", function()
+    local path = os.tmpname()
+    local rc, out = helpers.sh(replay .. "timeline.lua -o " .. path)
+    assert.are.equal(0, rc, out)
+    local f = assert(io.open(path, "rb"))
+    local text = f:read("*a")
+    f:close()
+    os.remove(path)
+    local names, gpu = {}, {}
+    for pid, name in text:gmatch('"name":"process_name","pid":(%d+),"tid":0,"args":{"name":"([^"]*)"}') do
+      names[#names + 1] = name
+      gpu[name] = text:match('"pid":' .. pid .. ',"tid":%d+,"args":{"name":"(GPU %d+) stream')
+    end
+    table.sort(names)
+    assert.are.same({ "fake_cuda_app (rank 0)", "fake_cuda_app (rank 1)" }, names)
+    assert.are.equal("GPU 0", gpu["fake_cuda_app (rank 0)"])
+    assert.are.equal("GPU 1", gpu["fake_cuda_app (rank 1)"])
+  end)
+end)
+
 describe("ranks.lua", function()
   it("--help prints the header, a bad option exits 2 naming the valid ones", function()
     local rc, out = helpers.sh(("%s %s --help"):format(bin, recipe))
