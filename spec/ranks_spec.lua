@@ -167,20 +167,15 @@ describe("ranks.lua", function()
       pending(why)
       return
     end
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(os.execute("mkdir -p " .. dir) == 0)
     local ranks = { { 0, "--wait-us 1000" }, { 1, "--extra-us 1000" } }
     local rc, live = helpers.sh(("%s %s -- %s"):format(bin, recipe, job(app, ranks)))
     assert.are.equal(0, rc, live)
-    local rec
-    rc, rec = helpers.sh(("%s --record %s/run.%%p.cmcap -- %s"):format(bin, dir, job(app, ranks)))
+    local rec, caps, dir, ncaps
+    rc, rec, caps, dir, ncaps = helpers.record(job(app, ranks), "run")
     assert.are.equal(0, rc, rec)
-    local caps = {}
-    for path in rec:gmatch("recorded (%S+): ") do caps[#caps + 1] = "--replay " .. path end
-    assert.are.equal(2, #caps, rec)
+    assert.are.equal(2, ncaps, rec)
     local replayed
-    rc, replayed = helpers.sh(("%s %s %s"):format(bin, table.concat(caps, " "), recipe))
+    rc, replayed = helpers.sh(("%s %s %s"):format(bin, caps, recipe))
     os.execute("rm -rf " .. dir)
     assert.are.equal(0, rc, replayed)
     assert.are.same(final_rows(live), final_rows(replayed))
