@@ -6,7 +6,7 @@
 #   2. the same job under torch.profiler (no cuptimon): each rank's kernel count equals the
 #      kernels column of run 1;
 #   3. the two captures replayed together give the same final table and straggler as run 1.
-# cuptimon-lua runs torchrun with the agent in CUDA_INJECTION64_PATH; torchrun's workers inherit
+# torchrun is run as `python3 -m torch.distributed.run`. cuptimon-lua runs it with the agent in CUDA_INJECTION64_PATH; torchrun's workers inherit
 # it, and each connects to the monitor when it initializes CUDA (torchrun itself never does).
 # NCCL's settings are left as the environment has them; NVLink multicast must stay off, so the
 # script refuses to run with NCCL_NVLS_ENABLE set to anything but 0. Run from the repository root:
@@ -22,7 +22,8 @@ if [ "${NCCL_NVLS_ENABLE:-0}" != 0 ]; then
   echo "FAIL: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE: NVLink multicast must stay off"
   exit 1
 fi
-JOB=(torchrun --standalone --nproc-per-node 2 spec/gpu/ranks_train.py --ddp --steps "${STEPS:-60}"
+JOB=(python3 -m torch.distributed.run --standalone --nproc-per-node 2 spec/gpu/ranks_train.py --ddp
+  --steps "${STEPS:-60}"
   --sleep-rank 1 --sleep-ms 20)
 rm -f "$LOGS"/run.*.cmcap
 
