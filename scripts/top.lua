@@ -12,6 +12,8 @@
 --                    (default 0: only the final table at exit)
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
+--   --budget N       shed kinds (--shed, in order) of a process above N records per second,
+--                    and say so under the tables
 --
 -- One table per process (pid and executable) and device. The columns follow nsys stats'
 -- cuda_gpu_kern_sum, in microseconds: Time (%) is the kernel's share of the summed duration of
@@ -29,13 +31,14 @@ local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
 })
+cm.budget_from(opts)
 local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
 
 -- group key ("pid:device") -> { title =, pid =, device =, names = stats_by, sketch = { name -> sketch } }
@@ -129,6 +132,7 @@ local function report(deltas)
     if i > 1 then print() end
     print_group(e.key, e.g, deltas)
   end
+  cm.print_shed_notes()
 end
 
 if opts.interval > 0 then
