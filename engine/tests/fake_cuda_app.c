@@ -19,7 +19,9 @@
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
  *          --crash (abort() after the workload: no atexit handlers run)
- *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
+ *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
+ *          --slow-round R (in round R, from 1, the kernels named --slow-kernel, default vectorAdd,
+ *          last --slow-factor times longer, default 20: a kernel made slow on purpose).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -67,6 +69,8 @@ typedef struct producer {
   int nkinds;
   uint64_t written[64];
   int failed;
+  const char *slow_kernel; /* NULL, or the kernel made slow this round */
+  uint64_t slow_factor;
 } producer;
 
 static void *produce(void *arg) {
@@ -79,6 +83,7 @@ static void *produce(void *arg) {
       p->failed = 1;
       return NULL;
     }
+    if (p->slow_kernel) fake_stretch_kernel(buf, p->slow_kernel, p->slow_factor);
     if (fake_emit(buf, sz, 0) == 0) p->written[kind]++;
   }
   return NULL;
@@ -92,13 +97,17 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C]\n");
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--slow-factor F] [--slow-kernel NAME]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   uint64_t records = 1000;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  int slow_round = 0;
+  uint64_t slow_factor = 20;
+  const char *slow_kernel = "vectorAdd";
   int kinds[64], nkinds = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -119,6 +128,12 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--slow-round") == 0) {
+      slow_round = atoi(v);
+    } else if (strcmp(a, "--slow-factor") == 0) {
+      slow_factor = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--slow-kernel") == 0) {
+      slow_kernel = v;
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
     } else if (strcmp(a, "--kinds") == 0) {
@@ -176,6 +191,10 @@ int main(int argc, char **argv) {
       ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
       ps[t].kinds = kinds;
       ps[t].nkinds = nkinds;
+      if (r + 1 == slow_round) {
+        ps[t].slow_kernel = slow_kernel;
+        ps[t].slow_factor = slow_factor;
+      }
       if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
         fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
         return 3;

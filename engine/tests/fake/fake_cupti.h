@@ -46,6 +46,11 @@ int fake_emit(const void *record, size_t size, int pending);
  * one of a fixed set of static names; start <= end; timestamps are CLOCK_REALTIME-like. */
 size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out);
 
+/* Makes a kernel record of fake_gen_record named `name` `factor` times longer (its end and
+ * completed move); returns 1 when it did, 0 for another record. For a kernel made slow on
+ * purpose (fake_cuda_app --slow-round). */
+int fake_stretch_kernel(void *record, const char *name, uint64_t factor);
+
 /* The kinds fake_gen_record knows, for mixed workloads. */
 int fake_gen_kinds(int *kinds, int max);
 
