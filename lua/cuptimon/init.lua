@@ -1009,7 +1009,9 @@ end
 ---   window_ms = n      the span the rate is measured over (default 1000)
 --- Each shed and restore fires the "shed" or "restore" event with { source, pid, kind, rate,
 --- records_per_s, shed = { kinds shed now } }, is counted in cm.stats() (shed, sheds, restores)
---- and listed by cm.shed_notes(). One budget at a time: a new one replaces the previous.
+--- and listed by cm.shed_notes(). One budget at a time: a new one replaces the previous. The
+--- rate is that of the records arriving: set a flush cadence (cm.configure{ flush_ms = 250 }) so
+--- that they arrive steadily rather than when CUPTI's buffers fill.
 --- Returns a handle with :close() (which restores every shed kind).
 function M.budget(opts)
   check_opts("cuptimon.budget", opts, "hold_ms, records_per_s, shed, window_ms")
@@ -1082,9 +1084,11 @@ function M.print_shed_notes(out)
 end
 
 --- Starts the budget a recipe's options ask for (cuptimon.args.with_budget): nothing when
---- opts.budget is 0.
+--- opts.budget is 0. The rate is measured as records arrive, so the agents are also asked to
+--- flush CUPTI's buffers every 250 ms (without a cadence, records come when buffers fill).
 function M.budget_from(opts)
   if not opts.budget or opts.budget <= 0 then return nil end
+  M.configure { flush_ms = 250, deliver_ms = 250 }
   local list = {}
   for k in tostring(opts.shed):gmatch("[^,%s]+") do list[#list + 1] = k end
   return M.budget { records_per_s = opts.budget, shed = list, hold_ms = opts.hold_ms }
