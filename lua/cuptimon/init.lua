@@ -154,6 +154,18 @@ local function selection_text(sel)
   return table.concat(parts, ";")
 end
 
+-- Runs fn() now and returns what it returns; inside an observer callback (the engine is
+-- mid-delivery) runs it on the next loop iteration instead, reports its failure as `where`, and
+-- returns `handle` at once.
+local function now_or_later(where, handle, fn)
+  if not core.in_dispatch() then return fn() end
+  later(function()
+    local ok, err = fn()
+    if not ok then report(where, err) end
+  end)
+  return handle
+end
+
 --- Observes the kinds and fields of `sel` and calls fn(batch) once per batch.
 --- sel: { kind = { "field", ... } | "all", ... }. Returns an observer handle, or nil, err.
 function M.observe(sel, fn)
@@ -170,14 +182,7 @@ function M.observe(sel, fn)
     observers[id] = o
     return o
   end
-  if core.in_dispatch() then
-    later(function()
-      local ok, err = register()
-      if not ok then report("deferred observe", err) end
-    end)
-    return o
-  end
-  return register()
+  return now_or_later("deferred observe", o, register)
 end
 
 -- The dispatcher: the host calls it once per batch, under pcall with a traceback.
@@ -887,14 +892,7 @@ function M.window(opts)
     end
     return h
   end
-  if core.in_dispatch() then
-    later(function()
-      local ok, err = start()
-      if not ok then report("deferred window", err) end
-    end)
-    return h
-  end
-  return start()
+  return now_or_later("deferred window", h, start)
 end
 
 local budget          -- the active budget's options, or nil
