@@ -259,6 +259,35 @@ static int ws_unobserve(cm_source *s, uint32_t obs) {
   return CM_ENOENT;
 }
 
+int cm__wsrc_write_state(const cm__wsrc *w, cm_wire_buf *b) {
+  int rc = 0;
+  if (w->nkinds) {
+    cm_wire_kind *ks = calloc(w->nkinds, sizeof *ks);
+    if (!ks) return CM_ENOMEM;
+    for (uint32_t i = 0; i < w->nkinds; i++)
+      ks[i] = (cm_wire_kind){.kind = w->kinds[i].kind, .nfields = w->kinds[i].nfields,
+                             .name = w->kinds[i].name, .fields = w->kinds[i].fields};
+    cm_wire_schema sc = {.nkinds = w->nkinds, .kinds = ks};
+    rc = cm_wire_write_schema(b, &sc);
+    free(ks);
+  }
+  if (!rc && w->nstr) {
+    cm_wire_string *es = calloc(w->nstr, sizeof *es);
+    if (!es) return CM_ENOMEM;
+    uint32_t n = 0;
+    for (uint64_t i = 0; i < ((uint64_t)1 << w->str_bits) && n < w->nstr; i++)
+      if (w->str[i].id) es[n++] = (cm_wire_string){w->str[i].id, w->str[i].len, w->str[i].bytes};
+    rc = cm_wire_write_strings(b, es, n);
+    free(es);
+  }
+  return rc;
+}
+
+void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds) {
+  w->shed = kinds;
+  if (w->ops->select && w->attached) publish_union(w);
+}
+
 static int ws_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud) {
   cm__wsrc *w = (cm__wsrc *)s;
   if (w->ops->flush) return w->ops->flush(w, mode, timeout_ms, done, ud);
@@ -815,6 +844,7 @@ char *cm__wsrc_union(cm__wsrc *w) {
   if (sb_add(&s, &len, &cap, "")) return NULL;
   for (int ki = 0; ki < cm_kind_count(); ki++) {
     int kind = cm_kind_at(ki);
+    if (kind >= 0 && kind < CM_KIND_MAX && (w->shed >> kind & 1)) continue; /* shed by a budget */
     int nf = cm_field_count(kind);
     int first = 1;
     for (int fid = 0; fid < nf; fid++) {

@@ -19,7 +19,9 @@
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
  *          --crash (abort() after the workload: no atexit handlers run)
- *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
+ *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
+ *          --slow-round R (in round R, from 1, the kernels named --slow-kernel, default vectorAdd,
+ *          last --slow-factor times longer, default 20: a kernel made slow on purpose).
  *
  * Training steps, for the ranks recipe: --steps N replaces the workload by N steps, each an NVTX
  * range "step" (markers) around a compute kernel "fake_train_kernel" and a communication kernel
@@ -75,6 +77,8 @@ typedef struct producer {
   int nkinds;
   uint64_t written[64];
   int failed;
+  const char *slow_kernel; /* NULL, or the kernel made slow this round */
+  uint64_t slow_factor;
 } producer;
 
 static void *produce(void *arg) {
@@ -87,6 +91,7 @@ static void *produce(void *arg) {
       p->failed = 1;
       return NULL;
     }
+    if (p->slow_kernel) fake_stretch_kernel(buf, p->slow_kernel, p->slow_factor);
     if (fake_emit(buf, sz, 0) == 0) p->written[kind]++;
   }
   return NULL;
@@ -100,7 +105,8 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C]\n"
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--slow-factor F] [--slow-kernel NAME]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
                   "[--device D] [--pause-ms P]\n");
   exit(2);
@@ -137,6 +143,9 @@ static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64
 int main(int argc, char **argv) {
   uint64_t records = 1000;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  int slow_round = 0;
+  uint64_t slow_factor = 20;
+  const char *slow_kernel = "vectorAdd";
   int kinds[64], nkinds = 0;
   int steps = 0, device = 0;
   uint64_t step_us = 2000, extra_us = 0, wait_us = 0;
@@ -159,6 +168,12 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--slow-round") == 0) {
+      slow_round = atoi(v);
+    } else if (strcmp(a, "--slow-factor") == 0) {
+      slow_factor = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--slow-kernel") == 0) {
+      slow_kernel = v;
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
     } else if (strcmp(a, "--steps") == 0) {
@@ -238,6 +253,10 @@ int main(int argc, char **argv) {
       ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
       ps[t].kinds = kinds;
       ps[t].nkinds = nkinds;
+      if (r + 1 == slow_round) {
+        ps[t].slow_kernel = slow_kernel;
+        ps[t].slow_factor = slow_factor;
+      }
       if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
         fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
         return 3;

@@ -991,6 +991,16 @@ static uint32_t nu(gen *g, uint32_t mod) { return (uint32_t)(nx(g) % mod); }
 static uint32_t n32(gen *g) { return (uint32_t)nx(g); }
 static const char *nname(gen *g) { return gen_names[nx(g) % 8]; }
 
+int fake_stretch_kernel(void *record, const char *name, uint64_t factor) {
+  CUpti_ActivityKernel10 *k = record;
+  if ((k->kind != CUPTI_ACTIVITY_KIND_KERNEL && k->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) ||
+      !k->name || strcmp(k->name, name) != 0)
+    return 0;
+  k->end = k->start + (k->end - k->start) * factor;
+  k->completed = k->end;
+  return 1;
+}
+
 size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out) {
   if (!out) return 0;
   gen g = {mix64(mix64(mix64((uint64_t)(uint32_t)kind) ^ thread) ^ seq), 0};

@@ -57,6 +57,11 @@ size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t s
 size_t fake_make_marker(void *out, int start, uint64_t timestamp, uint32_t id, uint32_t tid,
                         const char *name);
 
+/* Makes a kernel record of fake_gen_record named `name` `factor` times longer (its end and
+ * completed move); returns 1 when it did, 0 for another record. For a kernel made slow on
+ * purpose (fake_cuda_app --slow-round). */
+int fake_stretch_kernel(void *record, const char *name, uint64_t factor);
+
 /* The kinds fake_gen_record knows, for mixed workloads. */
 int fake_gen_kinds(int *kinds, int max);
 
