@@ -241,6 +241,8 @@ def report(rows, configs, workloads, meta):
         "order per round (seed %d); launch workload %d launches, torch workload %d ops per run."
         % (meta["date"], meta["gpu"], meta["host"], meta["rounds"], meta["seed"],
            meta["launches"], meta["ops"]))
+    if meta["rounds"] < 10:
+        add("**Only %d rounds (the time budget ran out): the intervals are wide.**" % meta["rounds"])
     add("Command: `%s`. Medians with bootstrap 95%% intervals of the median; ratios are per round "
         "(paired) against the reference run of the same round, median [95%% interval]."
         % meta["command"])
@@ -296,6 +298,17 @@ def report(rows, configs, workloads, meta):
     return "\n".join(lines)
 
 
+def save_runs(out, meta, rows):
+    with open(os.path.join(out, "overhead_runs.json"), "w") as f:
+        json.dump({"meta": meta, "runs": rows}, f, indent=1)
+    keys = ["round", "position", "workload", "config", "ok", "wall_ns", "cpu_ns", "records", "rc",
+            "run_s", "note"]
+    with open(os.path.join(out, "overhead_runs.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("build")
@@ -306,6 +319,9 @@ def main():
     ap.add_argument("--configs", default=os.environ.get("CONFIGS", ",".join(c[0] for c in CONFIGS)))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("SEED", "0")) or int(time.time()))
     ap.add_argument("--timeout", type=int, default=180)
+    ap.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", "540")),
+                    help="start no round that would end past this many seconds (default 540, "
+                    "so that a 10-minute device call always gets its report)")
     ap.add_argument("--python", default=sys.executable)
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/cuptimon-overhead")
     ap.add_argument("--stub", action="store_true", help="run bench/overhead_stub.py instead of "
@@ -349,6 +365,12 @@ def main():
     rows = []
     t_start = time.monotonic()
     for rnd in range(args.rounds):
+        elapsed = time.monotonic() - t_start
+        if rnd and elapsed + elapsed / rnd > args.budget_s:
+            print("overhead: stopping after %d rounds: another would pass the budget of %.0f s "
+                  "(--budget-s, BUDGET_S)" % (rnd, args.budget_s), flush=True)
+            meta["rounds"] = rnd
+            break
         order = list(pairs)
         random.Random(args.seed * 1000 + rnd).shuffle(order)
         for pos, (c, w) in enumerate(order):
@@ -359,23 +381,17 @@ def main():
                 print("  round %d %s/%s FAILED: %s\n%s" % (rnd, c, w, row["note"],
                                                           row.get("stderr_tail", "")), flush=True)
         done = [r for r in rows if r["round"] == rnd]
-        print("round %d done in %.0f s (%d of %d runs ok, %.0f s so far)"
+        so_far = time.monotonic() - t_start
+        print("round %d done in %.0f s (%d of %d runs ok, %.0f s so far, about %.0f s for %d rounds)"
               % (rnd, sum(r["run_s"] for r in done), sum(r["ok"] for r in done), len(done),
-                 time.monotonic() - t_start), flush=True)
+                 so_far, so_far / (rnd + 1) * args.rounds, args.rounds), flush=True)
+        save_runs(args.out, meta, rows)  # after every round, so a killed run still leaves data
     shutil.rmtree(setup.tmp, ignore_errors=True)
     md = report(rows, configs, workloads, meta)
     print()
     print(md)
     with open(os.path.join(args.out, "overhead.md"), "w") as f:
         f.write(md + "\n")
-    with open(os.path.join(args.out, "overhead_runs.json"), "w") as f:
-        json.dump({"meta": meta, "runs": rows}, f, indent=1)
-    keys = ["round", "position", "workload", "config", "ok", "wall_ns", "cpu_ns", "records", "rc",
-            "run_s", "note"]
-    with open(os.path.join(args.out, "overhead_runs.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(rows)
     failed = [r for r in rows if not r["ok"]]
     print("\noverhead: %d runs, %d failed; %.0f s in all; raw runs in %s"
           % (len(rows), len(failed), time.monotonic() - t_start, args.out))
