@@ -122,7 +122,7 @@ def num(pattern, text, group=1, conv=float):
 
 def one_run(a, threads, seconds, name):
     argv = [os.path.join(a.build, "cuptimon-lua"), os.path.join(ROOT, "bench", "sum_durations.lua"),
-            "--", os.path.join(a.build, "gpu", "launch_loop"), "--threads", str(threads),
+            "--", a.loop, "--threads", str(threads),
             "--seconds", str(seconds)]
     status, out, samples, total_cpu = run_sampled(argv, a.interval,
                                                   os.path.join(a.out, name + ".log"))
@@ -223,8 +223,11 @@ def main():
     ap.add_argument("--seconds", type=float, default=None)
     ap.add_argument("--interval", type=float, default=None)
     ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/cuptimon-load")
+    ap.add_argument("--loop", default=None, help="the workload (default BUILD_DIR/gpu/launch_loop; "
+                    "the smoke test passes bench/launch_loop_stub.sh)")
     a = ap.parse_args()
     a.build = os.path.abspath(a.build)
+    a.loop = a.loop or os.path.join(a.build, "gpu", "launch_loop")
     if a.mode == "sweep":
         a.threads = [int(x) for x in (a.threads or os.environ.get("THREADS", "1,2,4,8,16")).split(",")]
         a.seconds = a.seconds or float(os.environ.get("SECONDS_EACH", "30"))
@@ -233,9 +236,9 @@ def main():
         a.threads = [int(a.threads or os.environ.get("THREADS", "1"))]
         a.seconds = a.seconds or float(os.environ.get("DURATION", "600"))
         a.interval = a.interval or 1.0
-    for p in ("cuptimon-lua", "gpu/launch_loop"):
-        if not os.path.exists(os.path.join(a.build, p)):
-            sys.exit("load.py: %s is missing in %s" % (p, a.build))
+    for p in (os.path.join(a.build, "cuptimon-lua"), a.loop):
+        if not os.path.exists(p):
+            sys.exit("load.py: %s is missing (build with nvcc: cmake --build BUILD_DIR)" % p)
     os.makedirs(a.out, exist_ok=True)
     if not os.environ.get("CM_BENCH_KEEP_ENV"):  # set by the smoke test with the fake CUPTI
         for k in ("CUPTIMON_LIBCUPTI", "CUPTIMON_LIBCUDA"):
