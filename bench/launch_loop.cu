@@ -33,17 +33,10 @@
 #include <thread>
 #include <vector>
 
+#include "cuda_check.h"
+
 extern "C" __global__ void cm_loop_empty(void) {}
 
-#define CK(call)                                                                              \
-  do {                                                                                        \
-    cudaError_t ck_rc_ = (call);                                                              \
-    if (ck_rc_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: CUDA error %s in %s\n", __FILE__, __LINE__,                   \
-              cudaGetErrorName(ck_rc_), #call);                                               \
-      exit(1);                                                                                \
-    }                                                                                         \
-  } while (0)
 
 static uint64_t clock_ns(clockid_t c) {
   struct timespec ts;

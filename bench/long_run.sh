@@ -6,9 +6,5 @@
 #   bash bench/long_run.sh BUILD_DIR          (DURATION=600 THREADS=1)
 # Samples and JSON go to $OUT (default /tmp/cuptimon-load). See bench/load.py.
 set -euo pipefail
-if [ $# -lt 1 ]; then
-  echo "usage: bash bench/long_run.sh BUILD_DIR" >&2
-  exit 2
-fi
 cd "$(dirname "$0")/.."
 exec python3 bench/load.py long "$@"

@@ -5,10 +5,5 @@
 # the torch workload (WORKLOADS=launch runs the C++ one alone). Tables on stdout and in
 # $OUT/overhead.md, every run in $OUT/overhead_runs.{csv,json}. See bench/overhead.py.
 set -euo pipefail
-if [ $# -lt 1 ]; then
-  echo "usage: bash bench/overhead.sh BUILD_DIR [overhead.py options]" >&2
-  exit 2
-fi
 cd "$(dirname "$0")/.."
-nvidia-smi -L 2>/dev/null || true
 exec python3 bench/overhead.py "$@"

@@ -6,9 +6,5 @@
 # Prints one table row per thread count and RESULT: PASS when no record was lost anywhere; logs,
 # samples and JSON go to $OUT (default /tmp/cuptimon-load). See bench/load.py.
 set -euo pipefail
-if [ $# -lt 1 ]; then
-  echo "usage: bash bench/thread_sweep.sh BUILD_DIR" >&2
-  exit 2
-fi
 cd "$(dirname "$0")/.."
 exec python3 bench/load.py sweep "$@"

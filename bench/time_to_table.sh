@@ -5,9 +5,5 @@
 # Prints a table of medians with bootstrap 95% intervals and RESULT: PASS; runs in
 # $OUT/time_to_table.json. See bench/time_to_table.py.
 set -euo pipefail
-if [ $# -lt 1 ]; then
-  echo "usage: bash bench/time_to_table.sh BUILD_DIR" >&2
-  exit 2
-fi
 cd "$(dirname "$0")/.."
 exec python3 bench/time_to_table.py "$@"
