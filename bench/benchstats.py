@@ -10,8 +10,14 @@ rounds.
 - paired_ratios(a, b): the per-round ratios a[i] / b[i] of two configurations measured in the
   same rounds (rounds where either is missing are left out).
 - slope(ts, ys): the least-squares slope of ys over ts.
+
+It also holds what every harness prints in its header: describe(build_dir), the date, the
+machine (GPU, CPU model, cores) and the build type.
 """
+import os
 import random
+import subprocess
+import time
 
 
 def median(xs):
@@ -81,3 +87,35 @@ def interval_verdict(lo, hi, ref=1.0):
     if lo > ref:
         return "above"
     return "overlaps"
+
+
+def describe(build_dir):
+    """One line for a report's header: UTC date, GPU (nvidia-smi), CPU model, cores and the
+    build type of build_dir (from its CMakeCache.txt)."""
+    gpu = "no GPU found"
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+        if out:
+            gpu = "; ".join(l.replace(",", ", driver") for l in out.splitlines())
+    except (OSError, subprocess.SubprocessError):
+        pass
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    build = "unknown build type"
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("CMAKE_BUILD_TYPE:"):
+                    build = line.split("=", 1)[1].strip() + " build"
+    except OSError:
+        pass
+    return "%s; %s; %s, %d cores; %s" % (time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), gpu,
+                                          cpu, os.cpu_count() or 0, build)

@@ -59,11 +59,20 @@ def rss_kib(pid):
 
 
 def children(pid):
+    """The child processes of pid: from /proc/PID/task/PID/children where the kernel has it,
+    else by scanning every process's parent."""
     try:
         with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
             return [int(x) for x in f.read().split()]
     except OSError:
-        return []
+        pass
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat("/proc/%s/stat" % name)
+            if st and st[1] == pid:
+                kids.append(int(name))
+    return sorted(kids)
 
 
 def threads_cpu(pid):
@@ -243,9 +252,9 @@ def main():
     if not os.environ.get("CM_BENCH_KEEP_ENV"):  # set by the smoke test with the fake CUPTI
         for k in ("CUPTIMON_LIBCUPTI", "CUPTIMON_LIBCUDA"):
             os.environ.pop(k, None)
-    print("%s: %s, %s s each, sampled every %s s; started %s" % (
+    print("%s: %s, %s s each, sampled every %s s. %s" % (
         a.mode, "threads " + ",".join(map(str, a.threads)), a.seconds, a.interval,
-        time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())), flush=True)
+        bs.describe(a.build)), flush=True)
     rows = sweep(a) if a.mode == "sweep" else long_run(a)
     name = "thread_sweep" if a.mode == "sweep" else "long_run"
     with open(os.path.join(a.out, name + ".json"), "w") as f:

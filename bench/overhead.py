@@ -27,7 +27,6 @@ import argparse
 import csv
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -237,10 +236,9 @@ def ratio_summary(by, c, ref, key):
 def report(rows, configs, workloads, meta):
     lines = []
     add = lines.append
-    add("Measured %s on %s (%s), %d rounds, each configuration in its own process, in a shuffled "
-        "order per round (seed %d); launch workload %d launches, torch workload %d ops per run."
-        % (meta["date"], meta["gpu"], meta["host"], meta["rounds"], meta["seed"],
-           meta["launches"], meta["ops"]))
+    add("Measured %s. %d rounds, each configuration in its own process, in a shuffled order per "
+        "round (seed %d); launch workload %d launches, torch workload %d ops per run."
+        % (meta["machine"], meta["rounds"], meta["seed"], meta["launches"], meta["ops"]))
     if meta["rounds"] < 10:
         add("**Only %d rounds (the time budget ran out): the intervals are wide.**" % meta["rounds"])
     add("Command: `%s`. Medians with bootstrap 95%% intervals of the median; ratios are per round "
@@ -352,11 +350,7 @@ def main():
     pairs = [(c, w) for w in workloads for c in configs
              if w in dict((x[0], x[2]) for x in CONFIGS)[c]]
     os.makedirs(args.out, exist_ok=True)
-    gpu = "no GPU (stub)" if args.stub else (subprocess.run(
-        ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-        capture_output=True, text=True).stdout.strip().replace("\n", "; ") or "unknown GPU")
-    meta = {"date": time.strftime("%Y-%m-%d", time.gmtime()), "gpu": gpu,
-            "host": "%s, %d CPUs" % (platform.node(), os.cpu_count()), "rounds": args.rounds,
+    meta = {"machine": bs.describe(setup.build), "rounds": args.rounds,
             "seed": args.seed, "launches": args.launches, "ops": args.ops,
             "command": "bash bench/overhead.sh BUILD_DIR" + (" (ROUNDS=%d)" % args.rounds
                                                              if args.rounds != 10 else "")}

@@ -92,8 +92,9 @@ def main():
             (2000, int(os.environ.get("ROUNDS_2000", "3")))]
     seed = int(os.environ.get("SEED", "0")) or int(time.time())
     python = os.environ.get("PYTHON", sys.executable)
-    print("time_to_table: %s; seed %d" % (", ".join("%d rounds at %d steps" % (n, s) for s, n in plan),
-                                          seed), flush=True)
+    print("time_to_table: %s; seed %d. %s" % (
+        ", ".join("%d rounds at %d steps" % (n, s) for s, n in plan), seed, bs.describe(build)),
+        flush=True)
     rows = []
     for steps, rounds in plan:
         for rnd in range(rounds):
