@@ -72,7 +72,23 @@ static void f_log(void *ud, int level, const char *msg) {
   sink += n;
 }
 
-static const cm__control_ops ops = {NULL, f_select, f_configure, f_queue_bytes, f_flush, f_flush_done, f_log};
+/* A PM request's entries must hold what the parser promised. */
+static void f_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
+  (void)ud;
+  if (n < 0) {
+    if (!refusal || !*refusal) abort();
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!en[i].nmetrics || en[i].nmetrics > CM__CTL_PM_METRICS) abort();
+    for (uint32_t j = 0; j < en[i].nmetrics; j++) {
+      size_t l = strlen(en[i].metrics[j]);
+      if (!l || l > CM__CTL_PM_NAME) abort();
+    }
+  }
+}
+
+static const cm__control_ops ops = {NULL, f_select, f_configure, f_queue_bytes, f_flush, f_flush_done, f_log, f_pm};
 
 static const char *const names[] = {"buffer_size", "pool_max_buffers", "flush_ms", "deliver_ms",
                                     "fence_timeout_ms", "batch_records", "send_queue_bytes",

@@ -44,7 +44,7 @@ extern "C" {
 /* The wire version. A reader accepts any minor version of its major: newer minors only add
  * frame types (skipped by older readers) and append fields to payloads (ignored). */
 #define CM_WIRE_MAJOR 1
-#define CM_WIRE_MINOR 1
+#define CM_WIRE_MINOR 2
 
 enum {
   CM_WIRE_FILE_HEADER_SIZE = 24,   /* "CUPTIMON", major, minor, flags, reserved, crc */
@@ -65,10 +65,12 @@ typedef enum cm_wire_type {
   CM_WIRE_STATS = 5,
   CM_WIRE_FLUSH_DONE = 6,
   CM_WIRE_BYE = 7,
+  CM_WIRE_PM_STATUS = 8, /* wire 1.2: the outcome of a PM request */
   CM_WIRE_HELLO_ACK = 64,
   CM_WIRE_SELECT = 65,
   CM_WIRE_CONFIGURE = 66,
-  CM_WIRE_FLUSH = 67
+  CM_WIRE_FLUSH = 67,
+  CM_WIRE_PM = 68 /* wire 1.2: the PM sampling the monitor wants */
 } cm_wire_type;
 
 /* The name of a frame type ("BATCH"), or NULL for a type this version does not know.
@@ -230,6 +232,14 @@ CM_EXTERN int cm_wire_write_hello_ack(cm_wire_buf *b, int32_t status, const char
 /* A selection in cm_selection_parse's text form: "kernel:name,start,stop;memcpy". */
 CM_EXTERN int cm_wire_write_select(cm_wire_buf *b, const char *spec);
 CM_EXTERN int cm_wire_write_configure(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
+/* The PM sampling the monitor wants, as text: entries "device:interval_us:metric,metric,..."
+ * separated by ';' ("" for none). The agent replaces what it samples with it and answers with
+ * one PM_STATUS per entry. */
+CM_EXTERN int cm_wire_write_pm(cm_wire_buf *b, const char *spec);
+/* The outcome of a PM entry on `device`: status 0, or a CM_E* code and a message saying what to
+ * do (CM_EPERM: profiling counters are restricted to admin users). */
+CM_EXTERN int cm_wire_write_pm_status(cm_wire_buf *b, int32_t status, uint32_t device,
+                                      const char *message);
 /* flags: CM_WIRE_FLUSH_SYNC. timeout_ms 0 means the agent's configured deadline. */
 CM_EXTERN int cm_wire_write_flush(cm_wire_buf *b, uint64_t flush_id, uint32_t flags,
                                   uint32_t timeout_ms);
@@ -318,6 +328,9 @@ CM_EXTERN int cm_wire_decode_bye(const cm_wire_frame *f, cm_wire_bye *out);
 CM_EXTERN int cm_wire_decode_hello_ack(const cm_wire_frame *f, int32_t *status,
                                        const char **message);
 CM_EXTERN int cm_wire_decode_select(const cm_wire_frame *f, const char **spec, uint32_t *len);
+CM_EXTERN int cm_wire_decode_pm(const cm_wire_frame *f, const char **spec, uint32_t *len);
+CM_EXTERN int cm_wire_decode_pm_status(const cm_wire_frame *f, int32_t *status, uint32_t *device,
+                                       const char **message);
 CM_EXTERN int cm_wire_decode_flush(const cm_wire_frame *f, uint64_t *flush_id, uint32_t *flags,
                                    uint32_t *timeout_ms);
 

@@ -106,10 +106,12 @@ const char *cm_wire_type_name(uint32_t type) {
   case CM_WIRE_STATS: return "STATS";
   case CM_WIRE_FLUSH_DONE: return "FLUSH_DONE";
   case CM_WIRE_BYE: return "BYE";
+  case CM_WIRE_PM_STATUS: return "PM_STATUS";
   case CM_WIRE_HELLO_ACK: return "HELLO_ACK";
   case CM_WIRE_SELECT: return "SELECT";
   case CM_WIRE_CONFIGURE: return "CONFIGURE";
   case CM_WIRE_FLUSH: return "FLUSH";
+  case CM_WIRE_PM: return "PM";
   default: return NULL;
   }
 }
@@ -120,7 +122,7 @@ static uint32_t type_width(uint32_t type) {
   case CM_TYPE_U8: case CM_TYPE_I8: return 1;
   case CM_TYPE_U16: case CM_TYPE_I16: return 2;
   case CM_TYPE_U32: case CM_TYPE_I32: case CM_TYPE_STR: return 4;
-  case CM_TYPE_U64: case CM_TYPE_I64: return 8;
+  case CM_TYPE_U64: case CM_TYPE_I64: case CM_TYPE_F64: return 8;
   default: return 0;
   }
 }
@@ -450,6 +452,24 @@ int cm_wire_write_select(cm_wire_buf *b, const char *spec) {
   frame_begin(&e, b);
   enc_str(&e, spec);
   return frame_end(&e, CM_WIRE_SELECT, 0, CM_WIRE_MINOR);
+}
+
+int cm_wire_write_pm(cm_wire_buf *b, const char *spec) {
+  if (!b || !spec) return CM_EINVAL;
+  enc e;
+  frame_begin(&e, b);
+  enc_str(&e, spec);
+  return frame_end(&e, CM_WIRE_PM, 0, CM_WIRE_MINOR);
+}
+
+int cm_wire_write_pm_status(cm_wire_buf *b, int32_t status, uint32_t device, const char *message) {
+  if (!b) return CM_EINVAL;
+  enc e;
+  frame_begin(&e, b);
+  enc_u32(&e, (uint32_t)status);
+  enc_u32(&e, device);
+  enc_str(&e, message);
+  return frame_end(&e, CM_WIRE_PM_STATUS, 0, CM_WIRE_MINOR);
 }
 
 int cm_wire_write_flush(cm_wire_buf *b, uint64_t flush_id, uint32_t flags, uint32_t timeout_ms) {
@@ -1139,6 +1159,33 @@ int cm_wire_decode_select(const cm_wire_frame *f, const char **spec, uint32_t *l
   if (c.err) return c.err;
   if (spec) *spec = s;
   if (len) *len = n;
+  return 0;
+}
+
+int cm_wire_decode_pm(const cm_wire_frame *f, const char **spec, uint32_t *len) {
+  cur c;
+  int rc = cur_begin(&c, f, CM_WIRE_PM);
+  if (rc) return rc;
+  uint32_t n = 0;
+  const char *s = get_str(&c, &n, 1, "bad PM request text");
+  if (c.err) return c.err;
+  if (spec) *spec = s;
+  if (len) *len = n;
+  return 0;
+}
+
+int cm_wire_decode_pm_status(const cm_wire_frame *f, int32_t *status, uint32_t *device,
+                             const char **message) {
+  cur c;
+  int rc = cur_begin(&c, f, CM_WIRE_PM_STATUS);
+  if (rc) return rc;
+  uint32_t st = get32(&c, "truncated status");
+  uint32_t dev = get32(&c, "truncated device");
+  const char *msg = get_str(&c, NULL, 1, "bad message");
+  if (c.err) return c.err;
+  if (status) *status = (int32_t)st;
+  if (device) *device = dev;
+  if (message) *message = msg;
   return 0;
 }
 
