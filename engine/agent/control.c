@@ -179,68 +179,6 @@ static void apply_select(cm__control *c, const cm_wire_frame *f) {
   cm_selection_free(sel);
 }
 
-static bool parse_u32(const char *s, size_t n, uint32_t *out) {
-  if (!n || n > 10) return false;
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; i++) {
-    if (s[i] < '0' || s[i] > '9') return false;
-    v = v * 10 + (uint64_t)(s[i] - '0');
-  }
-  if (v > UINT32_MAX) return false;
-  *out = (uint32_t)v;
-  return true;
-}
-
-int cm__control_parse_pm(const char *text, size_t len, char *buf, size_t cap, cm__pm_entry *out,
-                         uint32_t max, char *why, size_t why_len) {
-#define PM_FAIL(...)                        \
-  do {                                      \
-    snprintf(why, why_len, __VA_ARGS__);    \
-    return CM_EINVAL;                       \
-  } while (0)
-  if (len + 1 > cap) PM_FAIL("the request is %zu bytes, over the bound of %zu", len, cap - 1);
-  memcpy(buf, text, len);
-  buf[len] = '\0';
-  if (memchr(buf, '\0', len)) PM_FAIL("the request holds a NUL byte");
-  uint32_t n = 0;
-  char *p = buf, *end = buf + len;
-  while (p < end) {
-    char *semi = memchr(p, ';', (size_t)(end - p));
-    char *e = semi ? semi : end;
-    *e = '\0';
-    if (n == max) PM_FAIL("more than %u devices", max);
-    cm__pm_entry *en = &out[n];
-    memset(en, 0, sizeof *en);
-    char *c1 = strchr(p, ':');
-    char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
-    uint32_t dev = 0;
-    if (!c1 || !c2 || !parse_u32(p, (size_t)(c1 - p), &dev) || dev > 1023 ||
-        !parse_u32(c1 + 1, (size_t)(c2 - c1 - 1), &en->interval_us))
-      PM_FAIL("entry %u is not device:interval_us:metrics", n + 1);
-    if (en->interval_us < CM__CTL_PM_INTERVAL_MIN_US || en->interval_us > CM__CTL_PM_INTERVAL_MAX_US)
-      PM_FAIL("entry %u: interval_us %u is outside [%u, %u]", n + 1, en->interval_us,
-              CM__CTL_PM_INTERVAL_MIN_US, CM__CTL_PM_INTERVAL_MAX_US);
-    en->device = (int)dev;
-    char *m = c2 + 1;
-    while (*m) {
-      char *comma = strchr(m, ',');
-      if (comma) *comma = '\0';
-      size_t ml = strlen(m);
-      if (!ml || ml > CM__CTL_PM_NAME) PM_FAIL("entry %u: a metric name is empty or too long", n + 1);
-      if (en->nmetrics == CM__CTL_PM_METRICS)
-        PM_FAIL("entry %u: more than %u metrics", n + 1, CM__CTL_PM_METRICS);
-      en->metrics[en->nmetrics++] = m;
-      if (!comma) break;
-      m = comma + 1;
-    }
-    if (!en->nmetrics) PM_FAIL("entry %u names no metric", n + 1);
-    n++;
-    p = e + 1;
-  }
-  return (int)n;
-#undef PM_FAIL
-}
-
 static void apply_pm(cm__control *c, const cm_wire_frame *f) {
   const char *spec = NULL;
   uint32_t len = 0;
@@ -254,8 +192,8 @@ static void apply_pm(cm__control *c, const cm_wire_frame *f) {
   int n = CM_ENOMEM;
   snprintf(why, sizeof why, "no memory to parse it");
   if (entries && text)
-    n = cm__control_parse_pm(spec, len, text, CM__CTL_MAX_SELECT + 1, entries,
-                             CM__CTL_PM_ENTRIES, why, sizeof why);
+    n = cm_wire_parse_pm(spec, len, text, CM__CTL_MAX_SELECT + 1, entries, CM__CTL_PM_ENTRIES,
+                         why, sizeof why);
   if (n < 0) {
     c->clamped++;
     clog_(c, CM_LOG_ERROR, "PM request '%.200s' is invalid (%s); the previous sampling stays", spec,

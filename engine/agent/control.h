@@ -36,19 +36,11 @@
 #define CM__CTL_BATCH_MAX (1u << 22)
 #define CM__CTL_QUEUE_MIN ((uint64_t)1 << 20)           /* send_queue_bytes */
 #define CM__CTL_QUEUE_MAX ((uint64_t)1 << 30)
-#define CM__CTL_PM_ENTRIES 64u                          /* devices in one PM request */
-#define CM__CTL_PM_METRICS 64u                          /* metrics of one device */
-#define CM__CTL_PM_NAME 256u                            /* bytes of one metric name */
-#define CM__CTL_PM_INTERVAL_MIN_US 20u                  /* interval_us */
-#define CM__CTL_PM_INTERVAL_MAX_US 10000000u
-
-/* One device's entry of a PM request; its metric names point into the parse buffer. */
-typedef struct cm__pm_entry {
-  int device;
-  uint32_t interval_us;
-  uint32_t nmetrics;
-  const char *metrics[CM__CTL_PM_METRICS];
-} cm__pm_entry;
+/* A PM request's bounds are the wire's (CM_WIRE_PM_*, cuptimon_wire.h). */
+#define CM__CTL_PM_ENTRIES CM_WIRE_PM_ENTRIES
+#define CM__CTL_PM_METRICS CM_WIRE_PM_METRICS
+#define CM__CTL_PM_NAME CM_WIRE_PM_NAME
+typedef cm_wire_pm_entry cm__pm_entry;
 
 /* What applying a frame does. `ud` is passed back. Every member must be set. */
 typedef struct cm__control_ops {
@@ -91,13 +83,6 @@ int cm__control_feed(cm__control *c, cm_wire_reader *r, const void *data, size_t
  * returns 0 it also checks the frame still incomplete: one that would exceed CM__CTL_MAX_FRAME
  * fails with CM_ERANGE (logged), before its bytes pile up. */
 int cm__control_next(cm__control *c, cm_wire_reader *r, cm_wire_frame *f);
-
-/* Parses a PM request's text ("device:interval_us:metric,metric;...", "" for none) into at most
- * `max` entries, copying the text into `buf` (`cap` bytes) so the metric names are NUL-terminated.
- * Returns the number of entries, or CM_EINVAL with a reason in `why` (`why_len` bytes). Pure:
- * used by the agent and by the tests and fuzzer. */
-int cm__control_parse_pm(const char *text, size_t len, char *buf, size_t cap, cm__pm_entry *out,
-                         uint32_t max, char *why, size_t why_len);
 
 /* Applies one monitor frame. Returns 1 for HELLO_ACK (its status in *ack when ack is not NULL),
  * 0 for every other frame (a malformed or unknown one is logged and ignored). */

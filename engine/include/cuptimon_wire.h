@@ -236,6 +236,29 @@ CM_EXTERN int cm_wire_write_configure(cm_wire_buf *b, const cm_wire_kv *items, u
  * separated by ';' ("" for none). The agent replaces what it samples with it and answers with
  * one PM_STATUS per entry. */
 CM_EXTERN int cm_wire_write_pm(cm_wire_buf *b, const char *spec);
+/* A PM request's bounds, which cm_wire_parse_pm enforces. */
+enum {
+  CM_WIRE_PM_ENTRIES = 64,          /* devices in one request */
+  CM_WIRE_PM_METRICS = 64,          /* metrics of one device */
+  CM_WIRE_PM_NAME = 256,            /* bytes of one metric name */
+  CM_WIRE_PM_INTERVAL_MIN_US = 20,
+  CM_WIRE_PM_INTERVAL_MAX_US = 10000000
+};
+/* One device's entry of a parsed PM request; the metric names point into the parse buffer. */
+typedef struct cm_wire_pm_entry {
+  int32_t device;
+  uint32_t interval_us;
+  uint32_t nmetrics;
+  uint32_t reserved;
+  const char *metrics[CM_WIRE_PM_METRICS];
+} cm_wire_pm_entry;
+/* Parses a PM request's text (`len` bytes, "" for none) into at most `max` entries, copying it
+ * into `buf` (`cap` bytes) so the metric names are NUL-terminated there. Returns the number of
+ * entries, or CM_EINVAL with the reason in `why` (`why_len` bytes): a malformed entry, a device
+ * over 1023, an interval outside the bounds, an empty or too long name, too many entries or
+ * metrics, or text longer than cap - 1. Pure and bounded by `len`. Thread-safe. */
+CM_EXTERN int cm_wire_parse_pm(const char *text, size_t len, char *buf, size_t cap,
+                               cm_wire_pm_entry *out, uint32_t max, char *why, size_t why_len);
 /* The outcome of a PM entry on `device`: status 0, or a CM_E* code and a message saying what to
  * do (CM_EPERM: profiling counters are restricted to admin users). */
 CM_EXTERN int cm_wire_write_pm_status(cm_wire_buf *b, int32_t status, uint32_t device,

@@ -249,13 +249,13 @@ static void test_pm(void) {
   char why[256];
   size_t k = 0;
   for (uint32_t i = 0; i <= CM__CTL_PM_ENTRIES; i++) k += (size_t)snprintf(text + k, sizeof text - k, "%s%u:100:m", i ? ";" : "", i);
-  CMT_EQ(cm__control_parse_pm(text, k, buf, sizeof buf, en, CM__CTL_PM_ENTRIES, why, sizeof why), CM_EINVAL);
+  CMT_EQ(cm_wire_parse_pm(text, k, buf, sizeof buf, en, CM__CTL_PM_ENTRIES, why, sizeof why), CM_EINVAL);
   CMT_CONTAINS(why, "more than 64 devices");
   k = (size_t)snprintf(text, sizeof text, "0:100:");
   for (uint32_t i = 0; i <= CM__CTL_PM_METRICS; i++) k += (size_t)snprintf(text + k, sizeof text - k, "%sm%u", i ? "," : "", i);
-  CMT_EQ(cm__control_parse_pm(text, k, buf, sizeof buf, en, CM__CTL_PM_ENTRIES, why, sizeof why), CM_EINVAL);
+  CMT_EQ(cm_wire_parse_pm(text, k, buf, sizeof buf, en, CM__CTL_PM_ENTRIES, why, sizeof why), CM_EINVAL);
   CMT_CONTAINS(why, "more than 64 metrics");
-  CMT_EQ(cm__control_parse_pm("0:100:a", 7, buf, 4, en, 1, why, sizeof why), CM_EINVAL);
+  CMT_EQ(cm_wire_parse_pm("0:100:a", 7, buf, 4, en, 1, why, sizeof why), CM_EINVAL);
   CMT_CONTAINS(why, "over the bound");
   cm_wire_buf_free(&b);
   printf("pm: ok\n");
