@@ -224,7 +224,6 @@ static void publish_union(cm__wsrc *w) {
   char *u = cm__wsrc_union(w);
   if (u && (!w->union_spec || strcmp(u, w->union_spec) != 0)) {
     free(w->union_spec);
-  free(w->pm_spec);
     w->union_spec = u;
     w->ops->select(w, u);
   } else {
@@ -888,6 +887,7 @@ void cm__wsrc_release(cm__wsrc *w) {
   free(w->end_message);
   free(w->obs);
   free(w->union_spec);
+  free(w->pm_spec);
   free(w->desc_devices);
   free(w->desc_stats);
   w->desc_devices = NULL;

@@ -19,7 +19,10 @@
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
  *          --crash (abort() after the workload: no atexit handlers run)
- *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
+ *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
+ *          --pm N (each round also puts N PM samples of 1 ms on device 0, the first one starting
+ *          at the round's start, and one kernel record inside each sample: "pm_kernel_a" in even
+ *          samples, "pm_kernel_b" in odd ones, for the join of samples and kernels).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -92,13 +95,13 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C]\n");
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--pm N]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   uint64_t records = 1000;
-  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, pm = 0;
   int kinds[64], nkinds = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -119,6 +122,8 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--pm") == 0) {
+      pm = atoi(v);
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
     } else if (strcmp(a, "--kinds") == 0) {
@@ -193,6 +198,17 @@ int main(int argc, char **argv) {
       }
     }
     free(ps);
+    if (pm > 0) {
+      uint64_t t = fake_now();
+      fake_pm_emit(0, (uint32_t)pm, t, 1000000);
+      for (int i = 0; i < pm; i++) {
+        uint64_t s0 = t + (uint64_t)i * 1000000u;
+        if (fake_emit_kernel(i % 2 ? "pm_kernel_b" : "pm_kernel_a", 0, s0 + 100000, s0 + 600000) == 0) {
+          per_kind[10]++;
+          total++;
+        }
+      }
+    }
   }
   double t1 = now_ms();
 

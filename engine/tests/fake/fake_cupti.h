@@ -156,6 +156,9 @@ void fake_pm_set_denied(int on);
  * [start_ns + i * dt_ns, start_ns + (i + 1) * dt_ns]. The buffer holds 4096 samples; past that,
  * samples are lost and the next decode reports an overflow. Returns the number kept. */
 int fake_pm_emit(int device, uint32_t n, uint64_t start_ns, uint64_t dt_ns);
+/* Writes one CONCURRENT_KERNEL record named `name` (a string that must outlive the run) on
+ * `device` spanning [start, end], into the calling thread's buffer; fake_emit's return value. */
+int fake_emit_kernel(const char *name, uint32_t device, uint64_t start, uint64_t end);
 typedef struct fake_pm_stats {
   uint64_t host_inits, host_deinits;  /* cuptiProfilerHostInitialize / Deinitialize */
   uint64_t enables, disables, starts, stops, decodes;

@@ -10,7 +10,9 @@
  * that number (fake_pm_value), so a test knows what to expect. The metrics the fake knows are
  * listed in fake_pm_metrics; "fake__two_pass.sum" needs two passes. Host objects and sampling
  * objects are counted, and releasing one twice is counted as a double release (which real CUPTI
- * punishes with a crash).
+ * punishes with a crash). FAKE_PM_DENIED=1 in the environment refuses every cuptiPmSamplingEnable
+ * with CUPTI_ERROR_INSUFFICIENT_PRIVILEGES, for a process the test does not drive (an app under
+ * the agent).
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -117,6 +119,19 @@ int fake_pm_emit(int device, uint32_t n, uint64_t start_ns, uint64_t dt_ns) {
   }
   pthread_mutex_unlock(&mu);
   return kept;
+}
+
+int fake_emit_kernel(const char *name, uint32_t device, uint64_t start, uint64_t end) {
+  CUpti_ActivityKernel10 k;
+  memset(&k, 0, sizeof k);
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  k.name = name;
+  k.deviceId = device;
+  k.start = start;
+  k.end = end;
+  k.streamId = 7;
+  k.correlationId = (uint32_t)(start & 0xffffff);
+  return fake_emit(&k, sizeof k, 0);
 }
 
 void fake_pm_get_stats(fake_pm_stats *out) {
@@ -233,8 +248,9 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiPmSamplingEnable(CUpti_PmSampling_Enable_Params *p) {
   if (!p || p->deviceIndex >= FAKE_PM_DEVICES) return CUPTI_ERROR_INVALID_DEVICE;
+  const char *env = getenv("FAKE_PM_DENIED");
   pthread_mutex_lock(&mu);
-  if (denied) {
+  if (denied || (env && *env == '1')) {
     pthread_mutex_unlock(&mu);
     return CUPTI_ERROR_INSUFFICIENT_PRIVILEGES;
   }
