@@ -34,6 +34,7 @@
 --   4242   0        100  0.2      0.0    0.1          0.00          0.00       10  -
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local pm = require "cuptimon.pm"
 local tabulate = require "cuptimon.table"
 local ffi = require "ffi"
 
@@ -42,12 +43,11 @@ local opts = args.parse(arg, {
   interval_us = { 10000, "PM sampling interval in microseconds", min = 20, integer = true },
   window_ms = { 100, "table row width in milliseconds", min = 1, integer = true },
   top = { 2, "kernels named per row", min = 0, integer = true },
-  sm = { "sm__cycles_active.avg.pct_of_peak_sustained_elapsed", "SM active % metric" },
-  tensor = { "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
-    "tensor pipe active % metric" },
-  dram = { "dram__throughput.avg.pct_of_peak_sustained_elapsed", "DRAM throughput % metric" },
-  pcie_read = { "pcie__read_bytes.sum.per_second", "PCIe read bytes/s metric" },
-  pcie_write = { "pcie__write_bytes.sum.per_second", "PCIe write bytes/s metric" },
+  sm = { pm.UTIL_METRICS.sm, "SM active % metric" },
+  tensor = { pm.UTIL_METRICS.tensor, "tensor pipe active % metric" },
+  dram = { pm.UTIL_METRICS.dram, "DRAM throughput % metric" },
+  pcie_read = { pm.UTIL_METRICS.pcie_read, "PCIe read bytes/s metric" },
+  pcie_write = { pm.UTIL_METRICS.pcie_write, "PCIe write bytes/s metric" },
 })
 
 -- The columns: title, metric, scale of the mean.
@@ -58,14 +58,8 @@ local cols = {
 local metrics = {}
 for i, c in ipairs(cols) do metrics[i] = c[2] end
 
-local devices = {}
-for d in opts.devices:gmatch("[^,]+") do
-  local n = tonumber(d)
-  if not n or n < 0 or n ~= math.floor(n) then
-    args.usage_error(("gpu_util: --devices must list device ordinals, got %q"):format(opts.devices))
-  end
-  devices[#devices + 1] = n
-end
+local devices, derr = pm.parse_devices(opts.devices)
+if not devices then args.usage_error("gpu_util: --devices: " .. derr) end
 
 local window_ns = opts.window_ms * 1e6
 local int64 = ffi.typeof("int64_t")

@@ -17,6 +17,30 @@ local MAX_METRICS = 64   -- CM_WIRE_PM_METRICS
 local MAX_NAME = 256     -- CM_WIRE_PM_NAME
 local MIN_US, MAX_US = 20, 10000000
 
+--- The utilization metrics the recipes sample (gpu_util, prometheus, timeline), GH100 names:
+--- SM active and tensor-pipe active in % of the elapsed cycles, DRAM throughput in % of its
+--- peak, PCIe bytes per second each way.
+M.UTIL_METRICS = {
+  sm = "sm__cycles_active.avg.pct_of_peak_sustained_elapsed",
+  tensor = "sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_elapsed",
+  dram = "dram__throughput.avg.pct_of_peak_sustained_elapsed",
+  pcie_read = "pcie__read_bytes.sum.per_second",
+  pcie_write = "pcie__write_bytes.sum.per_second",
+}
+
+--- The device ordinals of a comma-separated list ("0,1"), or nil and a message.
+function M.parse_devices(text)
+  local out = {}
+  for d in tostring(text):gmatch("[^,]+") do
+    local n = tonumber(d)
+    if not n or n < 0 or n > 1023 or n ~= math.floor(n) then
+      return nil, ("device list must hold CUDA device ordinals such as 0,1; got %q"):format(text)
+    end
+    out[#out + 1] = n
+  end
+  return out
+end
+
 local requests = {}      -- open requests, in opening order
 local Request = {}
 Request.__index = Request
