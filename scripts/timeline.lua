@@ -289,13 +289,13 @@ local function num(v) return v == v and ("%.3f"):format(v) or "0" end
 cm.observe({ pm_sample = "all" }, function(b)
   local pr = process(b)
   local rows = cm.pm_rows(b, PM_METRICS)
-  for i = 0, rows.n - 1 do
-    local ts, dev = us(ns(rows.start[i])), rows.device[i]
+  for k = 0, rows.n - 1 do
+    local ts, dev = us(ns(rows.start[k])), rows.device[k]
     emit(('{"ph":"C","name":"GPU %d utilization %%","pid":%d,"ts":%s,"args":{"sm":%s,"tensor":%s,'
-      .. '"dram":%s}}'):format(dev, pr.pid, ts, num(rows[U.sm][i]), num(rows[U.tensor][i]),
-      num(rows[U.dram][i])))
+      .. '"dram":%s}}'):format(dev, pr.pid, ts, num(rows[U.sm][k]), num(rows[U.tensor][k]),
+      num(rows[U.dram][k])))
     emit(('{"ph":"C","name":"GPU %d PCIe GB/s","pid":%d,"ts":%s,"args":{"read":%s,"write":%s}}')
-      :format(dev, pr.pid, ts, num(rows[U.pcie_read][i] / 1e9), num(rows[U.pcie_write][i] / 1e9)))
+      :format(dev, pr.pid, ts, num(rows[U.pcie_read][k] / 1e9), num(rows[U.pcie_write][k] / 1e9)))
     counts.counters = counts.counters + 1
   end
 end)
