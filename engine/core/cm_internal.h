@@ -402,7 +402,8 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
  * The engine's PM sampling sessions, one per device, over the union of the metrics of that
  * device's consumers. Control calls (add, remove) come with the engine's api_mu held; the poll
  * runs inside delivery with dec_mu held. The module's own mutex guards its consumers, sessions
- * and pending records; it is a leaf (taken last, nothing taken under it). */
+ * and pending records and is held across the PM CUPTI calls; only the process-wide
+ * cuptiProfilerInitialize lock is taken under it. The counters are read without it. */
 typedef struct cm__pm cm__pm;
 
 /* The synthetic record of one metric of one sample (CM_KIND_PM_SAMPLE). `metric` points at a

@@ -28,8 +28,10 @@
  * `filtered`.
  *
  * Threads: cm__pm_add and cm__pm_remove run on the control path (api_mu held), cm__pm_drain in
- * delivery (dec_mu held). `mu` guards the consumers, the sessions and the pending records; it is
- * a leaf. The counters are relaxed atomics, read by cm__pm_stats from any thread.
+ * delivery (dec_mu held). `mu` guards the consumers, the sessions and the pending records, and is
+ * held across the PM CUPTI calls (a poll decodes and evaluates under it); under it only
+ * g_profiler_mu is taken (docs/architecture.md, "Locks"). The counters are relaxed atomics, so
+ * cm__pm_stats reads them from any thread without the lock (the agent does, under its send lock).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,7 +88,8 @@ struct cm__pm {
   cm__pm_record *pending;
   size_t npending, cap_pending;
   cm__pm_columns cols;
-  _Atomic uint64_t st_sessions, st_polls, st_samples, st_filtered, st_overflows, st_dropped;
+  _Atomic uint64_t st_consumers, st_sessions, st_polls, st_samples, st_filtered, st_overflows,
+      st_dropped;
 };
 
 #define PADD(pm, f, v) atomic_fetch_add_explicit(&(pm)->f, (v), memory_order_relaxed)
@@ -684,6 +687,7 @@ int cm__pm_add(cm__pm *pm, int device, const char *const *metrics, uint32_t nmet
   cn->nmetrics = n;
   cn->metrics = mine;
   mine = NULL;
+  atomic_store_explicit(&pm->st_consumers, pm->ncons, memory_order_relaxed);
   if (id) *id = cn->id;
 out:
   free(mine);
@@ -708,6 +712,7 @@ int cm__pm_remove(cm__pm *pm, uint32_t id, uint32_t poll_ms) {
   free(pm->cons[i].metrics);
   memmove(&pm->cons[i], &pm->cons[i + 1], (pm->ncons - i - 1) * sizeof *pm->cons);
   pm->ncons--;
+  atomic_store_explicit(&pm->st_consumers, pm->ncons, memory_order_relaxed);
   pthread_mutex_unlock(&pm->mu);
   return rc;
 }
@@ -724,10 +729,8 @@ void cm__pm_drain(cm__pm *pm, cm__decoder *dec) {
 
 void cm__pm_stats(cm__pm *pm, cm_pm_stats *out) {
   memset(out, 0, sizeof *out);
-  pthread_mutex_lock(&pm->mu);
-  out->consumers = pm->ncons;
-  pthread_mutex_unlock(&pm->mu);
 #define PLOAD(f) atomic_load_explicit(&pm->f, memory_order_relaxed)
+  out->consumers = PLOAD(st_consumers);
   out->sessions = PLOAD(st_sessions);
   out->polls = PLOAD(st_polls);
   out->samples = PLOAD(st_samples);

@@ -96,6 +96,8 @@ static void usage(FILE *out) {
 "  cm.count_by(), cm.sum_by(), cm.stats_by(), cm.topk(k)   aggregations that print themselves\n"
 "  cm.kernel_name(name [, full]), b:kernel_name(i)      a short demangled kernel name\n"
 "  cm.demangle(name)                                    the full demangled C++ name\n"
+"  cm.pm_sample{ metrics = {...}, interval_us = 1000, device = 0, fn = function(rows) end }\n"
+"                    GPU counters by PM sampling (kind pm_sample); cm.pm_rows(b) pivots a batch\n"
 "  In-process only (this process's CUDA work, not `-- cmd` or --replay; see docs/monitor.md):\n"
 "  cm.on_api(\"cudaLaunchKernel\", fn [, {site=}])        API callbacks, queued to the loop\n"
 "  cm.corr_push([id]), cm.corr_pop(), cm.corr_current(), cm.corr_depth(), cm.corr_chain(id),\n"
