@@ -135,8 +135,10 @@ describe("gpu_util on live agents and their captures", function()
     local f = need_fake()
     if not f or not app then return pending("needs the fake CUDA app and the fake CUPTI") end
     local cap = dir .. "/pm.%p.cmcap"
-    local rc, out = helpers.sh(("%s --record %s %s/scripts/gpu_util.lua --window-ms 100 --top 1 "
-      .. "-- %s --records 10 --pm 50 --rounds 3 --pause-ms 300"):format(bin, cap, root, app))
+    -- The first two enables find the device not ready yet: the agent tries again.
+    local rc, out = helpers.sh(("FAKE_PM_NOT_READY=2 %s --record %s %s/scripts/gpu_util.lua "
+      .. "--window-ms 100 --top 1 -- %s --records 10 --pm 50 --rounds 3 --pause-ms 300")
+      :format(bin, cap, root, app))
     assert.are.equal(0, rc, out)
     -- Three windows of 50 samples, one per round, each with the two kernels of the round.
     local rows = 0

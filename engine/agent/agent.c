@@ -815,6 +815,8 @@ static void ops_log(void *ud, int level, const char *msg) {
   alog(level, "%s", msg);
 }
 
+#define PM_READY_MS 2000
+
 /* Replaces the PM consumers with the monitor's request and answers each entry with PM_STATUS.
  * The old consumers go first, so a device whose metrics change restarts once. Control thread. */
 static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
@@ -835,6 +837,13 @@ static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal)
     uint32_t id = 0;
     int rc = cm_pm_sample_add(A.eng, en[i].device, en[i].metrics, en[i].nmetrics,
                               en[i].interval_us, &id);
+    /* The request can arrive while the application's cuInit is still initializing the device:
+     * retried for up to PM_READY_MS, so the control thread is held that long at most. */
+    for (int t = 0; rc == CM_EAGAIN && t < PM_READY_MS / 50 && !atomic_load(&A.exiting); t++) {
+      usleep(50000);
+      rc = cm_pm_sample_add(A.eng, en[i].device, en[i].metrics, en[i].nmetrics,
+                            en[i].interval_us, &id);
+    }
     if (rc == 0) A.pm_ids[A.npm++] = id;
     else alog(CM_LOG_ERROR, "PM sampling on device %d: %s", en[i].device, cm_errmsg());
     cm_wire_buf_clear(&b);

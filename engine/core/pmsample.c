@@ -225,6 +225,19 @@ int cm__pm_decode_image(const cm__cupti *c, CUpti_PmSampling_Object *obj,
 
 /* ---- sessions -------------------------------------------------------------------------------- */
 
+/* A CUPTI failure of the setup calls that touch the device. A device that is not ready yet (the
+ * driver still initializing it while the application's cuInit runs) is CM_EAGAIN, which a caller
+ * may retry; the rest as cm__cupti_err translates them. */
+static int device_err(const cm__cupti *c, int r, const char *what) {
+  if (r == CUPTI_ERROR_NOT_INITIALIZED || r == CUPTI_ERROR_NOT_READY) {
+    const char *s = NULL;
+    c->GetResultString((CUptiResult)r, &s);
+    return cm__seterr(CM_EAGAIN, "%s failed: %s (%d): the device is not ready yet; try again",
+                      what, s ? s : "not ready", r);
+  }
+  return cm__cupti_err(c, r, what);
+}
+
 static int init_image(const cm__cupti *c, session *s) {
   CUpti_PmSampling_CounterDataImage_Initialize_Params p = {
       .structSize = CUpti_PmSampling_CounterDataImage_Initialize_Params_STRUCT_SIZE,
@@ -330,7 +343,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   CUpti_Device_GetChipName_Params cp = {.structSize = CUpti_Device_GetChipName_Params_STRUCT_SIZE,
                                         .deviceIndex = (size_t)device};
   r = c->DeviceGetChipName(&cp);
-  if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiDeviceGetChipName");
+  if (r != CUPTI_SUCCESS) return device_err(c, r, "cuptiDeviceGetChipName");
   char chip[64];
   snprintf(chip, sizeof chip, "%s", cp.pChipName ? cp.pChipName : "?");
 
@@ -338,7 +351,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
       .structSize = CUpti_PmSampling_GetCounterAvailability_Params_STRUCT_SIZE,
       .deviceIndex = (size_t)device};
   r = c->PmGetCounterAvailability(&ap);
-  if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiPmSamplingGetCounterAvailability");
+  if (r != CUPTI_SUCCESS) return device_err(c, r, "cuptiPmSamplingGetCounterAvailability");
   avail = malloc(ap.counterAvailabilityImageSize ? ap.counterAvailabilityImageSize : 1);
   if (!avail) return cm__seterr(CM_ENOMEM, "no memory for the counter availability image");
   ap.pCounterAvailabilityImage = avail;
@@ -398,7 +411,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
                                        .deviceIndex = (size_t)device};
   r = c->PmEnable(&ep);
   if (r != CUPTI_SUCCESS) {
-    rc = cm__cupti_err(c, r, "cuptiPmSamplingEnable");
+    rc = device_err(c, r, "cuptiPmSamplingEnable");
     goto fail;
   }
   s->obj = ep.pPmSamplingObject;

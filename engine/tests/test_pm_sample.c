@@ -189,6 +189,13 @@ static void test_refusals(void) {
   CMT_STREQ(got.metric[from], "sm__cycles_active.avg");
   CMT_OK(cm_pm_sample_remove(g_e, keep));
 
+  /* A device that is not ready yet is CM_EAGAIN, and the next try succeeds. */
+  fake_pm_set_not_ready(1);
+  CMT_EQ(cm_pm_sample_add(g_e, 1, good, 1, 1000, &id), CM_EAGAIN);
+  CMT_CONTAINS(cm_errmsg(), "CUPTI_ERROR_NOT_READY");
+  CMT_OK(cm_pm_sample_add(g_e, 1, good, 1, 1000, &id));
+  CMT_OK(cm_pm_sample_remove(g_e, id));
+
   fake_pm_set_denied(1);
   CMT_EQ(cm_pm_sample_add(g_e, 1, good, 1, 1000, &id), CM_EPERM);
   CMT_CONTAINS(cm_errmsg(), "cuptiPmSamplingEnable failed: CUPTI_ERROR_INSUFFICIENT_PRIVILEGES");

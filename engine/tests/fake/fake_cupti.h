@@ -152,6 +152,9 @@ const char *const *fake_pm_metrics(int *n);
 double fake_pm_value(const char *metric, uint64_t seq);
 /* Makes cuptiPmSamplingEnable fail with CUPTI_ERROR_INSUFFICIENT_PRIVILEGES while `on`. */
 void fake_pm_set_denied(int on);
+/* Makes the next `n` cuptiPmSamplingEnable calls fail with CUPTI_ERROR_NOT_READY (a device whose
+ * driver is still initializing); FAKE_PM_NOT_READY=n in the environment adds n once. */
+void fake_pm_set_not_ready(int n);
 /* Puts `n` samples into device `device`'s hardware buffer, sample i spanning
  * [start_ns + i * dt_ns, start_ns + (i + 1) * dt_ns]. The buffer holds 4096 samples; past that,
  * samples are lost and the next decode reports an overflow. Returns the number kept. */

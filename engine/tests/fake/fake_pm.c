@@ -12,7 +12,8 @@
  * objects are counted, and releasing one twice is counted as a double release (which real CUPTI
  * punishes with a crash). FAKE_PM_DENIED=1 in the environment refuses every cuptiPmSamplingEnable
  * with CUPTI_ERROR_INSUFFICIENT_PRIVILEGES, for a process the test does not drive (an app under
- * the agent).
+ * the agent). FAKE_PM_NOT_READY=N (or fake_pm_set_not_ready) makes the next N enables fail with
+ * CUPTI_ERROR_NOT_READY, as a device still being initialized does.
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -76,7 +77,7 @@ static struct {
   int overflow;
   struct CUpti_PmSampling_Object *obj; /* the enabled object, or NULL */
 } dev[FAKE_PM_DEVICES];
-static int denied, profiler_init_calls, profiler_deinit_calls;
+static int denied, not_ready, profiler_init_calls, profiler_deinit_calls;
 static fake_pm_stats st;
 
 static int metric_index(const char *name) {
@@ -93,6 +94,12 @@ double fake_pm_value(const char *metric, uint64_t seq) {
 const char *const *fake_pm_metrics(int *n) {
   *n = (int)NKNOWN;
   return known;
+}
+
+void fake_pm_set_not_ready(int n) {
+  pthread_mutex_lock(&mu);
+  not_ready = n;
+  pthread_mutex_unlock(&mu);
 }
 
 void fake_pm_set_denied(int on) {
@@ -249,10 +256,21 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiPmSamplingEnable(CUpti_PmSampling_Enable_Params *p) {
   if (!p || p->deviceIndex >= FAKE_PM_DEVICES) return CUPTI_ERROR_INVALID_DEVICE;
   const char *env = getenv("FAKE_PM_DENIED");
+  static int env_not_ready = -1; /* FAKE_PM_NOT_READY, read once (under mu) */
   pthread_mutex_lock(&mu);
+  if (env_not_ready < 0) {
+    const char *nr = getenv("FAKE_PM_NOT_READY");
+    env_not_ready = nr ? atoi(nr) : 0;
+    not_ready += env_not_ready;
+  }
   if (denied || (env && *env == '1')) {
     pthread_mutex_unlock(&mu);
     return CUPTI_ERROR_INSUFFICIENT_PRIVILEGES;
+  }
+  if (not_ready > 0) {
+    not_ready--;
+    pthread_mutex_unlock(&mu);
+    return CUPTI_ERROR_NOT_READY;
   }
   if (dev[p->deviceIndex].obj) {
     pthread_mutex_unlock(&mu);
