@@ -52,7 +52,7 @@ CUptiResult CUPTIAPI cuptiProfilerHostInitialize(CUpti_Profiler_Host_Initialize_
 typedef struct CUpti_Profiler_Host_Deinitialize_Params {
   size_t structSize;
   void *pPriv;
-  struct CUpti_Profiler_Host_Object *pHostObject;
+  CUpti_Profiler_Host_Object *pHostObject;
 } CUpti_Profiler_Host_Deinitialize_Params;
 #define CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE \
   CUPTI_PROFILER_STRUCT_SIZE(CUpti_Profiler_Host_Deinitialize_Params, pHostObject)
@@ -77,7 +77,7 @@ cuptiProfilerHostEvaluateToGpuValues(CUpti_Profiler_Host_EvaluateToGpuValues_Par
 typedef struct CUpti_Profiler_Host_ConfigAddMetrics_Params {
   size_t structSize;
   void *pPriv;
-  struct CUpti_Profiler_Host_Object *pHostObject;
+  CUpti_Profiler_Host_Object *pHostObject;
   const char **ppMetricNames;
   size_t numMetrics;
 } CUpti_Profiler_Host_ConfigAddMetrics_Params;
