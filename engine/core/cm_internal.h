@@ -153,6 +153,10 @@ typedef struct cm__cupti {
   __typeof__(&cuptiProfilerHostGetConfigImage) HostGetConfigImage;
   __typeof__(&cuptiProfilerHostGetNumOfPasses) HostGetNumOfPasses;
   __typeof__(&cuptiProfilerHostEvaluateToGpuValues) HostEvaluateToGpuValues;
+  /* For the suggestions after a refused metric name; each may be NULL (no suggestion then). */
+  __typeof__(&cuptiProfilerHostGetBaseMetrics) HostGetBaseMetrics;
+  __typeof__(&cuptiProfilerHostGetSubMetrics) HostGetSubMetrics;
+  __typeof__(&cuptiProfilerHostGetMetricProperties) HostGetMetricProperties;
   __typeof__(&cuptiPmSamplingEnable) PmEnable;
   __typeof__(&cuptiPmSamplingSetConfig) PmSetConfig;
   __typeof__(&cuptiPmSamplingStart) PmStart;

@@ -119,4 +119,44 @@ typedef struct CUpti_Profiler_Host_GetNumOfPasses_Params {
   CUPTI_PROFILER_STRUCT_SIZE(CUpti_Profiler_Host_GetNumOfPasses_Params, numOfPasses)
 CUptiResult CUPTIAPI cuptiProfilerHostGetNumOfPasses(CUpti_Profiler_Host_GetNumOfPasses_Params *pParams);
 
+typedef struct CUpti_Profiler_Host_GetBaseMetrics_Params {
+  size_t structSize;
+  void *pPriv;
+  CUpti_Profiler_Host_Object *pHostObject;
+  CUpti_MetricType metricType;
+  const char **ppMetricNames; /* out, owned by the host object */
+  size_t numMetrics;          /* out */
+} CUpti_Profiler_Host_GetBaseMetrics_Params;
+#define CUpti_Profiler_Host_GetBaseMetrics_Params_STRUCT_SIZE \
+  CUPTI_PROFILER_STRUCT_SIZE(CUpti_Profiler_Host_GetBaseMetrics_Params, numMetrics)
+CUptiResult CUPTIAPI cuptiProfilerHostGetBaseMetrics(CUpti_Profiler_Host_GetBaseMetrics_Params *pParams);
+
+typedef struct CUpti_Profiler_Host_GetSubMetrics_Params {
+  size_t structSize;
+  void *pPriv;
+  CUpti_Profiler_Host_Object *pHostObject;
+  CUpti_MetricType metricType;
+  const char *pMetricName;
+  size_t numOfSubmetrics;    /* out */
+  const char **ppSubMetrics; /* out, owned by the host object */
+} CUpti_Profiler_Host_GetSubMetrics_Params;
+#define CUpti_Profiler_Host_GetSubMetrics_Params_STRUCT_SIZE \
+  CUPTI_PROFILER_STRUCT_SIZE(CUpti_Profiler_Host_GetSubMetrics_Params, ppSubMetrics)
+CUptiResult CUPTIAPI cuptiProfilerHostGetSubMetrics(CUpti_Profiler_Host_GetSubMetrics_Params *pParams);
+
+typedef struct CUpti_Profiler_Host_GetMetricProperties_Params {
+  size_t structSize;
+  void *pPriv;
+  CUpti_Profiler_Host_Object *pHostObject;
+  const char *pMetricName;
+  const char *pDescription;     /* out */
+  const char *pHwUnit;          /* out */
+  const char *pDimUnit;         /* out */
+  CUpti_MetricType metricType;  /* out */
+} CUpti_Profiler_Host_GetMetricProperties_Params;
+#define CUpti_Profiler_Host_GetMetricProperties_Params_STRUCT_SIZE \
+  CUPTI_PROFILER_STRUCT_SIZE(CUpti_Profiler_Host_GetMetricProperties_Params, metricType)
+CUptiResult CUPTIAPI
+cuptiProfilerHostGetMetricProperties(CUpti_Profiler_Host_GetMetricProperties_Params *pParams);
+
 #endif /* _CUPTI_PROFILER_HOST_H_ */

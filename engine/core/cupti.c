@@ -131,6 +131,9 @@ int cm__cupti_load(cm__cupti *c) {
   BIND_PM(PmGetCounterDataInfo, "cuptiPmSamplingGetCounterDataInfo");
   BIND_PM(PmCounterDataGetSampleInfo, "cuptiPmSamplingCounterDataGetSampleInfo");
 #undef BIND_PM
+  BIND_OPT(c->lib, HostGetBaseMetrics, "cuptiProfilerHostGetBaseMetrics");
+  BIND_OPT(c->lib, HostGetSubMetrics, "cuptiProfilerHostGetSubMetrics");
+  BIND_OPT(c->lib, HostGetMetricProperties, "cuptiProfilerHostGetMetricProperties");
 
   /* libcuda is optional: without it the fence cannot synchronize the device and degrades to a
    * plain flush, which the engine reports. */

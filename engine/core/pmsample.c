@@ -297,6 +297,56 @@ static int add_metrics(const cm__cupti *c, CUpti_Profiler_Host_Object *h, const 
   return c->HostConfigAddMetrics(&p);
 }
 
+/* Appends to `b` (`cap` bytes) what the chip offers near a refused metric: the sub-metrics of
+ * its base metric (the name up to its first '.') when the chip knows the base, else the base
+ * metrics of the same unit (the name up to "__"). At most 16 names; nothing when the query
+ * entry points are missing or fail. */
+static void suggest(const cm__cupti *c, const char *chip, uint8_t *avail, const char *bad,
+                    char *b, size_t cap) {
+  if (!c->HostGetMetricProperties || !c->HostGetSubMetrics || !c->HostGetBaseMetrics) return;
+  CUpti_Profiler_Host_Object *h = NULL;
+  if (host_new(c, chip, avail, &h)) return;
+  char base[260];
+  snprintf(base, sizeof base, "%.*s", (int)strcspn(bad, "."), bad);
+  size_t used = strlen(b);
+  int shown = 0;
+  CUpti_Profiler_Host_GetMetricProperties_Params mp = {
+      .structSize = CUpti_Profiler_Host_GetMetricProperties_Params_STRUCT_SIZE,
+      .pHostObject = h,
+      .pMetricName = base};
+  if (c->HostGetMetricProperties(&mp) == CUPTI_SUCCESS) {
+    CUpti_Profiler_Host_GetSubMetrics_Params sp = {
+        .structSize = CUpti_Profiler_Host_GetSubMetrics_Params_STRUCT_SIZE,
+        .pHostObject = h,
+        .metricType = mp.metricType,
+        .pMetricName = base};
+    if (c->HostGetSubMetrics(&sp) == CUPTI_SUCCESS && sp.ppSubMetrics) {
+      used += (size_t)snprintf(b + used, used < cap ? cap - used : 0,
+                               ". This chip offers %s with:", base);
+      for (size_t i = 0; i < sp.numOfSubmetrics && shown < 16 && used < cap; i++, shown++)
+        used += (size_t)snprintf(b + used, cap - used, "%s %s", i ? "," : "", sp.ppSubMetrics[i]);
+    }
+  } else {
+    const char *unit_end = strstr(bad, "__");
+    size_t unit = unit_end ? (size_t)(unit_end - bad) + 2 : strlen(bad);
+    for (int t = 0; t < CUPTI_METRIC_TYPE__COUNT && shown < 16; t++) {
+      CUpti_Profiler_Host_GetBaseMetrics_Params bp = {
+          .structSize = CUpti_Profiler_Host_GetBaseMetrics_Params_STRUCT_SIZE,
+          .pHostObject = h,
+          .metricType = (CUpti_MetricType)t};
+      if (c->HostGetBaseMetrics(&bp) != CUPTI_SUCCESS || !bp.ppMetricNames) continue;
+      for (size_t i = 0; i < bp.numMetrics && shown < 16 && used < cap; i++) {
+        if (strncmp(bp.ppMetricNames[i], bad, unit) != 0) continue;
+        used += (size_t)snprintf(b + used, cap - used, "%s %s",
+                                 shown ? "," : ". Base metrics of this chip with that unit:",
+                                 bp.ppMetricNames[i]);
+        shown++;
+      }
+    }
+  }
+  host_free(c, h);
+}
+
 /* Finds which metric the chip rejects, on fresh host objects, and says so. */
 static int name_bad_metric(const cm__cupti *c, const char *chip, uint8_t *avail, int device,
                            const char **m, uint32_t n, int res) {
@@ -308,13 +358,15 @@ static int name_bad_metric(const cm__cupti *c, const char *chip, uint8_t *avail,
     if (r != CUPTI_SUCCESS) {
       const char *s = NULL;
       c->GetResultString((CUptiResult)r, &s);
+      char near[1400] = "";
+      suggest(c, chip, avail, m[i], near, sizeof near);
       return cm__seterr(CM_ENOENT,
                         "metric \"%s\" cannot be PM-sampled on device %d (chip %s): %s. PM "
                         "sampling supports a subset of the profiler's metrics; check the name "
                         "against that chip's list (CUPTI's pm_sampling sample lists them, or "
                         "ncu --query-metrics --chip %s), and use a base metric with a "
-                        ".sum/.avg/.max rollup such as sm__cycles_active.avg",
-                        m[i], device, chip, s ? s : "rejected", chip);
+                        ".sum/.avg/.max rollup such as sm__cycles_active.avg%.1400s",
+                        m[i], device, chip, s ? s : "rejected", chip, near);
     }
   }
   return cm__cupti_err(c, res, "cuptiProfilerHostConfigAddMetrics");
@@ -608,7 +660,7 @@ static int reconcile(cm__pm *pm, int device, const char **m, uint32_t n, uint32_
   if (!n) return 0;
   int rc = start_session(pm, device, m, n, interval, poll_ms);
   if (rc && nold) {
-    char msg[1024];
+    char msg[4096];
     snprintf(msg, sizeof msg, "%s", cm_errmsg());
     start_session(pm, device, old, nold, old_interval, poll_ms);
     cm__seterr(rc, "%s", msg);

@@ -389,7 +389,7 @@ int cm_host_add_source(cm_host *h, cm_source *s) {
     }
   }
   if (h->pm_spec && *h->pm_spec && s->vt->pm) {
-    char err[1024] = "";
+    char err[4096] = "";
     int rc = s->vt->pm(s, h->pm_spec, err, sizeof err);
     if (rc) {
       lua_pushfstring(h->L, "PM sampling in source %d (%s): %s", s->id, s->vt->name, err);
@@ -565,11 +565,11 @@ static int core_pm(lua_State *L) {
     return 1;
   }
   int first = 0;
-  char first_err[1200] = "";
+  char first_err[4200] = "";
   for (int i = 0; i < h->nsources; i++) {
     cm_source *s = h->sources[i];
     if (!s->vt->pm) continue;
-    char err[1024] = "";
+    char err[4096] = "";
     int rc = s->vt->pm(s, spec, err, sizeof err);
     if (rc && !first) {
       first = rc;

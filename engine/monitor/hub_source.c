@@ -742,12 +742,12 @@ static int on_pm_status(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t e
     return rc;
   }
   if (status == 0 || !w->attached || !w->base.host) return 0;
-  char text[1400];
+  char text[4400];
   if (device == UINT32_MAX)
-    snprintf(text, sizeof text, "process %u refused the PM request: %s: %.1200s", w->pid,
+    snprintf(text, sizeof text, "process %u refused the PM request: %s: %.4000s", w->pid,
              cm_err_name(status), msg);
   else
-    snprintf(text, sizeof text, "PM sampling in process %u, device %u: %s: %.1200s", w->pid,
+    snprintf(text, sizeof text, "PM sampling in process %u, device %u: %s: %.4000s", w->pid,
              device, cm_err_name(status), msg);
   cm__host_error(w->base.host, "pm_sample", text);
   return 0;

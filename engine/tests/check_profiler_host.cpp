@@ -17,6 +17,9 @@ namespace mine {
 #undef CUpti_Profiler_Host_GetConfigImageSize_Params_STRUCT_SIZE
 #undef CUpti_Profiler_Host_GetConfigImage_Params_STRUCT_SIZE
 #undef CUpti_Profiler_Host_GetNumOfPasses_Params_STRUCT_SIZE
+#undef CUpti_Profiler_Host_GetBaseMetrics_Params_STRUCT_SIZE
+#undef CUpti_Profiler_Host_GetSubMetrics_Params_STRUCT_SIZE
+#undef CUpti_Profiler_Host_GetMetricProperties_Params_STRUCT_SIZE
 #include "cm_profiler_host.h"
 }  // namespace mine
 
@@ -54,3 +57,16 @@ SAME_SIZE(CUpti_Profiler_Host_GetNumOfPasses_Params);
 SAME_AT(CUpti_Profiler_Host_GetNumOfPasses_Params, configImageSize);
 SAME_AT(CUpti_Profiler_Host_GetNumOfPasses_Params, pConfigImage);
 SAME_AT(CUpti_Profiler_Host_GetNumOfPasses_Params, numOfPasses);
+SAME_SIZE(CUpti_Profiler_Host_GetBaseMetrics_Params);
+SAME_AT(CUpti_Profiler_Host_GetBaseMetrics_Params, metricType);
+SAME_AT(CUpti_Profiler_Host_GetBaseMetrics_Params, ppMetricNames);
+SAME_AT(CUpti_Profiler_Host_GetBaseMetrics_Params, numMetrics);
+SAME_SIZE(CUpti_Profiler_Host_GetSubMetrics_Params);
+SAME_AT(CUpti_Profiler_Host_GetSubMetrics_Params, metricType);
+SAME_AT(CUpti_Profiler_Host_GetSubMetrics_Params, pMetricName);
+SAME_AT(CUpti_Profiler_Host_GetSubMetrics_Params, numOfSubmetrics);
+SAME_AT(CUpti_Profiler_Host_GetSubMetrics_Params, ppSubMetrics);
+SAME_SIZE(CUpti_Profiler_Host_GetMetricProperties_Params);
+SAME_AT(CUpti_Profiler_Host_GetMetricProperties_Params, pMetricName);
+SAME_AT(CUpti_Profiler_Host_GetMetricProperties_Params, pDescription);
+SAME_AT(CUpti_Profiler_Host_GetMetricProperties_Params, metricType);

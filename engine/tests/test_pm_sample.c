@@ -178,6 +178,13 @@ static void test_refusals(void) {
   CMT_OK(cm_pm_sample_add(g_e, 0, good, 1, 1000, &keep));
   CMT_EQ(cm_pm_sample_add(g_e, 0, bad, 2, 1000, &id), CM_ENOENT);
   CMT_CONTAINS(cm_errmsg(), "\"sm__no_such_metric.avg\" cannot be PM-sampled on device 0 (chip FAKE100)");
+  /* An unknown base: the chip's base metrics of the same unit are suggested. */
+  CMT_CONTAINS(cm_errmsg(), "Base metrics of this chip with that unit: sm__cycles_active, "
+                            "sm__pipe_tensor_op_hmma_cycles_active, sm__throughput");
+  /* A known base with an unknown rollup: its sub-metrics are suggested. */
+  static const char *const rollup[] = {"dram__throughput.max"};
+  CMT_EQ(cm_pm_sample_add(g_e, 0, rollup, 1, 1000, &id), CM_ENOENT);
+  CMT_CONTAINS(cm_errmsg(), "This chip offers dram__throughput with: .avg.pct_of_peak_sustained_elapsed");
   CMT_EQ(cm_pm_sample_add(g_e, 0, two, 1, 1000, &id), CM_ENOSYS);
   CMT_CONTAINS(cm_errmsg(), "need 2 passes");
   /* The refused consumers left the first one sampling. */

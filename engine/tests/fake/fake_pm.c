@@ -223,6 +223,65 @@ cuptiProfilerHostConfigAddMetrics(CUpti_Profiler_Host_ConfigAddMetrics_Params *p
   return CUPTI_SUCCESS;
 }
 
+/* Metric discovery: a base metric is a known name up to its first '.'; its sub-metrics are the
+ * rest of the known names that share it. Every base is a counter. The arrays live in the host
+ * object, as CUPTI's do. */
+static size_t base_len(const char *name) { return strcspn(name, "."); }
+
+FAKE_EXPORT CUptiResult CUPTIAPI
+cuptiProfilerHostGetMetricProperties(CUpti_Profiler_Host_GetMetricProperties_Params *p) {
+  if (!p || !p->pHostObject || !p->pMetricName) return CUPTI_ERROR_INVALID_PARAMETER;
+  for (size_t i = 0; i < NKNOWN; i++)
+    if (base_len(known[i]) == strlen(p->pMetricName) &&
+        !strncmp(known[i], p->pMetricName, base_len(known[i]))) {
+      p->pDescription = "a fake metric";
+      p->pHwUnit = "fake";
+      p->pDimUnit = "";
+      p->metricType = CUPTI_METRIC_TYPE_COUNTER;
+      return CUPTI_SUCCESS;
+    }
+  return CUPTI_ERROR_INVALID_METRIC_NAME;
+}
+
+FAKE_EXPORT CUptiResult CUPTIAPI
+cuptiProfilerHostGetSubMetrics(CUpti_Profiler_Host_GetSubMetrics_Params *p) {
+  static const char *subs[NKNOWN];
+  if (!p || !p->pHostObject || !p->pMetricName) return CUPTI_ERROR_INVALID_PARAMETER;
+  size_t n = 0, bl = strlen(p->pMetricName);
+  pthread_mutex_lock(&mu);
+  for (size_t i = 0; i < NKNOWN; i++)
+    if (base_len(known[i]) == bl && !strncmp(known[i], p->pMetricName, bl)) subs[n++] = known[i] + bl;
+  pthread_mutex_unlock(&mu);
+  p->numOfSubmetrics = n;
+  p->ppSubMetrics = subs;
+  return n ? CUPTI_SUCCESS : CUPTI_ERROR_INVALID_METRIC_NAME;
+}
+
+FAKE_EXPORT CUptiResult CUPTIAPI
+cuptiProfilerHostGetBaseMetrics(CUpti_Profiler_Host_GetBaseMetrics_Params *p) {
+  static char bases[NKNOWN][96];
+  static const char *list[NKNOWN];
+  if (!p || !p->pHostObject) return CUPTI_ERROR_INVALID_PARAMETER;
+  size_t n = 0;
+  if (p->metricType == CUPTI_METRIC_TYPE_COUNTER) {
+    pthread_mutex_lock(&mu);
+    for (size_t i = 0; i < NKNOWN; i++) {
+      size_t bl = base_len(known[i]);
+      int seen = 0;
+      for (size_t j = 0; j < n; j++) seen |= strlen(list[j]) == bl && !strncmp(list[j], known[i], bl);
+      if (seen || bl >= sizeof bases[0]) continue;
+      memcpy(bases[n], known[i], bl);
+      bases[n][bl] = 0;
+      list[n] = bases[n];
+      n++;
+    }
+    pthread_mutex_unlock(&mu);
+  }
+  p->ppMetricNames = list;
+  p->numMetrics = n;
+  return CUPTI_SUCCESS;
+}
+
 /* The config image: the host's metric indices. */
 FAKE_EXPORT CUptiResult CUPTIAPI
 cuptiProfilerHostGetConfigImageSize(CUpti_Profiler_Host_GetConfigImageSize_Params *p) {
