@@ -53,7 +53,8 @@ for attempt in 1 2 3 4 5 6 7 8; do
   fi
   bad=$(grep -o 'metric "[^"]*" cannot be PM-sampled' "$log" | head -1 | cut -d'"' -f2)
   [ -n "$bad" ] || break
-  echo "the GPU refused $bad: $(grep -m1 -o 'cannot be PM-sampled[^.]*' "$log")"
+  echo "the GPU refused $bad; CUPTI and the chip's offer:"
+  grep -m1 "cannot be PM-sampled" "$log"
   moved=0
   for r in "${roles[@]}"; do
     cur=$(echo "${cand[$r]}" | cut -d' ' -f"${idx[$r]}")
