@@ -1,7 +1,7 @@
 -- prometheus.lua: GPU activity as Prometheus metrics, served over HTTP at /metrics.
 --
 -- Usage: cuptimon-lua scripts/prometheus.lua [--listen HOST:PORT] [--port N] [--top-kernels K]
---          [--linger MS] -- cmd args...
+--          [--linger MS] [--pm-devices LIST] [--pm-interval-us N] -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/prometheus.lua --linger 30000
 --
 -- Arguments:
@@ -14,6 +14,9 @@
 --   --linger MS         once the run has ended (the command exited, the captures are read), keep
 --                       serving the final metrics MS milliseconds, then exit; -1: until Control-C
 --                       (default: -1 on --replay, 0 with a command)
+--   --pm-devices LIST   also sample GPU utilization with PM sampling on these devices ("0,1";
+--                       default none: PM sampling costs nothing unless asked for)
+--   --pm-interval-us N  the PM sampling interval (default 100000)
 --
 -- Metrics (text exposition format 0.0.4; base units; labels host, pid, executable (the
 -- executable's base name) and device on every GPU series):
@@ -24,6 +27,14 @@
 --   cuptimon_records_total{host,pid,executable,kind}    records decoded, per activity kind
 --   cuptimon_records_dropped_total{host,pid,executable,cause}  records lost (cm.stats(): cupti,
 --                                                       agent, exit, wire)
+-- With --pm-devices, gauges of the mean over the PM samples since the previous scrape (the last
+-- value when none arrived), and a counter of the samples:
+--   cuptimon_gpu_sm_active_ratio{...}                   SM active cycles over elapsed, 0..1
+--   cuptimon_gpu_tensor_active_ratio{...}               tensor-pipe active cycles, 0..1
+--   cuptimon_gpu_dram_throughput_ratio{...}             DRAM throughput over its peak, 0..1
+--   cuptimon_gpu_pcie_read_bytes_per_second{...}        PCIe reads
+--   cuptimon_gpu_pcie_write_bytes_per_second{...}       PCIe writes
+--   cuptimon_gpu_pm_samples_total{...}                  PM samples received
 --
 -- Bounded labels. A kernel name gets its own label only among the first K admitted: names seen
 -- since the last decision wait (per process and device) until the next scrape, which admits the
@@ -58,6 +69,7 @@
 --   cuptimon_records_dropped_total{host="gpu1",pid="4242",executable="demo",cause="cupti"} 0
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local pm = require "cuptimon.pm"
 local uv = require "luv"
 
 local opts = args.parse(arg, {
@@ -66,6 +78,8 @@ local opts = args.parse(arg, {
   top_kernels = { 20, "kernel names with their own label", min = 0, integer = true },
   linger = { -2, "serve the final metrics this long after the run (-1: until Control-C)", min = -2,
     integer = true },
+  pm_devices = { "", "devices to sample GPU utilization on with PM sampling (default none)" },
+  pm_interval_us = { 100000, "PM sampling interval in microseconds", min = 20, integer = true },
 })
 
 local MAX_HEAD = 8192          -- bytes of request line and headers
@@ -265,6 +279,68 @@ local function update_counts()
   return sources
 end
 
+-- PM sampling (--pm-devices): per process and device, the sums since the last scrape and the
+-- last gauge values. Nothing here runs unless the option names devices.
+local PM_GAUGES = {
+  { "cuptimon_gpu_sm_active_ratio", pm.UTIL_METRICS.sm, 0.01, "SM active cycles over elapsed cycles." },
+  { "cuptimon_gpu_tensor_active_ratio", pm.UTIL_METRICS.tensor, 0.01,
+    "Tensor-pipe active cycles over elapsed cycles." },
+  { "cuptimon_gpu_dram_throughput_ratio", pm.UTIL_METRICS.dram, 0.01, "DRAM throughput over its peak." },
+  { "cuptimon_gpu_pcie_read_bytes_per_second", pm.UTIL_METRICS.pcie_read, 1, "PCIe read bytes per second." },
+  { "cuptimon_gpu_pcie_write_bytes_per_second", pm.UTIL_METRICS.pcie_write, 1,
+    "PCIe write bytes per second." },
+}
+local pm_groups, pm_list = {}, {}
+if opts.pm_devices ~= "" then
+  local devices, derr = pm.parse_devices(opts.pm_devices)
+  if not devices then args.usage_error("prometheus.lua: --pm-devices: " .. derr) end
+  local metrics = {}
+  for i, g in ipairs(PM_GAUGES) do metrics[i] = g[2] end
+  for _, d in ipairs(devices) do
+    local r, err = cm.pm_sample({ metrics = metrics, interval_us = opts.pm_interval_us, device = d })
+    if not r then error("prometheus.lua: " .. err, 0) end
+  end
+  cm.observe({ pm_sample = "all" }, function(b)
+    local rows = cm.pm_rows(b, metrics)
+    for i = 0, rows.n - 1 do
+      local key = b.source .. ":" .. rows.device[i]
+      local g = pm_groups[key]
+      if not g then
+        g = { labels = ('%s,device="%d"'):format(proc_labels(b.source), rows.device[i]), samples = 0,
+          sum = {}, cnt = {}, last = {} }
+        pm_groups[key] = g
+        pm_list[#pm_list + 1] = g
+      end
+      g.samples = g.samples + 1
+      for m, name in ipairs(metrics) do
+        local v = rows[name][i]
+        if v == v then
+          g.sum[m] = (g.sum[m] or 0) + v
+          g.cnt[m] = (g.cnt[m] or 0) + 1
+        end
+      end
+    end
+  end)
+end
+
+local function render_pm(w, family)
+  if #pm_list == 0 then return end
+  for _, g in ipairs(pm_list) do
+    for m in ipairs(PM_GAUGES) do
+      if (g.cnt[m] or 0) > 0 then g.last[m] = g.sum[m] / g.cnt[m] end
+      g.sum[m], g.cnt[m] = 0, 0
+    end
+  end
+  for m, gauge in ipairs(PM_GAUGES) do
+    family(gauge[1], "gauge", gauge[4])
+    for _, g in ipairs(pm_list) do
+      if g.last[m] then w(("%s{%s} %.6g\n"):format(gauge[1], g.labels, g.last[m] * gauge[3])) end
+    end
+  end
+  family("cuptimon_gpu_pm_samples_total", "counter", "PM samples received.")
+  for _, g in ipairs(pm_list) do w(("cuptimon_gpu_pm_samples_total{%s} %.0f\n"):format(g.labels, g.samples)) end
+end
+
 local function render()
   decide()
   local out = {}
@@ -320,6 +396,7 @@ local function render()
       w(('cuptimon_records_dropped_total{%s,cause="%s"} %.0f\n'):format(l, loss[1], c.lost[loss[1]] or 0))
     end
   end
+  render_pm(w, family)
   return table.concat(out)
 end
 

@@ -7,6 +7,9 @@
 --   --output FILE, -o FILE   the trace file to write (required; overwritten)
 --   --window N               how many API calls and GPU operations per process wait for the
 --                            partner of their flow arrow (default 65536; memory grows with it)
+--   --pm-devices LIST        also sample GPU utilization with PM sampling on these devices
+--                            ("0,1"; default none) and draw it as counter tracks
+--   --pm-interval-us N       the PM sampling interval (default 1000)
 --
 -- What the trace holds, per process (pid = the process's pid, named by its executable, and by
 -- its rank when its RANK environment variable is set: "python (rank 1)"):
@@ -18,7 +21,10 @@
 --   - CUDA runtime and driver API calls as slices on the track of the thread that made them;
 --   - NVTX ranges (push/pop and start/end) as slices on the thread that opened them, NVTX marks
 --     as instant events;
---   - a flow arrow from each API call to the GPU work it launched (same correlation id).
+--   - a flow arrow from each API call to the GPU work it launched (same correlation id);
+--   - PM samples, when the run or the capture has them (--pm-devices), as counter ("C") tracks
+--     per device: "GPU D utilization %" (sm, tensor, dram) and "GPU D PCIe GB/s" (read, write),
+--     one value per sample at its start.
 -- Timestamps are microseconds with nanosecond precision (3 decimals) from 10 s before the first
 -- record seen: records arrive in batches per kind, so a later batch may hold earlier records.
 --
@@ -36,12 +42,15 @@
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
+local pm = require "cuptimon.pm"
 local ffi = require "ffi"
 
 local opts = args.parse(arg, {
   output = { "", "the trace file to write (required)" },
   window = { 65536, "API calls and GPU operations kept waiting for a flow partner", min = 16,
     integer = true },
+  pm_devices = { "", "devices to sample GPU utilization on with PM sampling (default none)" },
+  pm_interval_us = { 1000, "PM sampling interval in microseconds", min = 20, integer = true },
 })
 -- -o FILE (as with nsys -o) arrives as two positional arguments.
 local rest = {}
@@ -71,7 +80,7 @@ out:setvbuf("full", 1048576)
 out:write('{"displayTimeUnit":"ns","traceEvents":[\n')
 local written = 0
 local counts = { kernel = 0, memcpy = 0, memset = 0, runtime = 0, driver = 0, nvtx = 0,
-  marks = 0, flows = 0 }
+  marks = 0, flows = 0, counters = 0 }
 
 local function emit(s)
   if written > 0 then out:write(",\n") end
@@ -291,6 +300,33 @@ cm.observe({ marker = { "flags", "timestamp", "id", "tid", "name", "domain" } },
   end
 end)
 
+-- PM samples as counter tracks. Samples in a capture are drawn whether or not this run asks for
+-- sampling; --pm-devices asks the live processes for them.
+local U = pm.UTIL_METRICS
+local PM_METRICS = { U.sm, U.tensor, U.dram, U.pcie_read, U.pcie_write }
+if opts.pm_devices ~= "" then
+  local devices, derr = pm.parse_devices(opts.pm_devices)
+  if not devices then args.usage_error("timeline.lua: --pm-devices: " .. derr) end
+  for _, d in ipairs(devices) do
+    local r, perr = cm.pm_sample({ metrics = PM_METRICS, interval_us = opts.pm_interval_us, device = d })
+    if not r then error("timeline.lua: " .. perr, 0) end
+  end
+end
+local function num(v) return v == v and ("%.3f"):format(v) or "0" end
+cm.observe({ pm_sample = "all" }, function(b)
+  local pr = process(b)
+  local rows = cm.pm_rows(b, PM_METRICS)
+  for k = 0, rows.n - 1 do
+    local ts, dev = us(ns(rows.start[k])), rows.device[k]
+    emit(('{"ph":"C","name":"GPU %d utilization %%","pid":%d,"ts":%s,"args":{"sm":%s,"tensor":%s,'
+      .. '"dram":%s}}'):format(dev, pr.pid, ts, num(rows[U.sm][k]), num(rows[U.tensor][k]),
+      num(rows[U.dram][k])))
+    emit(('{"ph":"C","name":"GPU %d PCIe GB/s","pid":%d,"ts":%s,"args":{"read":%s,"write":%s}}')
+      :format(dev, pr.pid, ts, num(rows[U.pcie_read][k] / 1e9), num(rows[U.pcie_write][k] / 1e9)))
+    counts.counters = counts.counters + 1
+  end
+end)
+
 cm.on("exit", function()
   out:write("\n]}\n")
   out:close()
@@ -298,5 +334,6 @@ cm.on("exit", function()
     .. "%d driver, %d nvtx), %d marks, %d flows"):format(opts.output,
     counts.kernel + counts.memcpy + counts.memset + counts.runtime + counts.driver + counts.nvtx,
     counts.kernel, counts.memcpy, counts.memset, counts.runtime, counts.driver, counts.nvtx,
-    counts.marks, counts.flows))
+    counts.marks, counts.flows)
+    .. (counts.counters > 0 and (", %d counter samples"):format(counts.counters) or ""))
 end)

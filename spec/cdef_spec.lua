@@ -125,7 +125,7 @@ describe("cuptimon.cdef", function()
       assert.are.equal(name, ffi.string(C.cm_err_name(tonumber(value))))
       n = n + 1
     end
-    assert.are.equal(15, n)
+    assert.are.equal(16, n)
     for name, value in header:gmatch("(CM_TYPE_%u%d*) = (%d+)") do
       assert.are.equal(tonumber(value), tonumber(C[name]), name)
     end

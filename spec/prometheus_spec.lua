@@ -252,6 +252,37 @@ describe("prometheus.lua", function()
     assert.are.equal(0, e.stop())
   end)
 
+  -- spec/fixtures/pm_fake.cmcap: the fake CUDA app under gpu_util (--pm 20 --rounds 2), so 40 PM
+  -- samples on device 0 whose values are the fake's: metric index * 10 + seq % 7 + 0.5.
+  it("exports PM sampling gauges only when asked, as the mean of the samples", function()
+    local pmcap = root .. "/spec/fixtures/pm_fake.cmcap"
+    local e = start({ pmcap }, { "--pm-devices", "0" })
+    local status, head, body = get(e.port, "/metrics")
+    assert.are.equal(200, status, head)
+    local fams = parse(body)
+    assert.are.equal(40, sum(fams.cuptimon_gpu_pm_samples_total, { device = "0" }))
+    local function gauge(name)
+      local f = fams[name]
+      assert.is_truthy(f, name)
+      assert.are.equal("gauge", f.type)
+      assert.are.equal(1, #f.samples)
+      return f.samples[1].value
+    end
+    assert.are.equal(0.53375, gauge("cuptimon_gpu_dram_throughput_ratio"))
+    assert.are.equal(0.13375, gauge("cuptimon_gpu_sm_active_ratio"))
+    assert.are.equal(0.23375, gauge("cuptimon_gpu_tensor_active_ratio"))
+    assert.are.equal(73.375, gauge("cuptimon_gpu_pcie_read_bytes_per_second"))
+    -- No samples since the last scrape: the gauges keep their last values.
+    local _, _, again = get(e.port, "/metrics")
+    assert.are.equal(body, again)
+    assert.are.equal(0, e.stop())
+    -- Without the option, no PM family at all.
+    local plain = start({ pmcap })
+    local _, _, body2 = get(plain.port, "/metrics")
+    assert.is_nil(body2:match("cuptimon_gpu_"))
+    assert.are.equal(0, plain.stop())
+  end)
+
   it("answers only GET / and GET /metrics, strictly", function()
     local e = start({ demo })
     assert.are.equal(200, (get(e.port, "/")))

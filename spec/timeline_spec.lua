@@ -101,6 +101,22 @@ describe("timeline.lua", function()
     assert.matches('"name":"thread_name","pid":601,"tid":%d+,"args":{"name":"GPU 0 stream 14"}', text)
   end)
 
+  it("draws PM samples as counter tracks per device", function()
+    local path = tmp .. "/pm.json"
+    local rc, out = helpers.sh(("%s --replay %s/spec/fixtures/pm_fake.cmcap %s -o %s"):format(bin,
+      helpers.root(), script("timeline.lua"), path))
+    assert.are.equal(0, rc, out)
+    assert.matches(", 40 counter samples\n", out)
+    local r, err = check.file(path)
+    assert.is_truthy(r, err)
+    assert.are.equal(80, r.by_ph.C)
+    local text = read(path)
+    -- The first sample's values are the fake's for sample 0: metric index * 10 + 0.5.
+    assert.matches('{"ph":"C","name":"GPU 0 utilization %%","pid":20636,"ts":[%d.]+,"args":{"sm":10%.500,'
+      .. '"tensor":20%.500,"dram":50%.500}}', text)
+    assert.matches('"name":"GPU 0 PCIe GB/s"', text)
+  end)
+
   it("writes one process per capture, named by pid and executable", function()
     if not gen then
       pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")

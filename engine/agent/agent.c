@@ -118,6 +118,9 @@ static struct agent {
   cm_config cfg;
   cm__control ctl;
   uint32_t obs_ids[MAX_OBSERVERS];
+  /* The PM sampling consumers the monitor asked for (control thread only). */
+  uint32_t pm_ids[CM__CTL_PM_ENTRIES];
+  uint32_t npm;
   int nobs;
   uint32_t next_gen;
 
@@ -466,6 +469,15 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("batches_queued", A.q_batches);
   KV("strings_sent", GET(strings_sent));
   KV("bytes_sent", GET(bytes_sent));
+  /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
+   * PM lock is a leaf, so it may be taken under send_mu. */
+  cm_pm_stats pm;
+  memset(&pm, 0, sizeof pm);
+  if (A.eng) cm_pm_stats_get(A.eng, &pm);
+  KV("pm_samples", pm.samples);
+  KV("pm_filtered", pm.filtered);
+  KV("pm_overflows", pm.overflows);
+  KV("pm_dropped", pm.dropped);
 #undef KV
   return n;
 }
@@ -828,7 +840,46 @@ static void ops_log(void *ud, int level, const char *msg) {
   alog(level, "%s", msg);
 }
 
+#define PM_READY_MS 2000
+
+/* Replaces the PM consumers with the monitor's request and answers each entry with PM_STATUS.
+ * The old consumers go first, so a device whose metrics change restarts once. Control thread. */
+static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
+  (void)ud;
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  if (n < 0) {
+    if (cm_wire_write_pm_status(&b, n, UINT32_MAX, refusal) == 0) q_push_buf(&b, false, 0);
+    cm_wire_buf_free(&b);
+    return;
+  }
+  for (uint32_t i = 0; i < A.npm; i++) {
+    int rc = cm_pm_sample_remove(A.eng, A.pm_ids[i]);
+    if (rc) alog(CM_LOG_WARN, "PM sampling: %s", cm_errmsg());
+  }
+  A.npm = 0;
+  for (int i = 0; i < n && A.npm < CM__CTL_PM_ENTRIES; i++) {
+    uint32_t id = 0;
+    int rc = cm_pm_sample_add(A.eng, en[i].device, en[i].metrics, en[i].nmetrics,
+                              en[i].interval_us, &id);
+    /* The request can arrive while the application's cuInit is still initializing the device:
+     * retried for up to PM_READY_MS, so the control thread is held that long at most. */
+    for (int t = 0; rc == CM_EAGAIN && t < PM_READY_MS / 50 && !atomic_load(&A.exiting); t++) {
+      usleep(50000);
+      rc = cm_pm_sample_add(A.eng, en[i].device, en[i].metrics, en[i].nmetrics,
+                            en[i].interval_us, &id);
+    }
+    if (rc == 0) A.pm_ids[A.npm++] = id;
+    else alog(CM_LOG_ERROR, "PM sampling on device %d: %s", en[i].device, cm_errmsg());
+    cm_wire_buf_clear(&b);
+    if (cm_wire_write_pm_status(&b, rc, (uint32_t)en[i].device, rc ? cm_errmsg() : "") == 0)
+      q_push_buf(&b, false, 0);
+  }
+  cm_wire_buf_free(&b);
+}
+
 static const cm__control_ops control_ops = {
+    .pm = ops_pm,
     .select = ops_select,
     .configure = ops_configure,
     .queue_bytes = ops_queue_bytes,

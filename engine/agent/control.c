@@ -16,6 +16,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static void clog_(cm__control *c, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -178,6 +179,33 @@ static void apply_select(cm__control *c, const cm_wire_frame *f) {
   cm_selection_free(sel);
 }
 
+static void apply_pm(cm__control *c, const cm_wire_frame *f) {
+  const char *spec = NULL;
+  uint32_t len = 0;
+  if (cm_wire_decode_pm(f, &spec, &len) != 0) {
+    clog_(c, CM_LOG_WARN, "ignoring a malformed PM request: %s", cm_wire_reader_errmsg(f->reader));
+    return;
+  }
+  cm__pm_entry *entries = malloc(CM__CTL_PM_ENTRIES * sizeof *entries);
+  char *text = malloc(CM__CTL_MAX_SELECT + 1);
+  char why[256];
+  int n = CM_ENOMEM;
+  snprintf(why, sizeof why, "no memory to parse it");
+  if (entries && text)
+    n = cm_wire_parse_pm(spec, len, text, CM__CTL_MAX_SELECT + 1, entries, CM__CTL_PM_ENTRIES,
+                         why, sizeof why);
+  if (n < 0) {
+    c->clamped++;
+    clog_(c, CM_LOG_ERROR, "PM request '%.200s' is invalid (%s); the previous sampling stays", spec,
+          why);
+    c->ops.pm(c->ops.ud, NULL, n, why);
+  } else {
+    c->ops.pm(c->ops.ud, entries, n, NULL);
+  }
+  free(entries);
+  free(text);
+}
+
 static void apply_flush(cm__control *c, const cm_wire_frame *f) {
   uint64_t id = 0;
   uint32_t flags = 0, timeout = 0;
@@ -216,6 +244,9 @@ int cm__control_apply(cm__control *c, const cm_wire_frame *f, int32_t *ack) {
     return 0;
   case CM_WIRE_FLUSH:
     apply_flush(c, f);
+    return 0;
+  case CM_WIRE_PM:
+    apply_pm(c, f);
     return 0;
   default:
     clog_(c, CM_LOG_DEBUG, "ignoring a %s frame (type %u) from the monitor",

@@ -36,6 +36,11 @@
 #define CM__CTL_BATCH_MAX (1u << 22)
 #define CM__CTL_QUEUE_MIN ((uint64_t)1 << 20)           /* send_queue_bytes */
 #define CM__CTL_QUEUE_MAX ((uint64_t)1 << 30)
+/* A PM request's bounds are the wire's (CM_WIRE_PM_*, cuptimon_wire.h). */
+#define CM__CTL_PM_ENTRIES CM_WIRE_PM_ENTRIES
+#define CM__CTL_PM_METRICS CM_WIRE_PM_METRICS
+#define CM__CTL_PM_NAME CM_WIRE_PM_NAME
+typedef cm_wire_pm_entry cm__pm_entry;
 
 /* What applying a frame does. `ud` is passed back. Every member must be set. */
 typedef struct cm__control_ops {
@@ -53,6 +58,10 @@ typedef struct cm__control_ops {
   void (*flush_done)(void *ud, uint64_t id, int32_t status);
   /* One log line at a cm_log_level. */
   void (*log)(void *ud, int level, const char *msg);
+  /* Replaces the PM sampling with `n` entries (0: none) and answers each with a PM_STATUS; or,
+   * when n is a negative CM_E* code, answers that the request was refused for `refusal`. The
+   * entries and their strings are valid during the call only. */
+  void (*pm)(void *ud, const cm__pm_entry *entries, int n, const char *refusal);
 } cm__control_ops;
 
 typedef struct cm__control {

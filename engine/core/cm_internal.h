@@ -12,6 +12,7 @@
  *   json.c    the JSON documents of correlation metadata
  *   engine.c  the engine: subscription, observers, selection reconcile, delivery, clock
  *   fence.c   flushes, device synchronization and the sync fence (engine.h holds their state)
+ *   pmsample.c PM sampling: per-device sessions over the union of the consumers' metrics
  */
 #ifndef CM_INTERNAL_H
 #define CM_INTERNAL_H
@@ -107,6 +108,11 @@ bool cm__sel_needs_event_ts(const cm__bits *sel);
 /* ---- cupti.c ----------------------------------------------------------------------------- */
 
 #include <cupti.h>
+#include <cupti_pmsampling.h>
+#include <cupti_profiler_target.h>
+#include <cupti_target.h>
+
+#include "cm_profiler_host.h"
 
 /* The function table of the loaded libcupti. Every pointer is resolved at load time; a missing
  * symbol fails the load with CM_ENOCUPTI and a detail naming it. */
@@ -134,6 +140,33 @@ typedef struct cm__cupti {
   __typeof__(&cuptiActivityPushExternalCorrelationId) ActivityPushExternalCorrelationId;
   __typeof__(&cuptiActivityPopExternalCorrelationId) ActivityPopExternalCorrelationId;
   __typeof__(&cuptiGetTimestamp) GetTimestamp;
+  /* PM sampling and the profiler host API (pmsample.c). Optional: a libcupti without them loads,
+   * and PM sampling then fails with CM_ENOSYS naming `pm_missing`, the first symbol not found. */
+  const char *pm_missing;
+  __typeof__(&cuptiProfilerInitialize) ProfilerInitialize;
+  __typeof__(&cuptiDeviceGetChipName) DeviceGetChipName;
+  __typeof__(&cuptiPmSamplingGetCounterAvailability) PmGetCounterAvailability;
+  __typeof__(&cuptiProfilerHostInitialize) HostInitialize;
+  __typeof__(&cuptiProfilerHostDeinitialize) HostDeinitialize;
+  __typeof__(&cuptiProfilerHostConfigAddMetrics) HostConfigAddMetrics;
+  __typeof__(&cuptiProfilerHostGetConfigImageSize) HostGetConfigImageSize;
+  __typeof__(&cuptiProfilerHostGetConfigImage) HostGetConfigImage;
+  __typeof__(&cuptiProfilerHostGetNumOfPasses) HostGetNumOfPasses;
+  __typeof__(&cuptiProfilerHostEvaluateToGpuValues) HostEvaluateToGpuValues;
+  /* For the suggestions after a refused metric name; each may be NULL (no suggestion then). */
+  __typeof__(&cuptiProfilerHostGetBaseMetrics) HostGetBaseMetrics;
+  __typeof__(&cuptiProfilerHostGetSubMetrics) HostGetSubMetrics;
+  __typeof__(&cuptiProfilerHostGetMetricProperties) HostGetMetricProperties;
+  __typeof__(&cuptiPmSamplingEnable) PmEnable;
+  __typeof__(&cuptiPmSamplingSetConfig) PmSetConfig;
+  __typeof__(&cuptiPmSamplingStart) PmStart;
+  __typeof__(&cuptiPmSamplingStop) PmStop;
+  __typeof__(&cuptiPmSamplingDisable) PmDisable;
+  __typeof__(&cuptiPmSamplingGetCounterDataSize) PmGetCounterDataSize;
+  __typeof__(&cuptiPmSamplingCounterDataImageInitialize) PmCounterDataImageInitialize;
+  __typeof__(&cuptiPmSamplingDecodeData) PmDecodeData;
+  __typeof__(&cuptiPmSamplingGetCounterDataInfo) PmGetCounterDataInfo;
+  __typeof__(&cuptiPmSamplingCounterDataGetSampleInfo) PmCounterDataGetSampleInfo;
   /* libcuda, for the fence's device synchronization. Optional: NULL when libcuda is absent. */
   int (*cuCtxGetCurrent)(void **ctx);
   int (*cuCtxSynchronize)(void);
@@ -367,5 +400,60 @@ typedef struct cm__exit_flush {
  * Any thread; meant for the process's exit. */
 int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
                           cm__exit_flush *out);
+
+/* ---- pmsample.c: PM sampling ------------------------------------------------------------------
+ *
+ * The engine's PM sampling sessions, one per device, over the union of the metrics of that
+ * device's consumers. Control calls (add, remove) come with the engine's api_mu held; the poll
+ * runs inside delivery with dec_mu held. The module's own mutex guards its consumers, sessions
+ * and pending records and is held across the PM CUPTI calls; only the process-wide
+ * cuptiProfilerInitialize lock is taken under it. The counters are read without it. */
+typedef struct cm__pm cm__pm;
+
+/* The synthetic record of one metric of one sample (CM_KIND_PM_SAMPLE). `metric` points at a
+ * name the module keeps until it is freed, so the decoder's pointer cache stays valid. */
+typedef struct cm__pm_record {
+  uint32_t kind;       /* CM_KIND_PM_SAMPLE */
+  uint32_t device;     /* the CUDA device ordinal */
+  uint64_t start;      /* the sample's start, CLOCK_REALTIME ns */
+  uint64_t stop;       /* the sample's end, CLOCK_REALTIME ns */
+  const char *metric;  /* the metric's name */
+  uint64_t sample;     /* the sample's number in its device's sessions, from 0 */
+  double value;        /* the metric's value over the sample */
+} cm__pm_record;
+
+/* Decoded samples of one poll, as columns: n samples, start[i] and stop[i] on the record clock,
+ * values[m * cap + i] the value of metric m in sample i. */
+typedef struct cm__pm_columns {
+  uint32_t n, cap, nmetrics;
+  uint64_t *start, *stop;
+  double *values;
+} cm__pm_columns;
+
+/* Creates the module over a loaded libcupti. `clock_offset_ns` is cuptiGetTimestamp minus
+ * CLOCK_REALTIME (engine.c's check), which converts sample timestamps to the record clock. */
+int cm__pm_new(cm__pm **out, const cm__cupti *c, int64_t clock_offset_ns);
+/* Stops every session (polling each one last time; those records are lost with the module) and
+ * frees the module. NULL is accepted. */
+void cm__pm_free(cm__pm *pm);
+/* See cm_pm_sample_add and cm_pm_sample_remove. `poll_ms` is the expected time between polls,
+ * which sizes the hardware buffer so that it does not overflow between two of them. */
+int cm__pm_add(cm__pm *pm, int device, const char *const *metrics, uint32_t nmetrics,
+               uint32_t interval_us, uint32_t poll_ms, uint32_t *id);
+int cm__pm_remove(cm__pm *pm, uint32_t id, uint32_t poll_ms);
+/* Polls every running session and moves the records gathered since the last drain into the
+ * decoder. Called with the decoder's lock held. */
+void cm__pm_drain(cm__pm *pm, cm__decoder *dec);
+/* Copies the counters. Any thread. */
+void cm__pm_stats(cm__pm *pm, cm_pm_stats *out);
+/* Converts the samples of a counter data image to columns (the decode path, exposed for the
+ * tests): for each completed sample, its timestamps and the evaluated metrics. Samples whose
+ * timestamps are not on the record clock (0, reversed, or outside [lo_ns, hi_ns] after the
+ * offset) are left out and counted in *filtered. `cols` grows as needed. */
+int cm__pm_decode_image(const cm__cupti *c, CUpti_PmSampling_Object *obj,
+                        CUpti_Profiler_Host_Object *host, const uint8_t *image, size_t image_size,
+                        const char *const *metrics, uint32_t nmetrics, int64_t clock_offset_ns,
+                        uint64_t lo_ns, uint64_t hi_ns, cm__pm_columns *cols, uint64_t *filtered);
+void cm__pm_columns_free(cm__pm_columns *cols);
 
 #endif /* CM_INTERNAL_H */

@@ -107,6 +107,34 @@ int cm__cupti_load(cm__cupti *c) {
   BIND(c->lib, ActivityPopExternalCorrelationId, "cuptiActivityPopExternalCorrelationId");
   BIND(c->lib, GetTimestamp, "cuptiGetTimestamp");
 
+  /* PM sampling is optional: the rest of the engine works with a libcupti that lacks it. */
+#define BIND_PM(field, sym) \
+  if (!BIND_OPT(c->lib, field, sym) && !c->pm_missing) c->pm_missing = sym
+  BIND_PM(ProfilerInitialize, "cuptiProfilerInitialize");
+  BIND_PM(DeviceGetChipName, "cuptiDeviceGetChipName");
+  BIND_PM(PmGetCounterAvailability, "cuptiPmSamplingGetCounterAvailability");
+  BIND_PM(HostInitialize, "cuptiProfilerHostInitialize");
+  BIND_PM(HostDeinitialize, "cuptiProfilerHostDeinitialize");
+  BIND_PM(HostConfigAddMetrics, "cuptiProfilerHostConfigAddMetrics");
+  BIND_PM(HostGetConfigImageSize, "cuptiProfilerHostGetConfigImageSize");
+  BIND_PM(HostGetConfigImage, "cuptiProfilerHostGetConfigImage");
+  BIND_PM(HostGetNumOfPasses, "cuptiProfilerHostGetNumOfPasses");
+  BIND_PM(HostEvaluateToGpuValues, "cuptiProfilerHostEvaluateToGpuValues");
+  BIND_PM(PmEnable, "cuptiPmSamplingEnable");
+  BIND_PM(PmSetConfig, "cuptiPmSamplingSetConfig");
+  BIND_PM(PmStart, "cuptiPmSamplingStart");
+  BIND_PM(PmStop, "cuptiPmSamplingStop");
+  BIND_PM(PmDisable, "cuptiPmSamplingDisable");
+  BIND_PM(PmGetCounterDataSize, "cuptiPmSamplingGetCounterDataSize");
+  BIND_PM(PmCounterDataImageInitialize, "cuptiPmSamplingCounterDataImageInitialize");
+  BIND_PM(PmDecodeData, "cuptiPmSamplingDecodeData");
+  BIND_PM(PmGetCounterDataInfo, "cuptiPmSamplingGetCounterDataInfo");
+  BIND_PM(PmCounterDataGetSampleInfo, "cuptiPmSamplingCounterDataGetSampleInfo");
+#undef BIND_PM
+  BIND_OPT(c->lib, HostGetBaseMetrics, "cuptiProfilerHostGetBaseMetrics");
+  BIND_OPT(c->lib, HostGetSubMetrics, "cuptiProfilerHostGetSubMetrics");
+  BIND_OPT(c->lib, HostGetMetricProperties, "cuptiProfilerHostGetMetricProperties");
+
   /* libcuda is optional: without it the fence cannot synchronize the device and degrades to a
    * plain flush, which the engine reports. */
   const char *cuda_env = getenv("CUPTIMON_LIBCUDA");
@@ -139,5 +167,13 @@ int cm__cupti_err(const cm__cupti *c, int res, const char *what) {
   int err = CM_ECUPTI;
   if (res == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) err = CM_EBUSY;
   if (res == CUPTI_ERROR_NOT_SUPPORTED || res == CUPTI_ERROR_NOT_COMPATIBLE) err = CM_ENOSYS;
+  if (res == CUPTI_ERROR_INSUFFICIENT_PRIVILEGES ||
+      res == CUPTI_ERROR_VIRTUALIZED_DEVICE_INSUFFICIENT_PRIVILEGES)
+    return cm__seterr(CM_EPERM,
+                      "%s failed: %s (%d). The driver restricts GPU performance counters to "
+                      "admin users: run as root (or with CAP_SYS_ADMIN), or load the driver with "
+                      "NVreg_RestrictProfilingToAdminUsers=0 (see "
+                      "https://developer.nvidia.com/ERR_NVGPUCTRPERM)",
+                      what, s ? s : "CUPTI_ERROR_INSUFFICIENT_PRIVILEGES", res);
   return cm__seterr(err, "%s failed: %s (%d)", what, s ? s : "unknown CUPTI error", res);
 }

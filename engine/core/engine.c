@@ -169,8 +169,10 @@ void cm__engine_deliver(cm_engine *e) {
   cm_column cols[CM__MAX_FIELDS];
   bool any = false;
   uint64_t seq = ++e->drain_seq;
-  /* Synthetic records (resource events) join the held records first, so they go out now. */
+  /* Synthetic records (resource events, PM samples) join the held records first, so they go out
+   * now. The PM poll rides this drain: its cadence is the delivery cadence. */
   if (e->cb) cm__callbacks_drain(e->cb, e->dec);
+  if (e->pm) cm__pm_drain(e->pm, e->dec);
   for (int k = 0; k < CM_KIND_MAX; k++) {
     uint32_t n = cm__decoder_count(e->dec, k);
     if (!n) continue;
@@ -494,6 +496,10 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
     goto fail_sub;
   }
   check_clock(e);
+  /* PM timestamps are on cuptiGetTimestamp's clock: the same as the records' when it is
+   * CLOCK_REALTIME (the offset is then only the bracket's noise), else moved by the offset. */
+  rc = cm__pm_new(&e->pm, &e->cupti, e->clock_realtime ? 0 : e->clock_offset_ns);
+  if (rc) goto fail_sub;
 
   if (pthread_create(&e->worker, NULL, worker_main, e) != 0) {
     rc = cm__seterr(CM_ENOMEM, "cannot start the decode worker thread");
@@ -506,6 +512,7 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
   return 0;
 
 fail_sub:
+  cm__pm_free(e->pm);
   e->cupti.Unsubscribe(e->sub);
   cm__callbacks_free(e->cb);
 fail_decoder:
@@ -536,6 +543,9 @@ void cm_engine_free(cm_engine *e) {
   pthread_mutex_unlock(&e->work_mu);
   if (e->worker_started) pthread_join(e->worker, NULL);
 
+  /* PM sessions stop before the subscription goes; samples not yet drained are lost with them. */
+  cm__pm_free(e->pm);
+  e->pm = NULL;
   atomic_store(&g_engine, NULL);
   cm__corr_detach();
   /* Handlers live as long as the subscription: they go only here, never with a session. */
@@ -784,6 +794,38 @@ uint64_t cm_enabled_kinds(cm_engine *e) {
 }
 
 /* ---- subscriber callbacks: the public calls over the engine's handler registry ---------------- */
+
+/* ---- PM sampling: the public calls over pmsample.c ------------------------------------------- */
+
+/* The expected time between two polls: the delivery cadence, or a second when deliveries are
+ * driven by the caller's flushes (the in-process host flushes on its own cadence). */
+static uint32_t poll_ms(const cm_engine *e) { return e->cfg.deliver_ms ? e->cfg.deliver_ms : 1000; }
+
+int cm_pm_sample_add(cm_engine *e, int device, const char *const *metrics, uint32_t nmetrics,
+                     uint32_t interval_us, uint32_t *id) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_pm_sample_add: engine is NULL");
+  pthread_mutex_lock(&e->api_mu);
+  int rc = cm__pm_add(e->pm, device, metrics, nmetrics, interval_us, poll_ms(e), id);
+  pthread_mutex_unlock(&e->api_mu);
+  return rc;
+}
+
+int cm_pm_sample_remove(cm_engine *e, uint32_t id) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_pm_sample_remove: engine is NULL");
+  pthread_mutex_lock(&e->api_mu);
+  int rc = cm__pm_remove(e->pm, id, poll_ms(e));
+  pthread_mutex_unlock(&e->api_mu);
+  return rc;
+}
+
+int cm_pm_stats_get(cm_engine *e, cm_pm_stats *out) {
+  cm__clearerr();
+  if (!e || !out) return cm__seterr(CM_EINVAL, "cm_pm_stats_get: engine or out is NULL");
+  cm__pm_stats(e->pm, out);
+  return 0;
+}
 
 int cm_callback_register(cm_engine *e, int domain, uint32_t cbid, cm_callback_fn fn, void *ud,
                          uint32_t *handle) {

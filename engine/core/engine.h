@@ -35,6 +35,8 @@ struct cm_engine {
   /* Handlers and arming (callbacks.c); lives as long as the subscription. Set once, after the
    * subscription exists, so the trampoline reads it atomically. */
   _Atomic(cm__callbacks *) cb;
+  /* PM sampling sessions (pmsample.c); set at creation, freed before the subscription. */
+  cm__pm *pm;
   pthread_t worker;
   bool worker_started;
 

@@ -84,6 +84,7 @@ _Static_assert((int)CM_KIND_RESOURCE >= (int)CUPTI_ACTIVITY_KIND_COUNT,
       unsigned long long: CM_TYPE_U64,                 \
       char *: CM_TYPE_STR,                             \
       const char *: CM_TYPE_STR,                       \
+      double: CM_TYPE_F64,                             \
       default: 0)
 _Static_assert(sizeof(long) == 8, "the registry assumes an LP64 target, as CUPTI does");
 
@@ -440,6 +441,16 @@ CM__DEFINE_FIELDS(CUpti_ActivityEnvironment, CM__ENVIRONMENT);
   F(T, tid, tid, "thread that made the call")
 CM__DEFINE_FIELDS(cm__resource_record, CM__RESOURCE);
 
+/* The engine's synthetic PM sampling record (cm_internal.h): one metric of one sample. */
+#define CM__PM_SAMPLE(F, T)                                                                    \
+  F(T, device, device, "the CUDA device ordinal")                                            \
+  F(T, start, start, "the sample's start, CLOCK_REALTIME ns")                                \
+  F(T, stop, stop, "the sample's end, CLOCK_REALTIME ns")                                    \
+  F(T, metric, metric, "the metric's name")                                                  \
+  F(T, sample, sample, "the sample's number on its device, from 0")                          \
+  F(T, value, value, "the metric's value over the sample (its unit is the metric's)")
+CM__DEFINE_FIELDS(cm__pm_record, CM__PM_SAMPLE);
+
 /* ---- kinds -------------------------------------------------------------------------------- */
 
 #define CM__NONE (-1)
@@ -485,7 +496,9 @@ CM__DEFINE_FIELDS(cm__resource_record, CM__RESOURCE);
   X(ENVIRONMENT, "environment", NULL, CUpti_ActivityEnvironment,                                 \
     CM__F(CUpti_ActivityEnvironment, timestamp), CM__NONE)                                       \
   X(RESOURCE, "resource", NULL, cm__resource_record, CM__F(cm__resource_record, timestamp),       \
-    CM__NONE)
+    CM__NONE)                                                                                    \
+  X(PM_SAMPLE, "pm_sample", "pm", cm__pm_record, CM__F(cm__pm_record, start),                      \
+    CM__F(cm__pm_record, stop))
 
 #define CM__KIND_INDEX(K, nm, al, T, s, e) CM__KI_##K,
 enum { CM__KINDS(CM__KIND_INDEX) CM__NKINDS };

@@ -215,7 +215,7 @@ uint64_t cm__sel_kinds_needed(const cm__bits *sel) {
       !(m & ((1ull << CM_KIND_RUNTIME) | (1ull << CM_KIND_DRIVER))))
     m |= 1ull << CM_KIND_RUNTIME;
   /* Synthetic kinds are produced by the engine, never enabled in CUPTI. */
-  m &= ~(1ull << CM_KIND_RESOURCE);
+  m &= ~((1ull << CM_KIND_RESOURCE) | (1ull << CM_KIND_PM_SAMPLE));
   return m;
 }
 

@@ -9,11 +9,12 @@
  *   1  the rest is a list of requests {u8 op, u8 n, n bytes}; each becomes a well-formed frame
  *      (op 0: CONFIGURE whose items are {u8 name index, u64 value} from the bytes, op 1: SELECT of
  *      the bytes as text, op 2: FLUSH{id, flags, timeout} from the bytes, op 3: HELLO_ACK, op 4:
- *      a frame of an unknown type), and the stream goes through the same path as mode 0, so the
+ *      a frame of an unknown type, op 5: a PM request of the bytes as text), and the stream goes through the same path as mode 0, so the
  *      checksums that random bytes never get right do not hide the logic behind them.
  * The invariants checked: no crash, no sanitizer report; every configuration handed to the
  * engine and every queue bound and flush timeout lies within the agent's documented bounds; a
- * selection handed over is not empty of meaning (it came from a strict parse); log lines are
+ * selection handed over is not empty of meaning (it came from a strict parse); a PM request
+ * handed over has 1..64 metrics per entry, each 1..256 bytes, and a refusal says why; log lines are
  * NUL-terminated and short.
  */
 #include "control.h"
@@ -72,7 +73,23 @@ static void f_log(void *ud, int level, const char *msg) {
   sink += n;
 }
 
-static const cm__control_ops ops = {NULL, f_select, f_configure, f_queue_bytes, f_flush, f_flush_done, f_log};
+/* A PM request's entries must hold what the parser promised. */
+static void f_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
+  (void)ud;
+  if (n < 0) {
+    if (!refusal || !*refusal) abort();
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    if (!en[i].nmetrics || en[i].nmetrics > CM__CTL_PM_METRICS) abort();
+    for (uint32_t j = 0; j < en[i].nmetrics; j++) {
+      size_t l = strlen(en[i].metrics[j]);
+      if (!l || l > CM__CTL_PM_NAME) abort();
+    }
+  }
+}
+
+static const cm__control_ops ops = {NULL, f_select, f_configure, f_queue_bytes, f_flush, f_flush_done, f_log, f_pm};
 
 static const char *const names[] = {"buffer_size", "pool_max_buffers", "flush_ms", "deliver_ms",
                                     "fence_timeout_ms", "batch_records", "send_queue_bytes",
@@ -121,7 +138,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   cm_wire_buf b;
   cm_wire_buf_init(&b);
   for (size_t off = 0; off + 2 <= n;) {
-    uint8_t op = p[off] % 5;
+    uint8_t op = p[off] % 6;
     size_t len = p[off + 1];
     off += 2;
     if (len > n - off) len = n - off;
@@ -151,6 +168,13 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     case 3:
       if (cm_wire_write_hello_ack(&b, len ? -(int32_t)(q[0] % 20) : 0, "")) abort();
       break;
+    case 5: {
+      char text[256];
+      memcpy(text, q, len);
+      text[len] = '\0';
+      if (cm_wire_write_pm(&b, text)) abort();
+      break;
+    }
     default:
       if (cm_wire_write_frame(&b, 300, 0, CM_WIRE_MINOR, q, len)) abort();
       break;

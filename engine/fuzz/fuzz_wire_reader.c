@@ -30,7 +30,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static const uint32_t types[] = {CM_WIRE_HELLO,     CM_WIRE_SCHEMA,    CM_WIRE_STRINGS,
                                  CM_WIRE_BATCH,     CM_WIRE_STATS,     CM_WIRE_FLUSH_DONE,
                                  CM_WIRE_BYE,       CM_WIRE_HELLO_ACK, CM_WIRE_SELECT,
-                                 CM_WIRE_CONFIGURE, CM_WIRE_FLUSH,     200 /* unknown */};
+                                 CM_WIRE_CONFIGURE, CM_WIRE_FLUSH,     200 /* unknown */,
+                                 /* wire 1.2, appended so the older seeds keep their types */
+                                 CM_WIRE_PM,        CM_WIRE_PM_STATUS};
 enum { NTYPES = sizeof types / sizeof types[0] };
 
 static volatile unsigned sink;
@@ -108,6 +110,8 @@ static void decode(const cm_wire_frame *f, cm_wire_schema *schema) {
   case CM_WIRE_HELLO_ACK: check_rc(cm_wire_decode_hello_ack(f, NULL, NULL)); break;
   case CM_WIRE_SELECT: check_rc(cm_wire_decode_select(f, NULL, NULL)); break;
   case CM_WIRE_FLUSH: check_rc(cm_wire_decode_flush(f, NULL, NULL, NULL)); break;
+  case CM_WIRE_PM: check_rc(cm_wire_decode_pm(f, NULL, NULL)); break;
+  case CM_WIRE_PM_STATUS: check_rc(cm_wire_decode_pm_status(f, NULL, NULL, NULL)); break;
   default: abort(); /* the reader must never yield a type it does not know */
   }
 }

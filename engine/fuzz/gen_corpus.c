@@ -36,7 +36,8 @@ static void check(int rc) {
 static const uint32_t types[] = {CM_WIRE_HELLO,     CM_WIRE_SCHEMA,    CM_WIRE_STRINGS,
                                  CM_WIRE_BATCH,     CM_WIRE_STATS,     CM_WIRE_FLUSH_DONE,
                                  CM_WIRE_BYE,       CM_WIRE_HELLO_ACK, CM_WIRE_SELECT,
-                                 CM_WIRE_CONFIGURE, CM_WIRE_FLUSH};
+                                 CM_WIRE_CONFIGURE, CM_WIRE_FLUSH,     200 /* unknown */,
+                                 CM_WIRE_PM,        CM_WIRE_PM_STATUS};
 
 int main(int argc, char **argv) {
   if (argc != 2) {
@@ -63,7 +64,7 @@ int main(int argc, char **argv) {
 
   cm_wire_buf b;
   cm_wire_buf_init(&b);
-  size_t starts[16], n = 0;
+  size_t starts[20], n = 0;
 #define FRAME(call) (starts[n++] = b.len, check(call))
   FRAME(cm_wire_write_hello(&b, &h));
   FRAME(cm_wire_write_schema(&b, &s));
@@ -76,6 +77,9 @@ int main(int argc, char **argv) {
   FRAME(cm_wire_write_select(&b, "kernel:name,start"));
   FRAME(cm_wire_write_configure(&b, kv, 2));
   FRAME(cm_wire_write_flush(&b, 9, CM_WIRE_FLUSH_SYNC, 100));
+  FRAME(cm_wire_write_frame(&b, 200, 0, CM_WIRE_MINOR + 1, "future", 6)); /* the unknown slot */
+  FRAME(cm_wire_write_pm(&b, "0:1000:sm__cycles_active.avg,dram__throughput.avg.pct_of_peak_sustained_elapsed"));
+  FRAME(cm_wire_write_pm_status(&b, CM_EPERM, 0, "profiling counters are restricted"));
 #undef FRAME
   starts[n] = b.len;
   put("stream", 0, 0, b.data, b.len);
@@ -97,7 +101,8 @@ int main(int argc, char **argv) {
     const uint8_t *payload = b.data + starts[i] + CM_WIRE_FRAME_HEADER_SIZE;
     size_t len = starts[i + 1] - starts[i] - CM_WIRE_FRAME_HEADER_SIZE;
     char fname[32];
-    snprintf(fname, sizeof fname, "payload_%s", cm_wire_type_name(types[i]));
+    const char *tn = cm_wire_type_name(types[i]);
+    snprintf(fname, sizeof fname, "payload_%s", tn ? tn : "unknown");
     put(fname, 2, (uint8_t)i, payload, len);
     uint8_t hdr[3] = {(uint8_t)i, (uint8_t)len, (uint8_t)(len >> 8)};
     if (rec.cap < rec.len + 3 + len && !(rec.data = realloc(rec.data, rec.cap = (rec.len + 3 + len) * 2))) return 1;

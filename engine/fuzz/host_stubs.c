@@ -26,6 +26,14 @@ static void fail(const char *what) {
   abort();
 }
 
+/* The source's failures reach the host's reporting path; the stub reads the message and counts. */
+uint64_t stub_errors;
+void cm__host_error(cm_host *h, const char *where, const char *msg) {
+  if (h != stub_host || !where || !msg) fail("cm__host_error without a host, place or message");
+  sink += (unsigned)strlen(msg);
+  stub_errors++;
+}
+
 int stub_host_observe(const char *spec) {
   if (stub_nobs == STUB_MAX_OBS) return -1;
   stub_obs *o = &stub_obs_tab[stub_nobs];

@@ -23,6 +23,10 @@
 
 enum { STUB_MAX_OBS = 8 };
 
+/* Errors the sources reported through cm__host_error (a failed PM entry). */
+extern uint64_t stub_errors;
+void cm__host_error(cm_host *h, const char *where, const char *msg);
+
 typedef struct stub_obs {
   uint32_t id;
   cm_selection *sel;

@@ -60,14 +60,15 @@ extern "C" {
   XX(ECLOCK, -12, "CUPTI timestamps are not CLOCK_REALTIME")                                 \
   XX(EAGAIN, -13, "resource temporarily unavailable")                                        \
   XX(EIO, -14, "input/output error")                                                         \
-  XX(ERANGE, -15, "value out of range")
+  XX(ERANGE, -15, "value out of range")                                                      \
+  XX(EPERM, -16, "not permitted (GPU performance counters are restricted to admin users)")
 
 typedef enum cm_errno {
   CM_OK = 0,
 #define CM__ERR_ENUM(name, value, text) CM_##name = value,
   CM_ERRNO_MAP(CM__ERR_ENUM)
 #undef CM__ERR_ENUM
-  CM_ERRNO_LAST = -16
+  CM_ERRNO_LAST = -17
 } cm_errno;
 
 /* A short human description of an error code; never NULL. Thread-safe. */
@@ -104,6 +105,7 @@ typedef enum cm_kind {
   CM_KIND_GRAPH_TRACE = 51,
   /* Synthetic kinds: produced by the engine itself, never enabled in CUPTI. */
   CM_KIND_RESOURCE = 60, /* context/stream/module create and destroy, from RESOURCE callbacks */
+  CM_KIND_PM_SAMPLE = 61, /* PM sampling: one metric value of one sample interval (cm_pm_sample) */
   CM_KIND_MAX = 64 /* an upper bound on kind values, for tables */
 } cm_kind;
 
@@ -118,7 +120,8 @@ typedef enum cm_type {
   CM_TYPE_I64 = 6,
   CM_TYPE_STR = 7,
   CM_TYPE_I8 = 8,
-  CM_TYPE_I16 = 9
+  CM_TYPE_I16 = 9,
+  CM_TYPE_F64 = 10 /* double: PM sampling's metric values */
 } cm_type;
 
 /* A field of a kind, as described by the registry. Ids are stable across versions. */
@@ -472,6 +475,48 @@ typedef struct cm_callback_stats {
 
 /* Copies the callback counters. Thread-safe. */
 CM_EXTERN int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out);
+
+/* ---- PM sampling ---------------------------------------------------------------------------
+ *
+ * PM sampling reads the GPU's performance-monitor counters at a fixed interval (CUPTI's
+ * cupti_pmsampling.h), so a script sees how busy the hardware was beside the records of what
+ * ran. It is opt-in and per device. Each consumer names its metrics ("sm__cycles_active.avg",
+ * ...); the engine runs one sampling session per device over the union of the metrics of that
+ * device's consumers, at the shortest interval any of them asked for. The session starts with the
+ * device's first consumer and stops after its last; a change of the union restarts it. Samples
+ * are polled when the engine delivers (the delivery cadence or a flush), decoded and evaluated
+ * there, and delivered as CM_KIND_PM_SAMPLE records: one record per (sample, metric), with the
+ * sample's start and stop on the record clock (CLOCK_REALTIME ns), the device, the metric name
+ * (a string id) and its value. Observers select that kind like any other.
+ *
+ * Failures name what to do: CM_EPERM when the driver restricts profiling counters to admin users
+ * (NVreg_RestrictProfilingToAdminUsers=1), CM_ENOENT for a metric the device cannot sample (the
+ * detail names it), CM_ENOSYS when the metrics need more than one pass or this libcupti has no
+ * PM sampling, CM_EAGAIN when the device is not ready yet (its driver is still initializing: try
+ * again shortly), CM_ECUPTI for any other CUPTI failure (the detail carries CUPTI's own text).
+ * Not thread-safe against other control calls of the same engine (they serialize on it). */
+
+/* Adds a consumer of `nmetrics` metrics on `device` at `interval_us` microseconds (at least
+ * 20). On success *id receives a handle for cm_pm_sample_remove. A failure leaves the sessions
+ * as they were. */
+CM_EXTERN int cm_pm_sample_add(cm_engine *e, int device, const char *const *metrics,
+                               uint32_t nmetrics, uint32_t interval_us, uint32_t *id);
+/* Removes a consumer; its device's session is polled one last time, then restarted over the
+ * remaining union or stopped. CM_ENOENT for an unknown id. */
+CM_EXTERN int cm_pm_sample_remove(cm_engine *e, uint32_t id);
+
+typedef struct cm_pm_stats {
+  uint64_t consumers;  /* consumers registered now */
+  uint64_t sessions;   /* device sessions started, ever */
+  uint64_t polls;      /* polls of a running session */
+  uint64_t samples;    /* samples decoded and handed to the observers' drain */
+  uint64_t filtered;   /* samples discarded: their timestamps were not on the record clock */
+  uint64_t overflows;  /* polls that found the hardware buffer had overflowed (samples lost) */
+  uint64_t dropped;    /* samples lost for want of memory or a failed evaluation */
+} cm_pm_stats;
+
+/* Copies the PM sampling counters. Thread-safe. */
+CM_EXTERN int cm_pm_stats_get(cm_engine *e, cm_pm_stats *out);
 
 #ifdef __cplusplus
 }

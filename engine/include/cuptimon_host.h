@@ -186,6 +186,11 @@ typedef struct cm_source_vtable {
   void (*describe)(cm_source *s, cm_process_info *out, int exiting);
   /* Fills what the source lost so far. May be NULL: then records_dropped of stats is all. */
   int (*loss)(cm_source *s, cm_loss *out);
+  /* Replaces the PM sampling the source runs with `spec` (the PM frame's text, docs/wire.md;
+   * "" for none). Returns 0, or a CM_E* code with the reason in err (errlen bytes). A source
+   * that answers later (a live agent) reports each entry's failure through the host's errors.
+   * May be NULL: a replay cannot sample. */
+  int (*pm)(cm_source *s, const char *spec, char *err, size_t errlen);
 } cm_source_vtable;
 
 struct cm_source {

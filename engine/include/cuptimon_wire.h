@@ -44,7 +44,7 @@ extern "C" {
 /* The wire version. A reader accepts any minor version of its major: newer minors only add
  * frame types (skipped by older readers) and append fields to payloads (ignored). */
 #define CM_WIRE_MAJOR 1
-#define CM_WIRE_MINOR 1
+#define CM_WIRE_MINOR 2
 
 enum {
   CM_WIRE_FILE_HEADER_SIZE = 24,   /* "CUPTIMON", major, minor, flags, reserved, crc */
@@ -65,10 +65,12 @@ typedef enum cm_wire_type {
   CM_WIRE_STATS = 5,
   CM_WIRE_FLUSH_DONE = 6,
   CM_WIRE_BYE = 7,
+  CM_WIRE_PM_STATUS = 8, /* wire 1.2: the outcome of a PM request */
   CM_WIRE_HELLO_ACK = 64,
   CM_WIRE_SELECT = 65,
   CM_WIRE_CONFIGURE = 66,
-  CM_WIRE_FLUSH = 67
+  CM_WIRE_FLUSH = 67,
+  CM_WIRE_PM = 68 /* wire 1.2: the PM sampling the monitor wants */
 } cm_wire_type;
 
 /* The name of a frame type ("BATCH"), or NULL for a type this version does not know.
@@ -237,6 +239,37 @@ CM_EXTERN int cm_wire_write_hello_ack(cm_wire_buf *b, int32_t status, const char
 /* A selection in cm_selection_parse's text form: "kernel:name,start,stop;memcpy". */
 CM_EXTERN int cm_wire_write_select(cm_wire_buf *b, const char *spec);
 CM_EXTERN int cm_wire_write_configure(cm_wire_buf *b, const cm_wire_kv *items, uint32_t count);
+/* The PM sampling the monitor wants, as text: entries "device:interval_us:metric,metric,..."
+ * separated by ';' ("" for none). The agent replaces what it samples with it and answers with
+ * one PM_STATUS per entry. */
+CM_EXTERN int cm_wire_write_pm(cm_wire_buf *b, const char *spec);
+/* A PM request's bounds, which cm_wire_parse_pm enforces. */
+enum {
+  CM_WIRE_PM_ENTRIES = 64,          /* devices in one request */
+  CM_WIRE_PM_METRICS = 64,          /* metrics of one device */
+  CM_WIRE_PM_NAME = 256,            /* bytes of one metric name */
+  CM_WIRE_PM_INTERVAL_MIN_US = 20,
+  CM_WIRE_PM_INTERVAL_MAX_US = 10000000
+};
+/* One device's entry of a parsed PM request; the metric names point into the parse buffer. */
+typedef struct cm_wire_pm_entry {
+  int32_t device;
+  uint32_t interval_us;
+  uint32_t nmetrics;
+  uint32_t reserved;
+  const char *metrics[CM_WIRE_PM_METRICS];
+} cm_wire_pm_entry;
+/* Parses a PM request's text (`len` bytes, "" for none) into at most `max` entries, copying it
+ * into `buf` (`cap` bytes) so the metric names are NUL-terminated there. Returns the number of
+ * entries, or CM_EINVAL with the reason in `why` (`why_len` bytes): a malformed entry, a device
+ * over 1023, an interval outside the bounds, an empty or too long name, too many entries or
+ * metrics, or text longer than cap - 1. Pure and bounded by `len`. Thread-safe. */
+CM_EXTERN int cm_wire_parse_pm(const char *text, size_t len, char *buf, size_t cap,
+                               cm_wire_pm_entry *out, uint32_t max, char *why, size_t why_len);
+/* The outcome of a PM entry on `device`: status 0, or a CM_E* code and a message saying what to
+ * do (CM_EPERM: profiling counters are restricted to admin users). */
+CM_EXTERN int cm_wire_write_pm_status(cm_wire_buf *b, int32_t status, uint32_t device,
+                                      const char *message);
 /* flags: CM_WIRE_FLUSH_SYNC. timeout_ms 0 means the agent's configured deadline. */
 CM_EXTERN int cm_wire_write_flush(cm_wire_buf *b, uint64_t flush_id, uint32_t flags,
                                   uint32_t timeout_ms);
@@ -325,6 +358,9 @@ CM_EXTERN int cm_wire_decode_bye(const cm_wire_frame *f, cm_wire_bye *out);
 CM_EXTERN int cm_wire_decode_hello_ack(const cm_wire_frame *f, int32_t *status,
                                        const char **message);
 CM_EXTERN int cm_wire_decode_select(const cm_wire_frame *f, const char **spec, uint32_t *len);
+CM_EXTERN int cm_wire_decode_pm(const cm_wire_frame *f, const char **spec, uint32_t *len);
+CM_EXTERN int cm_wire_decode_pm_status(const cm_wire_frame *f, int32_t *status, uint32_t *device,
+                                       const char **message);
 CM_EXTERN int cm_wire_decode_flush(const cm_wire_frame *f, uint64_t *flush_id, uint32_t *flags,
                                    uint32_t *timeout_ms);
 

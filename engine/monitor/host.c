@@ -79,6 +79,7 @@ struct cm_host {
 
   host_observer *obs;
   int nobs, cap_obs;
+  char *pm_spec; /* the script's PM sampling request (core.pm), applied to every source */
   uint32_t next_obs;
 
   cm_source *sources[CM__HOST_MAX_SOURCES];
@@ -399,6 +400,14 @@ int cm_host_add_source(cm_host *h, cm_source *s) {
       report(h, "add_source");
     }
   }
+  if (h->pm_spec && *h->pm_spec && s->vt->pm) {
+    char err[4096] = "";
+    int rc = s->vt->pm(s, h->pm_spec, err, sizeof err);
+    if (rc) {
+      lua_pushfstring(h->L, "PM sampling in source %d (%s): %s", s->id, s->vt->name, err);
+      report(h, "pm_sample");
+    }
+  }
   push_process(h, s, 0);
   fire_event(h, "process_start", 1);
   return s->id;
@@ -544,6 +553,43 @@ static int core_register(lua_State *L) {
 
 static int core_host_ptr(lua_State *L) {
   lua_pushlightuserdata(L, core_host(L));
+  return 1;
+}
+
+/* core.pm(spec): replaces the PM sampling of every source, now and attached later, with `spec`
+ * (lua/cuptimon/init.lua builds it from the script's cm.pm_sample requests). Returns true, or
+ * nil, err naming the first source that refused (the others keep the new request). */
+static int core_pm(lua_State *L) {
+  cm_host *h = core_host(L);
+  const char *spec = luaL_checkstring(L, 1);
+  /* The in-process engine first, so that attaching it does not apply the new request twice. */
+  if (*spec && !(h->flags & CM_HOST_CHECK)) {
+    int rc = ensure_inproc(h);
+    if (rc) return push_fail(L, rc, "cannot start the in-process engine (is CUPTI available? set "
+                                    "CUPTIMON_LIBCUPTI): see the log above");
+  }
+  char *copy = strdup(spec);
+  if (!copy) return push_fail(L, CM_ENOMEM, "no memory for the PM request");
+  free(h->pm_spec);
+  h->pm_spec = copy;
+  if (h->flags & CM_HOST_CHECK) {
+    lua_pushboolean(L, 1);
+    return 1;
+  }
+  int first = 0;
+  char first_err[4200] = "";
+  for (int i = 0; i < h->nsources; i++) {
+    cm_source *s = h->sources[i];
+    if (!s->vt->pm) continue;
+    char err[4096] = "";
+    int rc = s->vt->pm(s, spec, err, sizeof err);
+    if (rc && !first) {
+      first = rc;
+      snprintf(first_err, sizeof first_err, "source %d (%s): %s", s->id, s->vt->name, err);
+    }
+  }
+  if (first) return push_fail(L, first, first_err);
+  lua_pushboolean(L, 1);
   return 1;
 }
 
@@ -1036,6 +1082,7 @@ static const luaL_Reg core_funcs[] = {
     {"demangle", core_demangle},
     {"host", core_host_ptr},
     {"observe", core_observe},
+    {"pm", core_pm},
     {"unobserve", core_unobserve},
     {"shed", core_shed},
     {"window_begin", core_window_begin},
@@ -1317,5 +1364,6 @@ void cm_host_free(cm_host *h) {
   uv_run(h->loop, UV_RUN_NOWAIT);
   free(h->obs);
   free(h->gone);
+  free(h->pm_spec);
   free(h);
 }

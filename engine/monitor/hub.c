@@ -320,6 +320,17 @@ static void conn_select(cm__wsrc *w, const char *spec) {
   cm_wire_buf_free(&b);
 }
 
+/* Sends the PM request; during the handshake nothing is sent, and the attach sends it after. */
+static void conn_pm(cm__wsrc *w, const char *spec) {
+  conn *c = w->owner;
+  if (c->handshaking || c->state != CONN_ACTIVE) return;
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  cm_wire_write_pm(&b, spec);
+  conn_send(c, &b, 0);
+  cm_wire_buf_free(&b);
+}
+
 static void send_configure(conn *c, uint32_t flush_ms, uint32_t deliver_ms) {
   cm_wire_kv kv[2];
   uint32_t n = 0;
@@ -346,7 +357,7 @@ static void conn_configure(cm__wsrc *w, uint32_t flush_ms, uint32_t deliver_ms) 
 static void conn_detached(cm__wsrc *w) { conn_close(w->owner); }
 
 static const cm__wsrc_ops conn_ops = {
-    .flush = conn_flush, .select = conn_select, .configure = conn_configure,
+    .flush = conn_flush, .select = conn_select, .configure = conn_configure, .pm = conn_pm,
     .detached = conn_detached,
 };
 
@@ -477,6 +488,8 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
   } else {
     free(u);
   }
+  /* The attach applied the script's PM request (vt->pm) while the handshake held it back. */
+  if (c->w.pm_spec && *c->w.pm_spec) conn_pm(&c->w, c->w.pm_spec);
 }
 
 /* ---- trigger windows ------------------------------------------------------------------------ */

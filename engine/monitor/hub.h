@@ -65,6 +65,8 @@ typedef struct cm__wsrc_ops {
   /* The union selection changed (text form); live agents send SELECT. May be NULL. */
   void (*select)(cm__wsrc *w, const char *spec);
   void (*configure)(cm__wsrc *w, uint32_t flush_ms, uint32_t deliver_ms);
+  /* The PM request changed (the PM frame's text); live agents send PM. May be NULL. */
+  void (*pm)(cm__wsrc *w, const char *spec);
   /* The host detached the source (shutdown, or our own cm_host_remove_source): release the
    * owner's side. The wsrc itself is freed by cm__wsrc_free afterwards by the owner. */
   void (*detached)(cm__wsrc *w);
@@ -122,6 +124,7 @@ struct cm__wsrc {
   struct cm__wobs *obs;
   int nobs, cap_obs;
   char *union_spec;     /* the last union sent (or computed) */
+  char *pm_spec;        /* the PM request the host asked for, NULL for none */
   const cm_selection *extra; /* the hub's --select, may be NULL */
   uint64_t shed;        /* kinds (1 << kind value) left out of the union: a budget shed them */
 

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "host_internal.h"
 #include "hub.h"
 
 typedef struct cm__wkind {
@@ -411,10 +412,25 @@ static int ws_loss(cm_source *s, cm_loss *out) {
   return 0;
 }
 
+/* Keeps the request and hands it to the owner, which sends it (a live agent answers each entry
+ * with PM_STATUS later: see on_pm_status). */
+static int ws_pm(cm_source *s, const char *spec, char *err, size_t errlen) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  char *copy = xstrdup(spec);
+  if (!copy) {
+    snprintf(err, errlen, "no memory for the PM request");
+    return CM_ENOMEM;
+  }
+  free(w->pm_spec);
+  w->pm_spec = copy;
+  if (w->ops->pm) w->ops->pm(w, copy);
+  return 0;
+}
+
 static const cm_source_vtable agent_vt = {
     .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
     .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
-    .describe = ws_describe, .loss = ws_loss,
+    .describe = ws_describe, .loss = ws_loss, .pm = ws_pm,
 };
 static const cm_source_vtable replay_vt = {
     .name = "replay", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
@@ -683,7 +699,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   uint32_t kept = 0;
   for (uint32_t i = 0; i < wb.batch.ncols; i++) {
     cm_column c = wb.cols[i];
-    if (c.type < CM_TYPE_U8 || c.type > CM_TYPE_I16) {
+    if (c.type < CM_TYPE_U8 || c.type > CM_TYPE_F64) {
       warn_once(w, WARN_TYPE,
                 "the %s batch at byte %llu has a column (field %d) of unknown type %d; columns of "
                 "unknown types are skipped", cm_kind_name(kind) ? cm_kind_name(kind) : "?",
@@ -749,6 +765,29 @@ static int on_bye(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen)
   return 0;
 }
 
+/* A failed PM entry is an error of the run: counted (the exit status), and printed or handed to
+ * the script's error hooks, with the agent's message that says what to do. */
+static int on_pm_status(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
+  int32_t status = 0;
+  uint32_t device = 0;
+  const char *msg = "";
+  int rc = cm_wire_decode_pm_status(f, &status, &device, &msg);
+  if (rc) {
+    snprintf(err, errlen, "bad PM_STATUS: %s", cm_wire_reader_errmsg(f->reader));
+    return rc;
+  }
+  if (status == 0 || !w->attached || !w->base.host) return 0;
+  char text[4400];
+  if (device == UINT32_MAX)
+    snprintf(text, sizeof text, "process %u refused the PM request: %s: %.4000s", w->pid,
+             cm_err_name(status), msg);
+  else
+    snprintf(text, sizeof text, "PM sampling in process %u, device %u: %s: %.4000s", w->pid,
+             device, cm_err_name(status), msg);
+  cm__host_error(w->base.host, "pm_sample", text);
+  return 0;
+}
+
 int cm__wsrc_frame(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
   w->frames++;
   w->bytes += CM_WIRE_FRAME_HEADER_SIZE + f->len;
@@ -759,6 +798,7 @@ int cm__wsrc_frame(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen
   case CM_WIRE_BATCH: return on_batch(w, f, err, errlen);
   case CM_WIRE_STATS: return on_stats(w, f, err, errlen);
   case CM_WIRE_BYE: return on_bye(w, f, err, errlen);
+  case CM_WIRE_PM_STATUS: return on_pm_status(w, f, err, errlen);
   default: return 0; /* FLUSH_DONE is the owner's; control frames do not come this way */
   }
 }
@@ -883,6 +923,7 @@ void cm__wsrc_release(cm__wsrc *w) {
   free(w->end_message);
   free(w->obs);
   free(w->union_spec);
+  free(w->pm_spec);
   free(w->desc_devices);
   free(w->desc_stats);
   w->desc_devices = NULL;

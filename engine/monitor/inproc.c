@@ -21,6 +21,7 @@
 
 #include "cuptimon.h"
 #include "cuptimon_host.h"
+#include "cuptimon_wire.h"
 #include "apicb.h"
 #include "host_internal.h"
 
@@ -48,6 +49,9 @@ struct inproc {
   char cmdline[8192];
   const char *argv[INPROC_MAX_ARGS];
   uint32_t argc;
+  /* The engine's PM sampling consumers of the current request (vt->pm). */
+  uint32_t pm_ids[CM_WIRE_PM_ENTRIES];
+  uint32_t npm;
 };
 
 static void inproc_cb(void *ud, const cm_batch *b) {
@@ -183,6 +187,38 @@ static void apicb_ready(void *ud) {
   cm__host_api_ready(p->base.host);
 }
 
+/* Replaces the engine's PM consumers with the request's entries. The old ones go first, so a
+ * device whose metrics change restarts once. The first failure is returned; the entries that
+ * succeeded keep sampling. */
+static int inproc_pm(cm_source *s, const char *spec, char *err, size_t errlen) {
+  inproc *p = (inproc *)s;
+  size_t len = strlen(spec);
+  cm_wire_pm_entry *en = malloc(CM_WIRE_PM_ENTRIES * sizeof *en);
+  char *buf = malloc(len + 1);
+  int n = CM_ENOMEM, first = 0;
+  snprintf(err, errlen, "no memory for the PM request");
+  if (en && buf)
+    n = cm_wire_parse_pm(spec, len, buf, len + 1, en, CM_WIRE_PM_ENTRIES, err, errlen);
+  if (n >= 0) {
+    for (uint32_t i = 0; i < p->npm; i++) cm_pm_sample_remove(p->e, p->pm_ids[i]);
+    p->npm = 0;
+    for (int i = 0; i < n; i++) {
+      uint32_t id = 0;
+      int rc = cm_pm_sample_add(p->e, en[i].device, en[i].metrics, en[i].nmetrics,
+                                en[i].interval_us, &id);
+      if (rc == 0) {
+        p->pm_ids[p->npm++] = id;
+      } else if (!first) {
+        first = rc;
+        snprintf(err, errlen, "%s", cm_errmsg());
+      }
+    }
+  }
+  free(en);
+  free(buf);
+  return n < 0 ? n : first;
+}
+
 static const cm_source_vtable inproc_vt;
 
 cm__apicb *cm__inproc_apicb(cm_source *s) {
@@ -203,6 +239,7 @@ static const cm_source_vtable inproc_vt = {
     .string = inproc_string,
     .free = inproc_free,
     .describe = inproc_describe,
+    .pm = inproc_pm,
 };
 
 static void engine_log(void *ud, int level, const char *msg) {

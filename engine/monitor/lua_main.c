@@ -97,6 +97,8 @@ static void usage(FILE *out) {
 "  cm.count_by(), cm.sum_by(), cm.stats_by(), cm.topk(k)   aggregations that print themselves\n"
 "  cm.kernel_name(name [, full]), b:kernel_name(i)      a short demangled kernel name\n"
 "  cm.demangle(name)                                    the full demangled C++ name\n"
+"  cm.pm_sample{ metrics = {...}, interval_us = 1000, device = 0, fn = function(rows) end }\n"
+"                    GPU counters by PM sampling (kind pm_sample); cm.pm_rows(b) pivots a batch\n"
 "  Live processes only (`-- cmd`):\n"
 "  cm.window{ select = {...}, ms = 2000, record = \"spike.%%p.cmcap\", pid = n, done = fn }\n"
 "                    trace more for a while (optionally to a capture), then narrow back\n"

@@ -21,7 +21,10 @@
  *          --crash (abort() after the workload: no atexit handlers run)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --slow-round R (in round R, from 1, the kernels named --slow-kernel, default vectorAdd,
- *          last --slow-factor times longer, default 20: a kernel made slow on purpose).
+ *          last --slow-factor times longer, default 20: a kernel made slow on purpose)
+ *          --pm N (each round also puts N PM samples of 1 ms on device 0, the first one starting
+ *          at the round's start, and one kernel record inside each sample: "pm_kernel_a" in even
+ *          samples, "pm_kernel_b" in odd ones, for the join of samples and kernels).
  *
  * Training steps, for the ranks recipe: --steps N replaces the workload by N steps, each an NVTX
  * range "step" (markers) around a compute kernel "fake_train_kernel" and a communication kernel
@@ -106,7 +109,7 @@ static double now_ms(void) {
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
                   "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--slow-round R] "
-                  "[--slow-factor F] [--slow-kernel NAME]\n"
+                  "[--slow-factor F] [--slow-kernel NAME] [--pm N]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
                   "[--device D] [--pause-ms P]\n");
   exit(2);
@@ -146,6 +149,7 @@ int main(int argc, char **argv) {
   int slow_round = 0;
   uint64_t slow_factor = 20;
   const char *slow_kernel = "vectorAdd";
+  int pm = 0;
   int kinds[64], nkinds = 0;
   int steps = 0, device = 0;
   uint64_t step_us = 2000, extra_us = 0, wait_us = 0;
@@ -174,6 +178,8 @@ int main(int argc, char **argv) {
       slow_factor = strtoull(v, NULL, 10);
     } else if (strcmp(a, "--slow-kernel") == 0) {
       slow_kernel = v;
+    } else if (strcmp(a, "--pm") == 0) {
+      pm = atoi(v);
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
     } else if (strcmp(a, "--steps") == 0) {
@@ -274,6 +280,17 @@ int main(int argc, char **argv) {
       }
     }
     free(ps);
+    if (pm > 0) {
+      uint64_t t = fake_now();
+      fake_pm_emit(0, (uint32_t)pm, t, 1000000);
+      for (int i = 0; i < pm; i++) {
+        uint64_t s0 = t + (uint64_t)i * 1000000u;
+        if (fake_emit_kernel(i % 2 ? "pm_kernel_b" : "pm_kernel_a", 0, s0 + 100000, s0 + 600000) == 0) {
+          per_kind[10]++;
+          total++;
+        }
+      }
+    }
   }
   double t1 = now_ms();
 

@@ -29,6 +29,8 @@ typedef struct rec {
   uint64_t done_id;
   int32_t done_status;
   int sel_count;
+  int pms, pm_n;
+  char pm[1024];
   char log[16384];
 } rec;
 
@@ -66,13 +68,33 @@ static void r_log(void *ud, int level, const char *msg) {
   snprintf(r->log + n, sizeof r->log - n, "%s\n", msg);
 }
 
+/* Records a PM request as text: "device/interval/metric+metric|..." or "refused: why". */
+static void r_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
+  rec *r = ud;
+  r->pms++;
+  r->pm_n = n;
+  r->pm[0] = 0;
+  if (n < 0) {
+    snprintf(r->pm, sizeof r->pm, "refused: %s", refusal);
+    return;
+  }
+  for (int i = 0; i < n; i++) {
+    size_t k = strlen(r->pm);
+    snprintf(r->pm + k, sizeof r->pm - k, "%s%d/%u/", i ? "|" : "", en[i].device, en[i].interval_us);
+    for (uint32_t j = 0; j < en[i].nmetrics; j++) {
+      k = strlen(r->pm);
+      snprintf(r->pm + k, sizeof r->pm - k, "%s%s", j ? "+" : "", en[i].metrics[j]);
+    }
+  }
+}
+
 static rec R;
 static cm__control C;
 static cm_wire_reader *RD;
 
 static void setup(void) {
   memset(&R, 0, sizeof R);
-  cm__control_ops ops = {&R, r_select, r_configure, r_queue, r_flush, r_done, r_log};
+  cm__control_ops ops = {&R, r_select, r_configure, r_queue, r_flush, r_done, r_log, r_pm};
   cm_config cfg;
   cm_config_init(&cfg);
   cm__control_init(&C, &ops, &cfg);
@@ -192,7 +214,55 @@ static void test_big_frame(void) {
   cm_wire_buf_free(&b);
 }
 
+static void test_pm(void) {
+  setup();
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  CMT_OK(cm_wire_write_pm(&b, "0:1000:sm__cycles_active.avg,dram__throughput.avg.pct_of_peak_sustained_elapsed;3:500:x.sum"));
+  CMT_EQ(send_buf(&b), 0);
+  CMT_EQ(R.pms, 1);
+  CMT_STREQ(R.pm, "0/1000/sm__cycles_active.avg+dram__throughput.avg.pct_of_peak_sustained_elapsed|3/500/x.sum");
+  CMT_OK(cm_wire_write_pm(&b, ""));
+  CMT_EQ(send_buf(&b), 0);
+  CMT_EQ(R.pms, 2);
+  CMT_EQ(R.pm_n, 0);
+  /* Each malformed request is refused with its reason, and counted. */
+  static const char *const bad[][2] = {
+      {"0:1000:", "names no metric"},
+      {"0:1000", "not device:interval_us:metrics"},
+      {"x:1000:a", "not device:interval_us:metrics"},
+      {"0:99999999999:a", "not device:interval_us:metrics"},
+      {"0:5:a", "interval_us 5 is outside"},
+      {"0:1000:a,,b", "empty or too long"},
+      {"2000:1000:a", "not device:interval_us:metrics"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    CMT_OK(cm_wire_write_pm(&b, bad[i][0]));
+    CMT_EQ(send_buf(&b), 0);
+    CMT_EQ(R.pm_n, CM_EINVAL);
+    CMT_CONTAINS(R.pm, bad[i][1]);
+  }
+  CMT_EQ(C.clamped, (int)(sizeof bad / sizeof bad[0]));
+  /* The parser on its own: the device and metric bounds. */
+  static cm__pm_entry en[CM__CTL_PM_ENTRIES];
+  static char text[200000], buf[200000];
+  char why[256];
+  size_t k = 0;
+  for (uint32_t i = 0; i <= CM__CTL_PM_ENTRIES; i++) k += (size_t)snprintf(text + k, sizeof text - k, "%s%u:100:m", i ? ";" : "", i);
+  CMT_EQ(cm_wire_parse_pm(text, k, buf, sizeof buf, en, CM__CTL_PM_ENTRIES, why, sizeof why), CM_EINVAL);
+  CMT_CONTAINS(why, "more than 64 devices");
+  k = (size_t)snprintf(text, sizeof text, "0:100:");
+  for (uint32_t i = 0; i <= CM__CTL_PM_METRICS; i++) k += (size_t)snprintf(text + k, sizeof text - k, "%sm%u", i ? "," : "", i);
+  CMT_EQ(cm_wire_parse_pm(text, k, buf, sizeof buf, en, CM__CTL_PM_ENTRIES, why, sizeof why), CM_EINVAL);
+  CMT_CONTAINS(why, "more than 64 metrics");
+  CMT_EQ(cm_wire_parse_pm("0:100:a", 7, buf, 4, en, 1, why, sizeof why), CM_EINVAL);
+  CMT_CONTAINS(why, "over the bound");
+  cm_wire_buf_free(&b);
+  printf("pm: ok\n");
+}
+
 int main(void) {
+  test_pm();
   test_configure();
   test_select();
   test_flush();

@@ -95,6 +95,8 @@ static const struct {
      "throttle_reasons,gpu_temperature,power,power_limit,fan_speed"},
     {CM_KIND_RESOURCE, "resource", "cm__resource_record", sizeof(cm__resource_record),
      "event,timestamp,context,stream,device,module_id,context_id,stream_id,tid"},
+    {CM_KIND_PM_SAMPLE, "pm_sample", "cm__pm_record", sizeof(cm__pm_record),
+     "device,start,stop,metric,sample,value"},
 };
 #define NEXPECT ((int)(sizeof expect / sizeof expect[0]))
 
@@ -117,7 +119,7 @@ static uint32_t type_width(int t) {
   case CM_TYPE_U8: case CM_TYPE_I8: return 1;
   case CM_TYPE_U16: case CM_TYPE_I16: return 2;
   case CM_TYPE_U32: case CM_TYPE_I32: case CM_TYPE_STR: return 4;
-  case CM_TYPE_U64: case CM_TYPE_I64: return 8;
+  case CM_TYPE_U64: case CM_TYPE_I64: case CM_TYPE_F64: return 8;
   default: return 0;
   }
 }

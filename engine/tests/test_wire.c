@@ -372,19 +372,61 @@ static void test_golden(void) {
   cm_wire_buf_init(&b);
   CMT_EQ(cm_wire_write_flush(&b, 1, CM_WIRE_FLUSH_SYNC, 250), 0);
   static const uint8_t want[40] = {
-      0x43, 0x4d, 0x01, 0x01, 0x43, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00,
-      0x00, 0x00, 0x3a, 0x99, 0x24, 0x77, 0x2d, 0xb0, 0x7c, 0xc2, 0x01, 0x00, 0x00, 0x00,
+      0x43, 0x4d, 0x01, 0x02, 0x43, 0x00, 0x00, 0x00, 0x10, 0x00, 0x00, 0x00, 0x00, 0x00,
+      0x00, 0x00, 0x3a, 0x99, 0x24, 0x77, 0xcc, 0xd4, 0x51, 0x22, 0x01, 0x00, 0x00, 0x00,
       0x00, 0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0xfa, 0x00, 0x00, 0x00};
   CMT_EQ(b.len, 40);
   for (size_t i = 0; i < 40; i++)
     if (b.data[i] != want[i]) CMT_FAIL("golden FLUSH byte %zu: 0x%02x, want 0x%02x", i, b.data[i], want[i]);
   cm_wire_buf_clear(&b);
   CMT_EQ(cm_wire_write_file_header(&b, 0), 0);
-  static const uint8_t fh[24] = {'C', 'U', 'P', 'T', 'I', 'M', 'O', 'N', 1, 0, 1, 0,
+  static const uint8_t fh[24] = {'C', 'U', 'P', 'T', 'I', 'M', 'O', 'N', 1, 0, 2, 0,
                                  0,   0,   0,   0,   0,   0,   0,   0,   0, 0, 0, 0};
   CMT_EQ(memcmp(b.data, fh, 20), 0);
   CMT_EQU(ld32(b.data + 20), crc_ref(fh, 20));
-  CMT_EQU(ld32(b.data + 20), 0xC4A55DBDu);
+  CMT_EQU(ld32(b.data + 20), 0x9CB3A7A3u);
+  cm_wire_buf_free(&b);
+}
+
+/* Wire 1.2's PM request and PM_STATUS frames round-trip, and an F64 column is accepted with width
+ * 8 only. */
+static void test_pm_frames(void) {
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  CMT_OK(cm_wire_write_pm(&b, "0:1000:sm__cycles_active.avg"));
+  CMT_OK(cm_wire_write_pm_status(&b, CM_EPERM, 3, "restricted"));
+  double v[2] = {1.5, -2.25};
+  cm_column col = {.field = 5, .type = CM_TYPE_F64, .width = 8, .name = "value", .data = v};
+  cm_batch bt = {.kind = CM_KIND_PM_SAMPLE, .n = 2, .ncols = 1, .cols = &col, .seq = 1};
+  CMT_OK(cm_wire_write_batch(&b, &bt));
+  col.width = 4;
+  CMT_EQ(cm_wire_write_batch(&b, &bt), CM_EINVAL);
+  cm_wire_reader *r;
+  CMT_OK(cm_wire_reader_new(&r, 0));
+  CMT_OK(cm_wire_reader_feed(r, b.data, b.len));
+  cm_wire_frame f;
+  const char *spec = NULL, *msg = NULL;
+  uint32_t len = 0, dev = 0;
+  int32_t st = 0;
+  CMT_EQ(cm_wire_reader_next(r, &f), 1);
+  CMT_STREQ(cm_wire_type_name(f.type), "PM");
+  CMT_OK(cm_wire_decode_pm(&f, &spec, &len));
+  CMT_STREQ(spec, "0:1000:sm__cycles_active.avg");
+  CMT_EQU(len, strlen(spec));
+  CMT_EQ(cm_wire_decode_pm_status(&f, &st, &dev, &msg), CM_EINVAL);
+  CMT_EQ(cm_wire_reader_next(r, &f), 1);
+  CMT_STREQ(cm_wire_type_name(f.type), "PM_STATUS");
+  CMT_OK(cm_wire_decode_pm_status(&f, &st, &dev, &msg));
+  CMT_EQ(st, CM_EPERM);
+  CMT_EQU(dev, 3);
+  CMT_STREQ(msg, "restricted");
+  static cm_wire_batch wb;
+  CMT_EQ(cm_wire_reader_next(r, &f), 1);
+  CMT_OK(cm_wire_decode_batch(&f, NULL, &wb));
+  CMT_EQ(wb.cols[0].type, CM_TYPE_F64);
+  CMT_ASSERT(((const double *)wb.cols[0].data)[1] == -2.25);
+  CMT_EQ(cm_wire_reader_next(r, &f), 0);
+  cm_wire_reader_free(r);
   cm_wire_buf_free(&b);
 }
 
@@ -405,7 +447,7 @@ static void test_batch_number(void) {
   cm_wire_frame f;
   static cm_wire_batch wb;
   CMT_EQ(cm_wire_reader_next(r, &f), 1);
-  CMT_EQU(f.minor, 1);
+  CMT_EQU(f.minor, CM_WIRE_MINOR);
   CMT_OK(cm_wire_decode_batch(&f, NULL, &wb));
   CMT_EQU(wb.number, 0xA1B2C3D4u);
   CMT_EQU(wb.batch.seq, 9);
@@ -1247,6 +1289,7 @@ int main(void) {
   test_hello_env();
   test_golden();
   test_batch_number();
+  test_pm_frames();
   test_roundtrip();
   test_writer_inval();
   test_chunked();

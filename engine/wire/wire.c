@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -106,10 +107,12 @@ const char *cm_wire_type_name(uint32_t type) {
   case CM_WIRE_STATS: return "STATS";
   case CM_WIRE_FLUSH_DONE: return "FLUSH_DONE";
   case CM_WIRE_BYE: return "BYE";
+  case CM_WIRE_PM_STATUS: return "PM_STATUS";
   case CM_WIRE_HELLO_ACK: return "HELLO_ACK";
   case CM_WIRE_SELECT: return "SELECT";
   case CM_WIRE_CONFIGURE: return "CONFIGURE";
   case CM_WIRE_FLUSH: return "FLUSH";
+  case CM_WIRE_PM: return "PM";
   default: return NULL;
   }
 }
@@ -120,7 +123,7 @@ static uint32_t type_width(uint32_t type) {
   case CM_TYPE_U8: case CM_TYPE_I8: return 1;
   case CM_TYPE_U16: case CM_TYPE_I16: return 2;
   case CM_TYPE_U32: case CM_TYPE_I32: case CM_TYPE_STR: return 4;
-  case CM_TYPE_U64: case CM_TYPE_I64: return 8;
+  case CM_TYPE_U64: case CM_TYPE_I64: case CM_TYPE_F64: return 8;
   default: return 0;
   }
 }
@@ -453,6 +456,88 @@ int cm_wire_write_select(cm_wire_buf *b, const char *spec) {
   frame_begin(&e, b);
   enc_str(&e, spec);
   return frame_end(&e, CM_WIRE_SELECT, 0, CM_WIRE_MINOR);
+}
+
+int cm_wire_write_pm(cm_wire_buf *b, const char *spec) {
+  if (!b || !spec) return CM_EINVAL;
+  enc e;
+  frame_begin(&e, b);
+  enc_str(&e, spec);
+  return frame_end(&e, CM_WIRE_PM, 0, CM_WIRE_MINOR);
+}
+
+/* ---- PM requests ------------------------------------------------------------------------- */
+
+static bool pm_u32(const char *s, size_t n, uint32_t *out) {
+  if (!n || n > 10) return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (s[i] < '0' || s[i] > '9') return false;
+    v = v * 10 + (uint64_t)(s[i] - '0');
+  }
+  if (v > UINT32_MAX) return false;
+  *out = (uint32_t)v;
+  return true;
+}
+
+int cm_wire_parse_pm(const char *text, size_t len, char *buf, size_t cap, cm_wire_pm_entry *out,
+                         uint32_t max, char *why, size_t why_len) {
+#define PM_FAIL(...)                        \
+  do {                                      \
+    snprintf(why, why_len, __VA_ARGS__);    \
+    return CM_EINVAL;                       \
+  } while (0)
+  if (len + 1 > cap) PM_FAIL("the request is %zu bytes, over the bound of %zu", len, cap - 1);
+  memcpy(buf, text, len);
+  buf[len] = '\0';
+  if (memchr(buf, '\0', len)) PM_FAIL("the request holds a NUL byte");
+  uint32_t n = 0;
+  char *p = buf, *end = buf + len;
+  while (p < end) {
+    char *semi = memchr(p, ';', (size_t)(end - p));
+    char *e = semi ? semi : end;
+    *e = '\0';
+    if (n == max) PM_FAIL("more than %u devices", max);
+    cm_wire_pm_entry *en = &out[n];
+    memset(en, 0, sizeof *en);
+    char *c1 = strchr(p, ':');
+    char *c2 = c1 ? strchr(c1 + 1, ':') : NULL;
+    uint32_t dev = 0;
+    if (!c1 || !c2 || !pm_u32(p, (size_t)(c1 - p), &dev) || dev > 1023 ||
+        !pm_u32(c1 + 1, (size_t)(c2 - c1 - 1), &en->interval_us))
+      PM_FAIL("entry %u is not device:interval_us:metrics", n + 1);
+    if (en->interval_us < CM_WIRE_PM_INTERVAL_MIN_US || en->interval_us > CM_WIRE_PM_INTERVAL_MAX_US)
+      PM_FAIL("entry %u: interval_us %u is outside [%u, %u]", n + 1, en->interval_us,
+              CM_WIRE_PM_INTERVAL_MIN_US, CM_WIRE_PM_INTERVAL_MAX_US);
+    en->device = (int)dev;
+    char *m = c2 + 1;
+    while (*m) {
+      char *comma = strchr(m, ',');
+      if (comma) *comma = '\0';
+      size_t ml = strlen(m);
+      if (!ml || ml > CM_WIRE_PM_NAME) PM_FAIL("entry %u: a metric name is empty or too long", n + 1);
+      if (en->nmetrics == CM_WIRE_PM_METRICS)
+        PM_FAIL("entry %u: more than %u metrics", n + 1, CM_WIRE_PM_METRICS);
+      en->metrics[en->nmetrics++] = m;
+      if (!comma) break;
+      m = comma + 1;
+    }
+    if (!en->nmetrics) PM_FAIL("entry %u names no metric", n + 1);
+    n++;
+    p = e + 1;
+  }
+  return (int)n;
+#undef PM_FAIL
+}
+
+int cm_wire_write_pm_status(cm_wire_buf *b, int32_t status, uint32_t device, const char *message) {
+  if (!b) return CM_EINVAL;
+  enc e;
+  frame_begin(&e, b);
+  enc_u32(&e, (uint32_t)status);
+  enc_u32(&e, device);
+  enc_str(&e, message);
+  return frame_end(&e, CM_WIRE_PM_STATUS, 0, CM_WIRE_MINOR);
 }
 
 int cm_wire_write_flush(cm_wire_buf *b, uint64_t flush_id, uint32_t flags, uint32_t timeout_ms) {
@@ -1155,6 +1240,33 @@ int cm_wire_decode_select(const cm_wire_frame *f, const char **spec, uint32_t *l
   if (c.err) return c.err;
   if (spec) *spec = s;
   if (len) *len = n;
+  return 0;
+}
+
+int cm_wire_decode_pm(const cm_wire_frame *f, const char **spec, uint32_t *len) {
+  cur c;
+  int rc = cur_begin(&c, f, CM_WIRE_PM);
+  if (rc) return rc;
+  uint32_t n = 0;
+  const char *s = get_str(&c, &n, 1, "bad PM request text");
+  if (c.err) return c.err;
+  if (spec) *spec = s;
+  if (len) *len = n;
+  return 0;
+}
+
+int cm_wire_decode_pm_status(const cm_wire_frame *f, int32_t *status, uint32_t *device,
+                             const char **message) {
+  cur c;
+  int rc = cur_begin(&c, f, CM_WIRE_PM_STATUS);
+  if (rc) return rc;
+  uint32_t st = get32(&c, "truncated status");
+  uint32_t dev = get32(&c, "truncated device");
+  const char *msg = get_str(&c, NULL, 1, "bad message");
+  if (c.err) return c.err;
+  if (status) *status = (int32_t)st;
+  if (device) *device = dev;
+  if (message) *message = msg;
   return 0;
 }
 

@@ -18,7 +18,7 @@ typedef enum cm_errno {
   CM_EINVAL = -1, CM_ENOMEM = -2, CM_ENOKIND = -3, CM_ENOFIELD = -4, CM_ENOCUPTI = -5,
   CM_ECUPTI = -6, CM_EBUSY = -7, CM_ETIMEDOUT = -8, CM_ENOENT = -9, CM_ESTATE = -10,
   CM_ENOSYS = -11, CM_ECLOCK = -12, CM_EAGAIN = -13, CM_EIO = -14, CM_ERANGE = -15,
-  CM_ERRNO_LAST = -16
+  CM_EPERM = -16, CM_ERRNO_LAST = -17
 } cm_errno;
 
 const char *cm_strerror(int err);
@@ -27,7 +27,7 @@ const char *cm_errmsg(void);
 
 typedef enum cm_type {
   CM_TYPE_U8 = 1, CM_TYPE_U16 = 2, CM_TYPE_U32 = 3, CM_TYPE_U64 = 4, CM_TYPE_I32 = 5,
-  CM_TYPE_I64 = 6, CM_TYPE_STR = 7, CM_TYPE_I8 = 8, CM_TYPE_I16 = 9
+  CM_TYPE_I64 = 6, CM_TYPE_STR = 7, CM_TYPE_I8 = 8, CM_TYPE_I16 = 9, CM_TYPE_F64 = 10
 } cm_type;
 
 typedef struct cm_field_info {

@@ -24,6 +24,7 @@ local cdef = require "cuptimon.cdef"
 local registry = require "cuptimon.registry"
 local batch = require "cuptimon.batch"
 local agg = require "cuptimon.agg"
+local pm = require "cuptimon.pm"
 
 local C = ffi.C
 
@@ -192,6 +193,22 @@ local function dispatch(p, source, obs)
   o.batches = o.batches + 1
   o.fn(batch.wrap(p, source))
 end
+
+---------------------------------------------------------------------------------------------------
+-- PM sampling (cuptimon.pm)
+
+pm.apply = function(spec) return core.pm(spec) end
+pm.observe = M.observe
+
+--- Samples GPU performance counters: cm.pm_sample{ metrics = { "sm__cycles_active.avg", ... },
+--- interval_us = 1000, device = 0, fn = function(rows) end }. Samples arrive as pm_sample
+--- batches (alias "pm") for any observer of that kind; with fn, as rows of this request's
+--- metrics (cuptimon.pm_rows). Returns a request with :close(), or nil, err. A metric the GPU
+--- cannot sample, or a driver that restricts the counters to admin users, is reported with what
+--- to do: at once for the in-process engine, through the run's errors for an agent.
+M.pm_sample = pm.open
+--- Pivots a pm_sample batch into one row per sample with a double column per metric.
+M.pm_rows = pm.rows
 
 ---------------------------------------------------------------------------------------------------
 -- cadences, flushes, hooks

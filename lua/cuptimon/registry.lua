@@ -20,6 +20,7 @@ local ctype_of = {
   [C.CM_TYPE_U8] = "uint8_t", [C.CM_TYPE_U16] = "uint16_t", [C.CM_TYPE_U32] = "uint32_t",
   [C.CM_TYPE_U64] = "uint64_t", [C.CM_TYPE_I32] = "int32_t", [C.CM_TYPE_I64] = "int64_t",
   [C.CM_TYPE_STR] = "uint32_t", [C.CM_TYPE_I8] = "int8_t", [C.CM_TYPE_I16] = "int16_t",
+  [C.CM_TYPE_F64] = "double",
 }
 M.ctype_of = ctype_of
 

@@ -64,6 +64,9 @@ end
 --- The number of rows added.
 function Table:count() return #self.rows end
 
+--- Forgets the rows (the columns keep their widths only through the rows printed later).
+function Table:clear() self.rows = {} end
+
 local function line(cols, cells, widths, sep)
   local parts, n = {}, #cols
   for i = 1, n do

@@ -159,6 +159,36 @@ uint32_t fake_callback_enable_calls(int domain, uint32_t cbid, int enable);
  * correlation id; then fires the API exit callback. Returns the correlation id (> 0). */
 uint32_t fake_launch_kernel(uint32_t cbid, const char *name);
 
+/* ---- PM sampling (fake_pm.c) ------------------------------------------------------------------ */
+
+/* The metric names the fake accepts (*n receives the count); "fake__two_pass.sum" needs two passes. */
+const char *const *fake_pm_metrics(int *n);
+/* The value cuptiProfilerHostEvaluateToGpuValues reports for `metric` in the sample numbered `seq`
+ * (numbers count from 0 per device), or -1 for an unknown metric. */
+double fake_pm_value(const char *metric, uint64_t seq);
+/* Makes cuptiPmSamplingEnable fail with CUPTI_ERROR_INSUFFICIENT_PRIVILEGES while `on`. */
+void fake_pm_set_denied(int on);
+/* Makes the next `n` cuptiPmSamplingEnable calls fail with CUPTI_ERROR_NOT_READY (a device whose
+ * driver is still initializing); FAKE_PM_NOT_READY=n in the environment adds n once. */
+void fake_pm_set_not_ready(int n);
+/* Puts `n` samples into device `device`'s hardware buffer, sample i spanning
+ * [start_ns + i * dt_ns, start_ns + (i + 1) * dt_ns]. The buffer holds 4096 samples; past that,
+ * samples are lost and the next decode reports an overflow. Returns the number kept. */
+int fake_pm_emit(int device, uint32_t n, uint64_t start_ns, uint64_t dt_ns);
+/* Writes one CONCURRENT_KERNEL record named `name` (a string that must outlive the run) on
+ * `device` spanning [start, end], into the calling thread's buffer; fake_emit's return value. */
+int fake_emit_kernel(const char *name, uint32_t device, uint64_t start, uint64_t end);
+typedef struct fake_pm_stats {
+  uint64_t host_inits, host_deinits;  /* cuptiProfilerHostInitialize / Deinitialize */
+  uint64_t enables, disables, starts, stops, decodes;
+  uint64_t double_releases;           /* a host or sampling object released twice: must stay 0 */
+  uint64_t samples_lost;              /* emitted into a full hardware buffer */
+  uint64_t profiler_initialize_calls, profiler_deinitialize_calls;
+  uint64_t last_interval, last_hw_buffer; /* of the last cuptiPmSamplingSetConfig */
+  uint32_t last_trigger_mode;
+} fake_pm_stats;
+void fake_pm_get_stats(fake_pm_stats *out);
+
 #ifdef __cplusplus
 }
 #endif
