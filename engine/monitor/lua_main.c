@@ -157,7 +157,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   /* With a command, the hub forwards the signal and the run ends when the command does; a
    * second signal kills the command, a third leaves at once. */
   if (g_signalled <= 2 && cm__hub_signal(signum)) return;
-  if (g_signalled > 1) {
+  if (g_signalled > 1 || !g_host) {
     /* Another Control-C while the exit hooks run: leave now. */
     fprintf(stderr, "cuptimon-lua: interrupted again, exiting\n");
     exit(128 + signum);
@@ -387,12 +387,16 @@ int main(int argc, char **argv) {
   /* A script that asked to exit while loading (cm.exit, or --help and usage errors raised by
    * cuptimon.args) never starts the command, a replay or the loop. */
   int exit_at_load = !failed && cm_host_exit_requested(h, NULL);
-  /* At function scope: the loop finishes closing them later, in cm_host_free's last turns. */
+  /* At function scope: they forward signals until the command is reaped, and the loop's last
+   * turns close them. */
   uv_signal_t sigint, sigterm;
-  if (!failed && !check && !exit_at_load) {
+  int ran = !failed && !check && !exit_at_load;
+  if (ran) {
     cm__hub_start();
     uv_signal_init(&loop, &sigint);
     uv_signal_init(&loop, &sigterm);
+    /* NULL data: the host's handle walk (cm_host_free) takes handles with data for the script's. */
+    sigint.data = sigterm.data = NULL;
     uv_signal_start(&sigint, on_signal, SIGINT);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
     /* Signals alone do not keep the script alive. */
@@ -400,10 +404,6 @@ int main(int argc, char **argv) {
     uv_unref((uv_handle_t *)&sigterm);
     /* Returns when nothing keeps the loop alive, or after uv_stop (cm.exit, a signal). */
     uv_run(&loop, UV_RUN_DEFAULT);
-    uv_signal_stop(&sigint);
-    uv_signal_stop(&sigterm);
-    uv_close((uv_handle_t *)&sigint, NULL);
-    uv_close((uv_handle_t *)&sigterm, NULL);
   }
   int asked = 0;
   int requested = cm_host_exit_requested(h, &asked);
@@ -415,9 +415,25 @@ int main(int argc, char **argv) {
   int nothing_traced = !failed && !check && !wants_hub && !requested &&
                        cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
                        inproc.records_decoded == 0 && inproc.records_delivered == 0;
+  int shut = cm_host_shutdown(h);
+  /* The exit hooks' tables go out now: the command's process may still be tearing down. */
+  fflush(stdout);
+  int errors = cm_host_error_count(h);
+  char lost[2048];
+  int lossy = !check && loss_line(h, lost, sizeof lost);
+  g_host = NULL; /* a signal from now on is the hub's, or ends the run at once */
+  cm_host_free(h);
+  /* The run may have ended on the BYE of the command's own process: reap it now, with the
+   * signals still forwarded, for its real exit status. */
+  cm__hub_wait_command();
+  if (ran) {
+    uv_signal_stop(&sigint);
+    uv_signal_stop(&sigterm);
+    uv_close((uv_handle_t *)&sigint, NULL);
+    uv_close((uv_handle_t *)&sigterm, NULL);
+  }
   int hub_status = 0;
   int hub_done = cm__hub_finished(&hub_status);
-  int shut = cm_host_shutdown(h);
   if (!failed) status = requested ? asked : shut;
   /* With a command, its status is ours unless the script chose one (cm.exit); a signal that
    * stopped the run through the hub counts as the command's. */
@@ -426,7 +442,7 @@ int main(int argc, char **argv) {
    * hooks ran in cm_host_shutdown above); they turn a status of 0 into 1, also one chosen with
    * cm.exit(0), so a broken script never looks like a clean one. A non-zero status (a failing
    * command's, or one the script chose) is kept. */
-  if (status == 0 && cm_host_error_count(h)) status = 1;
+  if (status == 0 && errors) status = 1;
   if (nothing_traced) {
     fprintf(stderr, "cuptimon-lua: the script observed nothing: there is no command to monitor. "
             "Run `cuptimon-lua %s -- cmd args...` to monitor a program, or `cuptimon-lua --replay "
@@ -435,10 +451,7 @@ int main(int argc, char **argv) {
   }
   /* Lost records: one line after everything else, and a distinct status for a run that would
    * otherwise pass (a failing status says more already). */
-  char lost[2048];
-  int lossy = !check && loss_line(h, lost, sizeof lost);
   if (lossy && status == 0 && !allow_loss) status = EXIT_LOSS;
-  cm_host_free(h);
   cm__hub_free();
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_NOWAIT);

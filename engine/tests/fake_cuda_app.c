@@ -19,7 +19,12 @@
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
  *          --crash (abort() after the workload: no atexit handlers run)
- *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
+ *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
+ *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
+ *          exit(), for the time-to-a-table measurement: bench/time_to_table.sh)
+ *          --teardown-ms D (an exit handler registered before the agent's, so it runs after it,
+ *          sleeps D ms: the stand-in for the CUDA runtime's and driver's teardown at exit)
+ *          --teardown-abort (that handler then calls abort(): a process that fails in teardown).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -84,6 +89,15 @@ static void *produce(void *arg) {
   return NULL;
 }
 
+static unsigned g_teardown_ms;
+static int g_teardown_abort;
+
+/* Runs after the agent's exit handler (exit handlers run in reverse order of registration). */
+static void teardown(void) {
+  usleep((useconds_t)g_teardown_ms * 1000);
+  if (g_teardown_abort) abort();
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -92,19 +106,27 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C]\n");
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--stamp] [--teardown-ms D] [--teardown-abort]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   uint64_t records = 1000;
-  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int kinds[64], nkinds = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--crash") == 0) {
       crash = 1;
+      continue;
+    }
+    if (strcmp(a, "--teardown-abort") == 0) {
+      g_teardown_abort = 1;
+      continue;
+    }
+    if (strcmp(a, "--stamp") == 0) {
+      stamp = 1;
       continue;
     }
     if (!v) usage();
@@ -119,6 +141,8 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--teardown-ms") == 0) {
+      g_teardown_ms = (unsigned)atoi(v);
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
     } else if (strcmp(a, "--kinds") == 0) {
@@ -144,6 +168,7 @@ int main(int argc, char **argv) {
     nkinds = 3;
   }
 
+  if (g_teardown_ms || g_teardown_abort) atexit(teardown);
   /* What the driver does inside cuInit. */
   int init = -1;
   const char *inj = getenv("CUDA_INJECTION64_PATH");
@@ -207,5 +232,12 @@ int main(int argc, char **argv) {
   fflush(stdout);
   if (linger_ms) usleep((useconds_t)linger_ms * 1000);
   if (crash) abort();
+  if (stamp) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    printf("fake_cuda_app: exit_mono_ns=%llu\n",
+           (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    fflush(stdout);
+  }
   exit(exit_code);
 }
