@@ -387,7 +387,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_truthy(exit_ns and hook_ns, out)
     assert.matches("process_exit_ns=%d+ exit_code=5\n", out)
     -- Generous (a loaded machine, a sanitizer build): waiting for the reap takes 3 s or more; the
-    -- exact figure is bench/time_to_table.sh's.
+    -- exact figure is bench/time_to_table_fake.sh's.
     assert.is_true(hook_ns - exit_ns < 500e6, ("the table came %.0f ms after exit()\n%s")
       :format((hook_ns - exit_ns) / 1e6, out))
     assert.is_nil(out:find("LOST"), out)

@@ -21,7 +21,7 @@
  *          --crash (abort() after the workload: no atexit handlers run)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
- *          exit(), for the time-to-a-table measurement: bench/time_to_table.sh)
+ *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
  *          --teardown-ms D (an exit handler registered before the agent's, so it runs after it,
  *          sleeps D ms: the stand-in for the CUDA runtime's and driver's teardown at exit)
  *          --teardown-abort (that handler then calls abort(): a process that fails in teardown).
