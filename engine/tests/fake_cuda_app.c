@@ -24,7 +24,9 @@
  *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
  *          --teardown-ms D (an exit handler registered before the agent's, so it runs after it,
  *          sleeps D ms: the stand-in for the CUDA runtime's and driver's teardown at exit)
- *          --teardown-abort (that handler then calls abort(): a process that fails in teardown).
+ *          --teardown-abort (that handler then calls abort(): a process that fails in teardown)
+ *          --rate R (records per second over all threads, paced every 1024 records; 0, the
+ *          default, is as fast as the threads go: bench/pipeline_rate.sh offers rates with it).
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -70,14 +72,26 @@ typedef struct producer {
   uint64_t n;
   const int *kinds;
   int nkinds;
+  double rate;       /* records per second for this thread, 0 for no pacing */
   uint64_t written[64];
   int failed;
 } producer;
 
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void *produce(void *arg) {
   producer *p = arg;
   uint64_t buf[64];
+  double t0 = mono_s();
   for (uint64_t j = 0; j < p->n; j++) {
+    if (p->rate > 0 && (j & 1023) == 0) {
+      double ahead = (double)j / p->rate - (mono_s() - t0);
+      if (ahead > 0) usleep((useconds_t)(ahead * 1e6));
+    }
     int kind = p->kinds[j % (uint64_t)p->nkinds];
     size_t sz = fake_gen_record(kind, p->thread, j, buf);
     if (!sz) {
@@ -106,12 +120,13 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--stamp] [--teardown-ms D] [--teardown-abort]\n");
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n");
   exit(2);
 }
 
 int main(int argc, char **argv) {
   uint64_t records = 1000;
+  double rate = 0;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int kinds[64], nkinds = 0;
   for (int i = 1; i < argc; i++) {
@@ -141,6 +156,8 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--rate") == 0) {
+      rate = strtod(v, NULL);
     } else if (strcmp(a, "--teardown-ms") == 0) {
       g_teardown_ms = (unsigned)atoi(v);
     } else if (strcmp(a, "--exit-code") == 0) {
@@ -201,6 +218,7 @@ int main(int argc, char **argv) {
       ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
       ps[t].kinds = kinds;
       ps[t].nkinds = nkinds;
+      ps[t].rate = rate / threads;
       if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
         fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
         return 3;
