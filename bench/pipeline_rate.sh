@@ -117,7 +117,8 @@ for r in $rates; do
   printf "%-9s %-9s %-9s %-8s %-10s %-9s %-9s %s\n" "$r" "$achieved" "$got" "$lost" "$backlog" "${fence:-?}" "${drain:-?}" "$verdict"
   case $verdict in
     carried) best=$r ;;
-    "carried (producers fell short)") best=$achieved; break ;;
+    "carried (producers fell short)")
+      best=$(awk -v a="$achieved" -v b="$best" 'BEGIN { print (a > b) ? a : b }'); break ;;
     *) break ;;
   esac
 done
