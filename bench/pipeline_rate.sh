@@ -123,3 +123,15 @@ for r in $rates; do
   esac
 done
 echo "pipeline_rate: highest rate carried with no loss and no backlog: $best M records/s"
+# The first rate not carried names the stage that saturated: the agent's decoder (the exit fence
+# waited for it), the send queue (the drain waited for the socket: the monitor read too slowly),
+# or the monitor and the script (what remained after the agent's exit).
+case ${verdict:-carried} in
+  LOSS|behind)
+    rest=$((backlog - ${fence:-0} - ${drain:-0}))
+    if [ "${fence:-0}" -ge "${drain:-0}" ] && [ "${fence:-0}" -ge "$rest" ]; then stage="agent decode"
+    elif [ "${drain:-0}" -ge "$rest" ]; then stage="agent send queue (the monitor's reading)"
+    else stage="monitor and script"; fi
+    echo "pipeline_rate: first to saturate at $r M records/s: $stage (fence ${fence:-?} ms, drain ${drain:-?} ms, rest $rest ms)"
+    sed -n "/LOST/p" "$tmp/r.out" ;;
+esac
