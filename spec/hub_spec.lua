@@ -398,7 +398,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
       :format(bin, fixture("time_to_table.lua"), app))
     assert.are.equal(134, rc, out)
     assert.matches("exit_code=5\n", out)
-    assert.matches("the command exited with status 134 after its agent reported 5", out)
+    assert.matches("the command ended with status 134 after its agent reported 5", out)
   end)
 
   it("preserves the command's exit code", function()

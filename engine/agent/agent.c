@@ -5,7 +5,7 @@
  * The CUDA driver loads the agent through CUDA_INJECTION64_PATH and calls InitializeInjection()
  * once, during cuInit. The agent then creates the engine, performs the handshake of docs/wire.md
  * synchronously (so tracing is configured before the application's first CUDA call returns), and
- * streams STRINGS, BATCH and STATS frames until the process exits, when an atexit handler runs a
+ * streams STRINGS, BATCH and STATS frames until the process exits, when an exit handler runs a
  * final fence and sends STATS and BYE. With no monitor but CUPTIMON_CAPTURE set, the same frames go
  * to a capture file. docs/agent.md describes the environment contract and the failure behavior.
  *
@@ -30,7 +30,7 @@
  *  - The control thread reads monitor frames (SELECT, CONFIGURE, FLUSH) and owns the observer
  *    list after the handshake: it is the only thread that calls cm_observe/cm_unobserve, so an
  *    observer callback never does. The sender wakes it through a pipe when the monitor is gone.
- *  - The exiting thread runs the atexit handler within one budget: the engine's exit fence (which
+ *  - The exiting thread runs the exit handler within one budget: the engine's exit fence (which
  *    hurries a flush of the control thread out of its way), a bounded drain, the last frames,
  *    then it stops both threads (control.c applies the control frames).
  * Locks: send_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
@@ -938,17 +938,18 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
   return records;
 }
 
-/* The atexit handler: a final fence, the last batches, STATS and BYE. All of it runs within one
- * budget (CUPTIMON_EXIT_BUDGET_MS), whatever the device (a kernel still running), the engine (a
- * monitor's sync flush in progress) or the monitor (one that stopped reading) do: the fence gets
- * at most CUPTIMON_EXIT_FLUSH_MS of it, the queue drains until CUPTIMON_EXIT_DRAIN_MS or the
- * budget's last tenth, the batches still queued then are dropped and counted, and STATS, BYE and
- * the threads' joins get the rest. What the budget cut off is counted in STATS
- * (records_dropped_exit) where it can be, and said in BYE's message and the log either way. In a
- * forked child (the agent's threads do not exist there) it does nothing. `exit_code` is the status
- * the process passed to exit() (0 to 255), or -1 when unknown; BYE carries it, so the monitor can
- * run process_exit (and print its tables) without waiting for the teardown that follows this
- * handler (the CUDA runtime and driver, which can take a few hundred ms), then reaps the process. */
+/* The exit handler (on_exit with glibc, atexit elsewhere): a final fence, the last batches, STATS
+ * and BYE. All of it runs within one budget (CUPTIMON_EXIT_BUDGET_MS), whatever the device (a
+ * kernel still running), the engine (a monitor's sync flush in progress) or the monitor (one that
+ * stopped reading) do: the fence gets at most CUPTIMON_EXIT_FLUSH_MS of it, the queue drains until
+ * CUPTIMON_EXIT_DRAIN_MS or the budget's last tenth, the batches still queued then are dropped and
+ * counted, and STATS, BYE and the threads' joins get the rest. What the budget cut off is counted
+ * in STATS (records_dropped_exit) where it can be, and said in BYE's message and the log either
+ * way. In a forked child (the agent's threads do not exist there) it does nothing. `exit_code` is
+ * the status the process passed to exit() (0 to 255), or -1 when unknown; BYE carries it, so the
+ * monitor can run process_exit (and print its tables) without waiting for the teardown that
+ * follows this handler (the CUDA runtime and driver, which can take a few hundred ms), then reaps
+ * the process. */
 static void agent_exit_work(int exit_code) {
   if (getpid() != A.pid || !atomic_load(&A.active)) return;
   atomic_store(&A.exiting, true);

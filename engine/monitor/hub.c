@@ -39,9 +39,9 @@
  * process gave exit() (the agent's exit handler knows it on glibc). Then process_exit runs at
  * once and, when no other agent is connected, so does the end: the script's exit hooks print
  * their tables while the process is still tearing down CUDA (which can take a few hundred ms),
- * and cuptimon-lua reaps it afterwards (cm__hub_wait_command) for its own exit status. SIGINT and SIGTERM are forwarded to
- * the command, followed by SIGKILL after a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default);
- * a second signal sends SIGKILL at once.
+ * and cuptimon-lua reaps it afterwards (cm__hub_wait_command) for its own exit status. SIGINT and
+ * SIGTERM are forwarded to the command, followed by SIGKILL after a grace period
+ * (CUPTIMON_KILL_GRACE_MS, 3 s by default); a second signal sends SIGKILL at once.
  *
  * --record writes every agent's frames to a capture per process (record.c).
  *
@@ -647,8 +647,9 @@ static void proc_exit(void *ud, int status, int64_t exit_status, int term_signal
   hb->proc_done = 1;
   hb->cmd_status = status;
   if (hb->cmd_exiting && status != hb->bye_status)
-    fprintf(stderr, "cuptimon-lua: the command exited with status %d after its agent reported %d "
-            "in process_exit (it failed while tearing down)\n", status, hb->bye_status);
+    fprintf(stderr, "cuptimon-lua: the command ended with status %d after its agent reported %d "
+            "(process_exit has %d): it failed or was stopped while tearing down\n", status,
+            hb->bye_status, hb->bye_status);
   int pid = cm__proc_pid(&hb->proc);
   for (conn *c = hb->conns; c; c = c->next)
     if (c->kpid == pid && c->w.attached) conn_set_status(c, status);
@@ -894,13 +895,33 @@ int cm__hub_finished(int *status) {
   return 1;
 }
 
+/* SIGINT or SIGTERM while cuptimon-lua reaps the command after the exit hooks: forwarded as
+ * during the run (the grace timer, then SIGKILL; a second signal kills at once). */
+static void wait_signal_cb(uv_signal_t *s, int signum) {
+  hub *hb = s->data;
+  if (++hb->signals == 1)
+    cm__proc_stop(&hb->proc, signum);
+  else
+    cm__proc_kill(&hb->proc);
+}
+
 void cm__hub_wait_command(void) {
   hub *hb = g_hub;
   /* Only after an end on the BYE: when the script ended first, the command goes on untraced. */
-  if (!hb || !hb->live || !hb->finished || !hb->cmd_exiting) return;
+  if (!hb || !hb->live || !hb->finished || !hb->cmd_exiting || hb->proc_done) return;
+  uv_signal_t sig[2];
+  const int signums[2] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; i++) {
+    uv_signal_init(hb->loop, &sig[i]);
+    sig[i].data = hb;
+    uv_signal_start(&sig[i], wait_signal_cb, signums[i]);
+    uv_unref((uv_handle_t *)&sig[i]);
+  }
   /* uv_run returns 0 when nothing is left to wait for (the process handle is gone). */
   while (!hb->proc_done)
     if (uv_run(hb->loop, UV_RUN_ONCE) == 0 && !hb->proc_done) break;
+  for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&sig[i], NULL);
+  uv_run(hb->loop, UV_RUN_NOWAIT);
 }
 
 static void close_if_open(uv_handle_t *hd) {

@@ -157,7 +157,7 @@ static void on_signal(uv_signal_t *s, int signum) {
   /* With a command, the hub forwards the signal and the run ends when the command does; a
    * second signal kills the command, a third leaves at once. */
   if (g_signalled <= 2 && cm__hub_signal(signum)) return;
-  if (g_signalled > 1 || !g_host) {
+  if (g_signalled > 1) {
     /* Another Control-C while the exit hooks run: leave now. */
     fprintf(stderr, "cuptimon-lua: interrupted again, exiting\n");
     exit(128 + signum);
@@ -387,16 +387,12 @@ int main(int argc, char **argv) {
   /* A script that asked to exit while loading (cm.exit, or --help and usage errors raised by
    * cuptimon.args) never starts the command, a replay or the loop. */
   int exit_at_load = !failed && cm_host_exit_requested(h, NULL);
-  /* At function scope: they forward signals until the command is reaped, and the loop's last
-   * turns close them. */
+  /* At function scope: the loop finishes closing them later, in cm_host_free's last turns. */
   uv_signal_t sigint, sigterm;
-  int ran = !failed && !check && !exit_at_load;
-  if (ran) {
+  if (!failed && !check && !exit_at_load) {
     cm__hub_start();
     uv_signal_init(&loop, &sigint);
     uv_signal_init(&loop, &sigterm);
-    /* NULL data: the host's handle walk (cm_host_free) takes handles with data for the script's. */
-    sigint.data = sigterm.data = NULL;
     uv_signal_start(&sigint, on_signal, SIGINT);
     uv_signal_start(&sigterm, on_signal, SIGTERM);
     /* Signals alone do not keep the script alive. */
@@ -404,6 +400,12 @@ int main(int argc, char **argv) {
     uv_unref((uv_handle_t *)&sigterm);
     /* Returns when nothing keeps the loop alive, or after uv_stop (cm.exit, a signal). */
     uv_run(&loop, UV_RUN_DEFAULT);
+    /* The exit hooks come next, and a script may handle signals there itself (prometheus.lua's
+     * --linger); the wait for the command below forwards them on its own. */
+    uv_signal_stop(&sigint);
+    uv_signal_stop(&sigterm);
+    uv_close((uv_handle_t *)&sigint, NULL);
+    uv_close((uv_handle_t *)&sigterm, NULL);
   }
   int asked = 0;
   int requested = cm_host_exit_requested(h, &asked);
@@ -421,17 +423,10 @@ int main(int argc, char **argv) {
   int errors = cm_host_error_count(h);
   char lost[2048];
   int lossy = !check && loss_line(h, lost, sizeof lost);
-  g_host = NULL; /* a signal from now on is the hub's, or ends the run at once */
   cm_host_free(h);
-  /* The run may have ended on the BYE of the command's own process: reap it now, with the
-   * signals still forwarded, for its real exit status. */
+  /* The run may have ended on the BYE of the command's own process: reap it now (signals are
+   * forwarded to it meanwhile) for its real exit status. */
   cm__hub_wait_command();
-  if (ran) {
-    uv_signal_stop(&sigint);
-    uv_signal_stop(&sigterm);
-    uv_close((uv_handle_t *)&sigint, NULL);
-    uv_close((uv_handle_t *)&sigterm, NULL);
-  }
   int hub_status = 0;
   int hub_done = cm__hub_finished(&hub_status);
   if (!failed) status = requested ? asked : shut;
