@@ -401,6 +401,23 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("the command ended with status 134 after its agent reported 5", out)
   end)
 
+  it("forwards SIGTERM to a command still tearing down after the exit hooks", function()
+    local out_file = tmp .. "/ttt_sig.out"
+    local cmd = ("(%s %s -- %s --records 1000 --teardown-ms 20000 >%s 2>&1 & p=$!; i=0; "
+      .. "while ! grep -q exit_hook_ns %s && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; "
+      .. "kill -TERM $p; wait $p; echo status=$?; cat %s)")
+      :format(bin, fixture("time_to_table.lua"), app, out_file, out_file, out_file)
+    local hrtime = require("luv").hrtime
+    local t0 = hrtime()
+    local rc, out = helpers.sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches("exit_hook_ns=%d+ records=1000\n", out)
+    assert.matches("status=143\n", out)
+    assert.matches("the command ended with status 143 after its agent reported 0", out)
+    -- Without the forwarding, the 20 s teardown would run to its end.
+    assert.is_true(hrtime() - t0 < 15e9, out)
+  end)
+
   it("preserves the command's exit code", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --exit-code 7"):format(bin, script("count.lua"), app))
     assert.are.equal(7, rc, out)
