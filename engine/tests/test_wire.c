@@ -1191,16 +1191,14 @@ static void test_writer_inval(void) {
   cm_wire_buf_free(&b);
 }
 
-/* Decodes the first frame of `b` as HELLO into *h (released by the caller). */
-static int decode_first_hello(const cm_wire_buf *b, cm_wire_hello *h) {
-  cm_wire_reader *r;
-  CMT_OK(cm_wire_reader_new(&r, 0));
-  CMT_OK(cm_wire_reader_feed(r, b->data, b->len));
+/* Decodes the first frame of `b` as HELLO into *h. The decoded strings point into the frame, so
+ * the reader (*rp) outlives them: the caller releases *h, then frees *rp. */
+static int decode_first_hello(const cm_wire_buf *b, cm_wire_hello *h, cm_wire_reader **rp) {
+  CMT_OK(cm_wire_reader_new(rp, 0));
+  CMT_OK(cm_wire_reader_feed(*rp, b->data, b->len));
   cm_wire_frame f;
-  CMT_EQ(cm_wire_reader_next(r, &f), 1);
-  int rc = cm_wire_decode_hello(&f, h);
-  cm_wire_reader_free(r);
-  return rc;
+  CMT_EQ(cm_wire_reader_next(*rp, &f), 1);
+  return cm_wire_decode_hello(&f, h);
 }
 
 /* HELLO's environment list: written after the devices and decoded back; a HELLO that ends with
@@ -1214,12 +1212,14 @@ static void test_hello_env(void) {
   cm_wire_buf_init(&b);
   CMT_OK(cm_wire_write_hello(&b, &h));
   cm_wire_hello d;
-  CMT_OK(decode_first_hello(&b, &d));
+  cm_wire_reader *dr;
+  CMT_OK(decode_first_hello(&b, &d, &dr));
   CMT_EQ(d.nenv, 3);
   for (int i = 0; i < 3; i++) CMT_STREQ(d.env[i], env[i]);
   CMT_ASSERT(d.env[3] == NULL);
   CMT_EQ(d.ndevices, 2);
   cm_wire_hello_release(&d);
+  cm_wire_reader_free(dr);
   /* Without the list: every exe length moves the padding after the devices through 0..7 bytes. */
   for (int pad = 0; pad < 8; pad++) {
     char exe[16] = "/bin/";
@@ -1242,10 +1242,11 @@ static void test_hello_env(void) {
     cm_wire_buf c;
     cm_wire_buf_init(&c);
     CMT_OK(cm_wire_write_frame(&c, CM_WIRE_HELLO, 0, CM_WIRE_MINOR, pay, cut));
-    CMT_OK(decode_first_hello(&c, &d));
+    CMT_OK(decode_first_hello(&c, &d, &dr));
     CMT_EQ(d.nenv, 0);
     CMT_STREQ(d.exe, exe);
     cm_wire_hello_release(&d);
+    cm_wire_reader_free(dr);
     cm_wire_buf_free(&c);
   }
   h.nenv = CM_WIRE_MAX_ENV + 1;
