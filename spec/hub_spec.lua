@@ -375,6 +375,49 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
+  -- Issue 13, item 3: the exit hooks run once the agent's BYE gives the status of exit(), not
+  -- after the process is reaped: fake_cuda_app's --teardown-ms stands in for the CUDA teardown
+  -- that follows the agent's exit handler (a few hundred ms on a GPU).
+  it("runs the exit hooks before the command's teardown ends, with every record (time to a table)", function()
+    local rc, out = helpers.sh(("%s %s -- %s --records 20000 --kinds kernel,memcpy --stamp --teardown-ms 3000 --exit-code 5")
+      :format(bin, fixture("time_to_table.lua"), app))
+    assert.are.equal(5, rc, out)
+    local exit_ns = tonumber(out:match("exit_mono_ns=(%d+)"))
+    local hook_ns = tonumber(out:match("exit_hook_ns=(%d+) records=20000\n"))
+    assert.is_truthy(exit_ns and hook_ns, out)
+    assert.matches("process_exit_ns=%d+ exit_code=5\n", out)
+    -- Generous (a loaded machine, a sanitizer build): waiting for the reap takes 3 s or more; the
+    -- exact figure is bench/time_to_table_fake.sh's.
+    assert.is_true(hook_ns - exit_ns < 500e6, ("the table came %.0f ms after exit()\n%s")
+      :format((hook_ns - exit_ns) / 1e6, out))
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
+  it("exits with the reaped status when the command fails after its agent's BYE", function()
+    local rc, out = helpers.sh(("%s %s -- %s --records 1000 --teardown-abort --exit-code 5")
+      :format(bin, fixture("time_to_table.lua"), app))
+    assert.are.equal(134, rc, out)
+    assert.matches("exit_code=5\n", out)
+    assert.matches("the command ended with status 134 after its agent reported 5", out)
+  end)
+
+  it("forwards SIGTERM to a command still tearing down after the exit hooks", function()
+    local out_file = tmp .. "/ttt_sig.out"
+    local cmd = ("(%s %s -- %s --records 1000 --teardown-ms 20000 >%s 2>&1 & p=$!; i=0; "
+      .. "while ! grep -q exit_hook_ns %s && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done; "
+      .. "kill -TERM $p; wait $p; echo status=$?; cat %s)")
+      :format(bin, fixture("time_to_table.lua"), app, out_file, out_file, out_file)
+    local hrtime = require("luv").hrtime
+    local t0 = hrtime()
+    local rc, out = helpers.sh(cmd)
+    assert.are.equal(0, rc, out)
+    assert.matches("exit_hook_ns=%d+ records=1000\n", out)
+    assert.matches("status=143\n", out)
+    assert.matches("the command ended with status 143 after its agent reported 0", out)
+    -- Without the forwarding, the 20 s teardown would run to its end.
+    assert.is_true(hrtime() - t0 < 15e9, out)
+  end)
+
   it("preserves the command's exit code", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --exit-code 7"):format(bin, script("count.lua"), app))
     assert.are.equal(7, rc, out)

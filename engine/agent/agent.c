@@ -5,7 +5,7 @@
  * The CUDA driver loads the agent through CUDA_INJECTION64_PATH and calls InitializeInjection()
  * once, during cuInit. The agent then creates the engine, performs the handshake of docs/wire.md
  * synchronously (so tracing is configured before the application's first CUDA call returns), and
- * streams STRINGS, BATCH and STATS frames until the process exits, when an atexit handler runs a
+ * streams STRINGS, BATCH and STATS frames until the process exits, when an exit handler runs a
  * final fence and sends STATS and BYE. With no monitor but CUPTIMON_CAPTURE set, the same frames go
  * to a capture file. docs/agent.md describes the environment contract and the failure behavior.
  *
@@ -30,7 +30,7 @@
  *  - The control thread reads monitor frames (SELECT, CONFIGURE, FLUSH) and owns the observer
  *    list after the handshake: it is the only thread that calls cm_observe/cm_unobserve, so an
  *    observer callback never does. The sender wakes it through a pipe when the monitor is gone.
- *  - The exiting thread runs the atexit handler within one budget: the engine's exit fence (which
+ *  - The exiting thread runs the exit handler within one budget: the engine's exit fence (which
  *    hurries a flush of the control thread out of its way), a bounded drain, the last frames,
  *    then it stops both threads (control.c applies the control frames).
  * Locks: send_mu guards the send queue and its flags; the engine's locks are taken only inside cm_*
@@ -1014,15 +1014,19 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
   return records;
 }
 
-/* The atexit handler: a final fence, the last batches, STATS and BYE. All of it runs within one
- * budget (CUPTIMON_EXIT_BUDGET_MS), whatever the device (a kernel still running), the engine (a
- * monitor's sync flush in progress) or the monitor (one that stopped reading) do: the fence gets
- * at most CUPTIMON_EXIT_FLUSH_MS of it, the queue drains until CUPTIMON_EXIT_DRAIN_MS or the
- * budget's last tenth, the batches still queued then are dropped and counted, and STATS, BYE and
- * the threads' joins get the rest. What the budget cut off is counted in STATS
- * (records_dropped_exit) where it can be, and said in BYE's message and the log either way. In a
- * forked child (the agent's threads do not exist there) it does nothing. */
-static void agent_atexit(void) {
+/* The exit handler (on_exit with glibc, atexit elsewhere): a final fence, the last batches, STATS
+ * and BYE. All of it runs within one budget (CUPTIMON_EXIT_BUDGET_MS), whatever the device (a
+ * kernel still running), the engine (a monitor's sync flush in progress) or the monitor (one that
+ * stopped reading) do: the fence gets at most CUPTIMON_EXIT_FLUSH_MS of it, the queue drains until
+ * CUPTIMON_EXIT_DRAIN_MS or the budget's last tenth, the batches still queued then are dropped and
+ * counted, and STATS, BYE and the threads' joins get the rest. What the budget cut off is counted
+ * in STATS (records_dropped_exit) where it can be, and said in BYE's message and the log either
+ * way. In a forked child (the agent's threads do not exist there) it does nothing. `exit_code` is
+ * the status the process passed to exit() (0 to 255), or -1 when unknown; BYE carries it, so the
+ * monitor can run process_exit (and print its tables) without waiting for the teardown that
+ * follows this handler (the CUDA runtime and driver, which can take a few hundred ms), then reaps
+ * the process. */
+static void agent_exit_work(int exit_code) {
   if (getpid() != A.pid || !atomic_load(&A.active)) return;
   atomic_store(&A.exiting, true);
   uint64_t t0 = cm__mono_ms();
@@ -1066,11 +1070,13 @@ static void agent_atexit(void) {
   pthread_mutex_lock(&A.send_mu);
   struct timespec ts;
   uint64_t drain_start = cm__mono_ms();
+  uint64_t fence_ms = drain_start - t0;
   uint64_t drain_end = min_u64(drain_start + A.exit_drain_ms, end - reserve);
   uint64_t now = cm__mono_ms();
   cm__abstime_in(&ts, drain_end > now ? drain_end - now : 0);
   while ((A.head || A.sending) && !A.q_dead)
     if (pthread_cond_timedwait(&A.idle_cv, &A.send_mu, &ts) == ETIMEDOUT) break;
+  uint64_t drain_ms = cm__mono_ms() - drain_start;
   uint64_t purged = 0, purged_batches = 0;
   if (!A.q_dead && A.head) {
     atomic_store(&A.cut, true);
@@ -1093,7 +1099,7 @@ static void agent_atexit(void) {
   cm_wire_buf_init(&b);
   char msg[1100];
   snprintf(msg, sizeof msg, "%s%s", cl ? "exit budget: " : "", cut);
-  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, -1, msg) == 0) q_push_buf(&b, false, 0);
+  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, msg) == 0) q_push_buf(&b, false, 0);
   cm_wire_buf_free(&b);
   pthread_mutex_lock(&A.send_mu);
   A.q_closed = true;
@@ -1132,15 +1138,28 @@ static void agent_atexit(void) {
   alog(lvl,
        "exit: %llu batches (%llu records) sent, %llu batches dropped: %llu records by the agent "
        "(queue full or connection lost), %llu records at the exit deadline; %llu records dropped "
-       "by CUPTI, %llu bytes, %llu ms of a %u ms budget%s%s",
+       "by CUPTI, %llu bytes, %llu ms of a %u ms budget (fence %llu ms, drain %llu ms)%s%s",
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
        (unsigned long long)GET(records_dropped_exit), (unsigned long long)st.records_dropped,
        (unsigned long long)GET(bytes_sent), (unsigned long long)(cm__mono_ms() - t0),
-       A.exit_budget_ms, cl ? "; " : "", cut);
+       A.exit_budget_ms, (unsigned long long)fence_ms, (unsigned long long)drain_ms,
+       cl ? "; " : "", cut);
 #undef CUT
   /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */
 }
+
+#ifdef __GLIBC__
+/* glibc's on_exit handlers receive the status given to exit() (main's return value too). */
+static void agent_on_exit(int status, void *arg) {
+  (void)arg;
+  agent_exit_work(status & 0xff);
+}
+#define REGISTER_EXIT_HANDLER() on_exit(agent_on_exit, NULL)
+#else
+static void agent_atexit(void) { agent_exit_work(-1); }
+#define REGISTER_EXIT_HANDLER() atexit(agent_atexit)
+#endif
 
 /* In a forked child the agent's threads are gone and the descriptor is the parent's: the child
  * closes its copy (so the monitor still sees the parent's end) and stays silent. */
@@ -1398,7 +1417,7 @@ static void agent_init(void) {
   if (start_threads() != 0) goto off;
   atomic_store(&A.active, true);
   pthread_atfork(NULL, NULL, atfork_child);
-  atexit(agent_atexit);
+  REGISTER_EXIT_HANDLER();
   alog(CM_LOG_INFO, "%s; tracing %s", sock ? "connected to the monitor" : "capture mode",
        atomic_load(&A.tracing) ? "on" : "idle until a selection arrives");
   return;

@@ -35,9 +35,13 @@
  * BYE or close, then stops the loop; cuptimon-lua then runs the final flush and the script's exit
  * hooks and exits with the command's status (128 + signal when a signal killed it). The command's
  * own process reports that status in process_exit: when its agent says BYE first, its detach
- * waits (at most 2 s) for the status the supervisor reaps. SIGINT and SIGTERM are forwarded to
- * the command, followed by SIGKILL after a grace period (CUPTIMON_KILL_GRACE_MS, 3 s by default);
- * a second signal sends SIGKILL at once.
+ * waits (at most 2 s) for the status the supervisor reaps, unless the BYE carries the status the
+ * process gave exit() (the agent's exit handler knows it on glibc). Then process_exit runs at
+ * once and, when no other agent is connected, so does the end: the script's exit hooks print
+ * their tables while the process is still tearing down CUDA (which can take a few hundred ms),
+ * and cuptimon-lua reaps it afterwards (cm__hub_wait_command) for its own exit status. SIGINT and
+ * SIGTERM are forwarded to the command, followed by SIGKILL after a grace period
+ * (CUPTIMON_KILL_GRACE_MS, 3 s by default); a second signal sends SIGKILL at once.
  *
  * --record writes every agent's frames to a capture per process (record.c).
  *
@@ -135,6 +139,9 @@ typedef struct hub {
   cm__proc proc;       /* the command (supervise.c) */
   int proc_done;
   int cmd_status;
+  /* The command's own process said BYE with the status it gave exit(): it is exiting, and the
+   * end need not wait for the reap (bye_status is compared with the reaped status then). */
+  int cmd_exiting, bye_status;
   char **cmd;
   uv_timer_t spawn_timer, drain_timer, tick_timer;
   int timers_init;
@@ -217,9 +224,15 @@ static int live_conns(hub *hb) {
 
 static void drain_cb(uv_timer_t *t) { finish(t->data); }
 
-/* The command is done: finish once its agents are, or after the drain period. */
+/* The command is done: finish once its agents are, or after the drain period. A command whose
+ * own process said BYE with its exit status is done too, as far as the script is concerned,
+ * when no other agent is connected; the drain period starts only with the reap. */
 static void maybe_finish(hub *hb) {
-  if (hb->finished || !hb->proc_done) return;
+  if (hb->finished) return;
+  if (!hb->proc_done) {
+    if (hb->cmd_exiting && live_conns(hb) == 0) finish(hb);
+    return;
+  }
   if (live_conns(hb) == 0) {
     finish(hb);
     return;
@@ -423,6 +436,11 @@ static void conn_end(conn *c, int end) {
   if (c->w.attached && hb->proc.started && c->kpid == cm__proc_pid(&hb->proc)) {
     if (hb->proc_done) {
       conn_set_status(c, hb->cmd_status);
+    } else if (c->w.end == CM__END_BYE && c->w.exit_code >= 0) {
+      /* The agent's exit handler gave the status of exit(): no wait for the reap. */
+      hb->cmd_exiting = 1;
+      hb->bye_status = c->w.exit_code;
+      conn_set_status(c, c->w.exit_code);
     } else if (c->w.end == CM__END_BYE || c->w.end == CM__END_EOF) {
       /* The process is exiting: its status comes within moments (bounded by tick_cb). */
       c->await_status = 1;
@@ -820,6 +838,10 @@ static void proc_exit(void *ud, int status, int64_t exit_status, int term_signal
   (void)exit_status, (void)term_signal;
   hb->proc_done = 1;
   hb->cmd_status = status;
+  if (hb->cmd_exiting && status != hb->bye_status)
+    fprintf(stderr, "cuptimon-lua: the command ended with status %d after its agent reported %d "
+            "(process_exit has %d): it failed or was stopped while tearing down\n", status,
+            hb->bye_status, hb->bye_status);
   int pid = cm__proc_pid(&hb->proc);
   for (conn *c = hb->conns; c; c = c->next)
     if (c->kpid == pid && c->w.attached) conn_set_status(c, status);
@@ -1060,10 +1082,39 @@ int cm__hub_signal(int signum) {
 int cm__hub_finished(int *status) {
   hub *hb = g_hub;
   if (!hb || !hb->finished) return 0;
-  if (status) *status = hb->live ? hb->cmd_status : hb->status;
+  if (status) *status = !hb->live ? hb->status : hb->proc_done ? hb->cmd_status : hb->bye_status;
   /* A capture that could not be written fails a run that otherwise succeeded. */
   if (status && *status == 0 && cm__record_failures(hb->rec)) *status = 1;
   return 1;
+}
+
+/* SIGINT or SIGTERM while cuptimon-lua reaps the command after the exit hooks: forwarded as
+ * during the run (the grace timer, then SIGKILL; a second signal kills at once). */
+static void wait_signal_cb(uv_signal_t *s, int signum) {
+  hub *hb = s->data;
+  if (++hb->signals == 1)
+    cm__proc_stop(&hb->proc, signum);
+  else
+    cm__proc_kill(&hb->proc);
+}
+
+void cm__hub_wait_command(void) {
+  hub *hb = g_hub;
+  /* Only after an end on the BYE: when the script ended first, the command goes on untraced. */
+  if (!hb || !hb->live || !hb->finished || !hb->cmd_exiting || hb->proc_done) return;
+  uv_signal_t sig[2];
+  const int signums[2] = {SIGINT, SIGTERM};
+  for (int i = 0; i < 2; i++) {
+    uv_signal_init(hb->loop, &sig[i]);
+    sig[i].data = hb;
+    uv_signal_start(&sig[i], wait_signal_cb, signums[i]);
+    uv_unref((uv_handle_t *)&sig[i]);
+  }
+  /* uv_run returns 0 when nothing is left to wait for (the process handle is gone). */
+  while (!hb->proc_done)
+    if (uv_run(hb->loop, UV_RUN_ONCE) == 0 && !hb->proc_done) break;
+  for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&sig[i], NULL);
+  uv_run(hb->loop, UV_RUN_NOWAIT);
 }
 
 static void close_if_open(uv_handle_t *hd) {

@@ -47,6 +47,11 @@ int cm__hub_signal(int signum);
 /* Whether the hub has finished (the command exited and its agents are done, or every capture was
  * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
 int cm__hub_finished(int *status);
+/* The hub may finish on the BYE of the command's own process, before the process is reaped (its
+ * CUDA teardown can take a few hundred ms): after the exit hooks, this runs the loop until the
+ * supervisor has reaped it, so that cm__hub_finished gives the real status. Forwarded signals
+ * and the kill grace timer work meanwhile. The script's handles must be closed by then. */
+void cm__hub_wait_command(void);
 /* Prints the --record summaries, removes the socket directory, frees the hub. Idempotent;
  * safe when cm__main_attach was never called. */
 void cm__hub_free(void);

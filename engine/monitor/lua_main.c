@@ -408,6 +408,8 @@ int main(int argc, char **argv) {
     uv_unref((uv_handle_t *)&sigterm);
     /* Returns when nothing keeps the loop alive, or after uv_stop (cm.exit, a signal). */
     uv_run(&loop, UV_RUN_DEFAULT);
+    /* The exit hooks come next, and a script may handle signals there itself (prometheus.lua's
+     * --linger); the wait for the command below forwards them on its own. */
     uv_signal_stop(&sigint);
     uv_signal_stop(&sigterm);
     uv_close((uv_handle_t *)&sigint, NULL);
@@ -423,9 +425,18 @@ int main(int argc, char **argv) {
   int nothing_traced = !failed && !check && !wants_hub && !requested &&
                        cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
                        inproc.records_decoded == 0 && inproc.records_delivered == 0;
+  int shut = cm_host_shutdown(h);
+  /* The exit hooks' tables go out now: the command's process may still be tearing down. */
+  fflush(stdout);
+  int errors = cm_host_error_count(h);
+  char lost[2048];
+  int lossy = !check && loss_line(h, lost, sizeof lost);
+  cm_host_free(h);
+  /* The run may have ended on the BYE of the command's own process: reap it now (signals are
+   * forwarded to it meanwhile) for its real exit status. */
+  cm__hub_wait_command();
   int hub_status = 0;
   int hub_done = cm__hub_finished(&hub_status);
-  int shut = cm_host_shutdown(h);
   if (!failed) status = requested ? asked : shut;
   /* With a command, its status is ours unless the script chose one (cm.exit); a signal that
    * stopped the run through the hub counts as the command's. */
@@ -434,7 +445,7 @@ int main(int argc, char **argv) {
    * hooks ran in cm_host_shutdown above); they turn a status of 0 into 1, also one chosen with
    * cm.exit(0), so a broken script never looks like a clean one. A non-zero status (a failing
    * command's, or one the script chose) is kept. */
-  if (status == 0 && cm_host_error_count(h)) status = 1;
+  if (status == 0 && errors) status = 1;
   if (nothing_traced) {
     fprintf(stderr, "cuptimon-lua: the script observed nothing: there is no command to monitor. "
             "Run `cuptimon-lua %s -- cmd args...` to monitor a program, or `cuptimon-lua --replay "
@@ -443,10 +454,7 @@ int main(int argc, char **argv) {
   }
   /* Lost records: one line after everything else, and a distinct status for a run that would
    * otherwise pass (a failing status says more already). */
-  char lost[2048];
-  int lossy = !check && loss_line(h, lost, sizeof lost);
   if (lossy && status == 0 && !allow_loss) status = EXIT_LOSS;
-  cm_host_free(h);
   cm__hub_free();
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_NOWAIT);

@@ -20,6 +20,13 @@
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
  *          --crash (abort() after the workload: no atexit handlers run)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
+ *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
+ *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
+ *          --teardown-ms D (an exit handler registered before the agent's, so it runs after it,
+ *          sleeps D ms: the stand-in for the CUDA runtime's and driver's teardown at exit)
+ *          --teardown-abort (that handler then calls abort(): a process that fails in teardown)
+ *          --rate R (records per second over all threads, paced every 1024 records; 0, the
+ *          default, is as fast as the threads go: bench/pipeline_rate.sh offers rates with it)
  *          --slow-round R (in round R, from 1, the kernels named --slow-kernel, default vectorAdd,
  *          last --slow-factor times longer, default 20: a kernel made slow on purpose)
  *          --pm N (each round also puts N PM samples of 1 ms on device 0, the first one starting
@@ -78,16 +85,28 @@ typedef struct producer {
   uint64_t n;
   const int *kinds;
   int nkinds;
+  double rate;       /* records per second for this thread, 0 for no pacing */
   uint64_t written[64];
   int failed;
   const char *slow_kernel; /* NULL, or the kernel made slow this round */
   uint64_t slow_factor;
 } producer;
 
+static double mono_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void *produce(void *arg) {
   producer *p = arg;
   uint64_t buf[64];
+  double t0 = mono_s();
   for (uint64_t j = 0; j < p->n; j++) {
+    if (p->rate > 0 && (j & 1023) == 0) {
+      double ahead = (double)j / p->rate - (mono_s() - t0);
+      if (ahead > 0) usleep((useconds_t)(ahead * 1e6));
+    }
     int kind = p->kinds[j % (uint64_t)p->nkinds];
     size_t sz = fake_gen_record(kind, p->thread, j, buf);
     if (!sz) {
@@ -100,6 +119,15 @@ static void *produce(void *arg) {
   return NULL;
 }
 
+static unsigned g_teardown_ms;
+static int g_teardown_abort;
+
+/* Runs after the agent's exit handler (exit handlers run in reverse order of registration). */
+static void teardown(void) {
+  usleep((useconds_t)g_teardown_ms * 1000);
+  if (g_teardown_abort) abort();
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -109,7 +137,8 @@ static double now_ms(void) {
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
                   "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--slow-round R] "
-                  "[--slow-factor F] [--slow-kernel NAME] [--pm N]\n"
+                  "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
+                  "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
                   "[--device D] [--pause-ms P]\n");
   exit(2);
@@ -145,7 +174,8 @@ static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64
 
 int main(int argc, char **argv) {
   uint64_t records = 1000;
-  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  double rate = 0;
+  int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int slow_round = 0;
   uint64_t slow_factor = 20;
   const char *slow_kernel = "vectorAdd";
@@ -160,6 +190,14 @@ int main(int argc, char **argv) {
       crash = 1;
       continue;
     }
+    if (strcmp(a, "--teardown-abort") == 0) {
+      g_teardown_abort = 1;
+      continue;
+    }
+    if (strcmp(a, "--stamp") == 0) {
+      stamp = 1;
+      continue;
+    }
     if (!v) usage();
     i++;
     if (strcmp(a, "--records") == 0) {
@@ -172,6 +210,10 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--rate") == 0) {
+      rate = strtod(v, NULL);
+    } else if (strcmp(a, "--teardown-ms") == 0) {
+      g_teardown_ms = (unsigned)atoi(v);
     } else if (strcmp(a, "--slow-round") == 0) {
       slow_round = atoi(v);
     } else if (strcmp(a, "--slow-factor") == 0) {
@@ -216,6 +258,7 @@ int main(int argc, char **argv) {
     nkinds = 3;
   }
 
+  if (g_teardown_ms || g_teardown_abort) atexit(teardown);
   /* What the driver does inside cuInit. */
   int init = -1;
   const char *inj = getenv("CUDA_INJECTION64_PATH");
@@ -259,6 +302,7 @@ int main(int argc, char **argv) {
       ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
       ps[t].kinds = kinds;
       ps[t].nkinds = nkinds;
+      ps[t].rate = rate / threads;
       if (r + 1 == slow_round) {
         ps[t].slow_kernel = slow_kernel;
         ps[t].slow_factor = slow_factor;
@@ -305,5 +349,12 @@ int main(int argc, char **argv) {
   fflush(stdout);
   if (linger_ms) usleep((useconds_t)linger_ms * 1000);
   if (crash) abort();
+  if (stamp) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    printf("fake_cuda_app: exit_mono_ns=%llu\n",
+           (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec);
+    fflush(stdout);
+  }
   exit(exit_code);
 }

@@ -35,6 +35,7 @@
 #include <errno.h>
 #include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,7 +81,10 @@ static void crc_init(void) {
       crc_tab[t][i] = (crc_tab[t - 1][i] >> 8) ^ crc_tab[0][crc_tab[t - 1][i] & 0xFF];
 }
 
-uint32_t cm_wire_crc32c(uint32_t crc, const void *data, size_t len) {
+/* The table-driven CRC32C, on any CPU. Internal (hidden): test_wire compares it with the
+ * hardware one. */
+uint32_t cm__wire_crc32c_table(uint32_t crc, const void *data, size_t len);
+uint32_t cm__wire_crc32c_table(uint32_t crc, const void *data, size_t len) {
   pthread_once(&crc_once, crc_init);
   const uint8_t *p = data;
   uint32_t c = ~crc;
@@ -95,6 +99,44 @@ uint32_t cm_wire_crc32c(uint32_t crc, const void *data, size_t len) {
   while (len--) c = (c >> 8) ^ crc_tab[0][(c ^ *p++) & 0xFF];
   return ~c;
 }
+
+/* x86-64 with SSE4.2 has CRC32C (the Castagnoli polynomial, reflected, as the table) in one
+ * instruction, eight bytes at a time: several times the table's speed, which matters because
+ * every BATCH frame's payload is checksummed by the agent and again by the monitor. The CPU is
+ * asked once; others use the table. */
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("sse4.2"))) static uint32_t crc32c_sse42(uint32_t crc, const void *data,
+                                                                size_t len) {
+  const uint8_t *p = data;
+  uint64_t c = (uint32_t)~crc;
+  while (len >= 8) {
+    uint64_t v;
+    memcpy(&v, p, 8); /* little-endian, as the table's ld32 pairs */
+    c = __builtin_ia32_crc32di(c, v);
+    p += 8;
+    len -= 8;
+  }
+  uint32_t c32 = (uint32_t)c;
+  while (len--) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return ~c32;
+}
+
+static uint32_t (*_Atomic crc_impl)(uint32_t, const void *, size_t);
+
+uint32_t cm_wire_crc32c(uint32_t crc, const void *data, size_t len) {
+  uint32_t (*f)(uint32_t, const void *, size_t) = atomic_load_explicit(&crc_impl, memory_order_relaxed);
+  if (!f) {
+    __builtin_cpu_init();
+    f = __builtin_cpu_supports("sse4.2") ? crc32c_sse42 : cm__wire_crc32c_table;
+    atomic_store_explicit(&crc_impl, f, memory_order_relaxed);
+  }
+  return f(crc, data, len);
+}
+#else
+uint32_t cm_wire_crc32c(uint32_t crc, const void *data, size_t len) {
+  return cm__wire_crc32c_table(crc, data, len);
+}
+#endif
 
 /* ---- Frame types and widths -------------------------------------------------------------- */
 
