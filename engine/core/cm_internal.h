@@ -191,6 +191,8 @@ uint8_t *cm__pool_get(cm__pool *p, size_t *size, bool *warn);
 void cm__pool_put(cm__pool *p, uint8_t *buf);
 /* Any thread. Changes the size of buffers allocated from now on and the bound. */
 void cm__pool_configure(cm__pool *p, size_t buffer_size, uint32_t max_buffers, uint32_t warn);
+/* Any thread. Frees the free buffers beyond `keep`; returns how many were freed. */
+uint64_t cm__pool_trim(cm__pool *p, uint64_t keep);
 
 /* ---- intern.c ---------------------------------------------------------------------------- */
 
@@ -367,5 +369,10 @@ typedef struct cm__exit_flush {
  * Any thread; meant for the process's exit. */
 int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
                           cm__exit_flush *out);
+
+/* Frees every free buffer of the engine's pool (outstanding ones return and are recycled as
+ * usual), so an engine with no session holds no buffer memory: the dormant agent calls it when a
+ * monitor detaches. Any thread. */
+void cm__engine_trim(cm_engine *e);
 
 #endif /* CM_INTERNAL_H */

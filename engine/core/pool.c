@@ -220,3 +220,22 @@ void cm__pool_configure(cm__pool *p, size_t buffer_size, uint32_t max_buffers, u
   chain_free(stale);
   chain_free(surplus);
 }
+
+/* Any thread. The free buffers beyond `keep` are detached under the mutex and freed outside it. */
+uint64_t cm__pool_trim(cm__pool *p, uint64_t keep) {
+  void *chain = NULL;
+  uint64_t n = 0;
+  pthread_mutex_lock(&p->mu);
+  while (p->free_list && p->free_count > keep) {
+    void *b = p->free_list;
+    p->free_list = next_of(b);
+    set_next(b, chain);
+    chain = b;
+    p->free_count--;
+    p->alive--;
+    n++;
+  }
+  pthread_mutex_unlock(&p->mu);
+  chain_free(chain);
+  return n;
+}

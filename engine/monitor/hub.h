@@ -34,6 +34,7 @@ typedef struct cm__main_request {
   int force;            /* --force: --record may replace existing regular files */
   const char *select;   /* --select SPEC: kinds traced in addition to the script's */
   int has_script;       /* 0 for --record with no script */
+  const char *attach;   /* --attach PID[,PID...] or "all": dormant agents (attach.c) */
 } cm__main_request;
 
 /* Attaches the sources that serve `req` (a socket and the command, or the captures). Prints its
@@ -47,6 +48,12 @@ int cm__hub_signal(int signum);
 /* Whether the hub has finished (the command exited and its agents are done, or every capture was
  * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
 int cm__hub_finished(int *status);
+/* --attach: ends the attach window of every attached agent before the script's exit hooks run:
+ * it sends SELECT "" (the agent disables every kind, delivering what it holds) and a sync FLUSH,
+ * and runs the loop until each answered, went away, or 10 s passed; later flushes of those
+ * agents complete at once. The agents go back to dormant when the connections close
+ * (cm__hub_free). No-op in the other modes. */
+void cm__hub_detach(void);
 /* Prints the --record summaries, removes the socket directory, frees the hub. Idempotent;
  * safe when cm__main_attach was never called. */
 void cm__hub_free(void);

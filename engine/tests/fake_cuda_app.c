@@ -16,8 +16,15 @@
  * is not written and not counted). --rounds repeats the workload with --pause-ms between rounds,
  * so that a monitor can act in the middle of a run.
  *
+ * With --control PATH it runs windows on request instead, for the dormant agent's attach tests:
+ * it waits for PATH to appear, reads a number N from it (or "quit"), removes it, writes N
+ * records (as one round of --records N), and then writes "written=W total=T" to PATH.ack (W
+ * records written in this window, T since the start; through a rename, so the file is whole
+ * when it appears). The test removes the .ack before asking for the next window.
+ *
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
+ *          --control PATH (windows on request, above)
  *          --crash (abort() after the workload: no atexit handlers run)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
  */
@@ -84,6 +91,69 @@ static void *produce(void *arg) {
   return NULL;
 }
 
+/* One round: `records` records over `threads` producers; adds what was written to per_kind and
+ * *total. Returns 0, or 3 (the app's failure status). */
+static int run_round(uint64_t records, int threads, const int *kinds, int nkinds,
+                     uint64_t *per_kind, uint64_t *total) {
+  producer *ps = calloc((size_t)threads, sizeof *ps);
+  if (!ps) return 3;
+  for (int t = 0; t < threads; t++) {
+    ps[t].thread = (uint32_t)t;
+    ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
+    ps[t].kinds = kinds;
+    ps[t].nkinds = nkinds;
+    if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
+      fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
+      return 3;
+    }
+  }
+  int rc = 0;
+  for (int t = 0; t < threads; t++) {
+    pthread_join(ps[t].tid, NULL);
+    if (ps[t].failed) rc = 3;
+    for (int k = 0; k < 64; k++) {
+      per_kind[k] += ps[t].written[k];
+      *total += ps[t].written[k];
+    }
+  }
+  free(ps);
+  if (rc) fprintf(stderr, "fake_cuda_app: the generator does not know a kind\n");
+  return rc;
+}
+
+/* Serves windows on request through the file `path` (see the header). Returns 0 on "quit". */
+static int serve_windows(const char *path, int threads, const int *kinds, int nkinds,
+                         uint64_t *per_kind, uint64_t *total) {
+  char ack[4096], tmp[4096];
+  snprintf(ack, sizeof ack, "%s.ack", path);
+  snprintf(tmp, sizeof tmp, "%s.ack.tmp", path);
+  for (;;) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+      usleep(2000);
+      continue;
+    }
+    char line[64] = "";
+    if (!fgets(line, sizeof line, f)) line[0] = 0;
+    fclose(f);
+    if (!strchr(line, '\n')) { /* not whole yet */
+      usleep(2000);
+      continue;
+    }
+    unlink(path);
+    if (strncmp(line, "quit", 4) == 0) return 0;
+    uint64_t before = *total;
+    int rc = run_round(strtoull(line, NULL, 10), threads, kinds, nkinds, per_kind, total);
+    if (rc) return rc;
+    FILE *a = fopen(tmp, "w");
+    if (!a) return 3;
+    fprintf(a, "written=%llu total=%llu\n", (unsigned long long)(*total - before),
+            (unsigned long long)*total);
+    fclose(a);
+    if (rename(tmp, ack) != 0) return 3;
+  }
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -92,7 +162,7 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C]\n");
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--control PATH]\n");
   exit(2);
 }
 
@@ -100,6 +170,7 @@ int main(int argc, char **argv) {
   uint64_t records = 1000;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
   int kinds[64], nkinds = 0;
+  const char *control = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -119,6 +190,8 @@ int main(int argc, char **argv) {
       pause_ms = atoi(v);
     } else if (strcmp(a, "--linger-ms") == 0) {
       linger_ms = atoi(v);
+    } else if (strcmp(a, "--control") == 0) {
+      control = v;
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
     } else if (strcmp(a, "--kinds") == 0) {
@@ -168,31 +241,14 @@ int main(int argc, char **argv) {
 
   uint64_t per_kind[64] = {0}, total = 0;
   double t0 = now_ms();
-  for (int r = 0; r < rounds; r++) {
+  if (control) {
+    int rc = serve_windows(control, threads, kinds, nkinds, per_kind, &total);
+    if (rc) return rc;
+  }
+  for (int r = 0; r < rounds && !control; r++) {
     if (r && pause_ms) usleep((useconds_t)pause_ms * 1000);
-    producer *ps = calloc((size_t)threads, sizeof *ps);
-    for (int t = 0; t < threads; t++) {
-      ps[t].thread = (uint32_t)t;
-      ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
-      ps[t].kinds = kinds;
-      ps[t].nkinds = nkinds;
-      if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
-        fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
-        return 3;
-      }
-    }
-    for (int t = 0; t < threads; t++) {
-      pthread_join(ps[t].tid, NULL);
-      if (ps[t].failed) {
-        fprintf(stderr, "fake_cuda_app: the generator does not know a kind\n");
-        return 3;
-      }
-      for (int k = 0; k < 64; k++) {
-        per_kind[k] += ps[t].written[k];
-        total += ps[t].written[k];
-      }
-    }
-    free(ps);
+    int rc = run_round(records, threads, kinds, nkinds, per_kind, &total);
+    if (rc) return rc;
   }
   double t1 = now_ms();
 
