@@ -373,13 +373,13 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cuptimon-lua: --select applies to a command: it needs `-- cmd`\n");
     return EXIT_USAGE;
   }
+  if (req.attach && !script && nchunks == 0) {
+    fprintf(stderr, "cuptimon-lua: --attach needs a script: cuptimon-lua --attach PID script.lua\n");
+    return EXIT_USAGE;
+  }
   if (!script && nchunks == 0 && !(req.record && !check)) {
     fprintf(stderr, "cuptimon-lua: no script given\n\n");
     usage(stderr);
-    return EXIT_USAGE;
-  }
-  if (req.attach && !script && nchunks == 0) {
-    fprintf(stderr, "cuptimon-lua: --attach needs a script: cuptimon-lua --attach PID script.lua\n");
     return EXIT_USAGE;
   }
   if (check && !script) {
