@@ -919,8 +919,11 @@ static void attach_start(hub *hb) {
   attach_scan(hb);
 }
 
+/* The detach flush of connection `ud` completed (its pending flushes complete before the
+ * connection is freed, so `ud` is still valid here). */
 static void detach_done(void *ud, int status) {
-  (void)ud, (void)status;
+  conn *c = ud;
+  if (status == 0 && c->w.end == CM__END_NONE) c->w.end = CM__END_DETACHED;
   if (g_hub && g_hub->detach_pending > 0) g_hub->detach_pending--;
 }
 

@@ -63,7 +63,8 @@ void cm__hub_free(void);
 typedef struct cm__wsrc cm__wsrc;
 
 /* How a process ended, for the process_exit event. */
-enum { CM__END_NONE = 0, CM__END_BYE, CM__END_EOF, CM__END_ERROR, CM__END_TIMEOUT };
+/* CM__END_DETACHED: --attach ended the window and the process goes on (its counts are final). */
+enum { CM__END_NONE = 0, CM__END_BYE, CM__END_EOF, CM__END_ERROR, CM__END_TIMEOUT, CM__END_DETACHED };
 
 /* Callbacks of the owner (an agent connection or a replay stream). */
 typedef struct cm__wsrc_ops {
