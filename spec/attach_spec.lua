@@ -94,6 +94,14 @@ local function window(env, pid, ctl, n)
   return rc, out, tonumber(out:match("window written=(%d+)")), tonumber(out:match("seen=(%d+)"))
 end
 
+-- A window whose counts must be exact: the app wrote n records and the script saw n, no loss.
+local function exact_window(env, pid, ctl, n)
+  local rc, out, written, seen = window(env, pid, ctl, n)
+  assert.are.equal(0, rc, out)
+  assert.are.same({ n, n }, { written, seen }, out)
+  assert.is_nil(out:find("LOST"), out)
+end
+
 -- Starts a monitor in the background; returns its pid and output file.
 local function start_monitor(run, env, args)
   serial = serial + 1
@@ -102,6 +110,13 @@ local function start_monitor(run, env, args)
   local pid = tonumber(p:read("*l"))
   p:close()
   return pid, out
+end
+
+-- Starts `--attach PID attach_hold.lua` in the background and waits for its process_start.
+local function hold(run, env, pid)
+  local mon, mout = start_monitor(run, env, ("--attach %d %s"):format(pid, fixture("attach_hold.lua")))
+  wait_for(function() return read(mout):find("attached pid=" .. pid) end, 10000, "the attach")
+  return mon, mout
 end
 
 local function monitor_status(pid)
@@ -122,11 +137,7 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     local total = 0
     for i = 1, 50 do
       local n = 1000 + 37 * i
-      local rc, out, written, seen = window(env, pid, ctl, n)
-      assert.are.equal(0, rc, out)
-      assert.are.equal(n, written, out)
-      assert.are.equal(n, seen, "window " .. i .. ":\n" .. out)
-      assert.is_nil(out:find("LOST"), out)
+      exact_window(env, pid, ctl, n)
       total = total + n
       if i % 10 == 0 then
         -- Between windows the agent is dormant: nothing is enabled, so nothing is written.
@@ -151,8 +162,7 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     assert.matches("PID%s+STARTED%s+ATTACHED%s+DEVICES%s+COMMAND\n", out)
     assert.matches("\n" .. pid .. "%s+%d%d%d%d%-%d%d%-%d%d %d%d:%d%d:%d%d%s+no%s+1,3%s+%S*fake_cuda_app %-%-control "
       .. ctl:gsub("%p", "%%%0") .. " %-%-kinds kernel\n", out)
-    local mon, mout = start_monitor(run, env, ("--attach %d %s"):format(pid, fixture("attach_hold.lua")))
-    wait_for(function() return read(mout):find("attached pid=" .. pid) end, 10000, "the attach")
+    local mon, mout = hold(run, env, pid)
     rc, out = helpers.sh(env .. bin .. " --list")
     assert.are.equal(0, rc, out)
     assert.matches("\n" .. pid .. "%s+%S+ %S+%s+pid " .. mon .. "%s", out)
@@ -168,8 +178,7 @@ describe("cuptimon-lua --attach (dormant agents)", function()
   it("refuses a second monitor, naming the attached one's pid", function()
     local run, env = fresh()
     local pid, ctl = start_app(run, env)
-    local mon, mout = start_monitor(run, env, ("--attach %d %s"):format(pid, fixture("attach_hold.lua")))
-    wait_for(function() return read(mout):find("attached pid=" .. pid) end, 10000, "the first attach")
+    local mon = hold(run, env, pid)
     -- (timeout: a monitor that is wrongly admitted would hold the attach until killed)
     local rc, out = helpers.sh(("%stimeout 20 %s --attach %d %s"):format(env, bin, pid, fixture("attach_hold.lua")))
     assert.are.equal(1, rc, out)
@@ -179,17 +188,14 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     os.execute("kill -INT " .. mon)
     monitor_status(mon)
     -- The first monitor's window is whole, and the process takes the next one.
-    local rc2, out2, written, seen = window(env, pid, ctl, 777)
-    assert.are.equal(0, rc2, out2)
-    assert.are.same({ 777, 777 }, { written, seen }, out2)
+    exact_window(env, pid, ctl, 777)
     stop_app(ctl, pid)
   end)
 
   it("leaves the process running and dormant when the monitor is killed, and attaches again", function()
     local run, env = fresh()
     local pid, ctl = start_app(run, env)
-    local mon, mout = start_monitor(run, env, ("--attach %d %s"):format(pid, fixture("attach_hold.lua")))
-    wait_for(function() return read(mout):find("attached pid=" .. pid) end, 10000, "the attach")
+    local mon = hold(run, env, pid)
     os.execute("kill -KILL " .. mon)
     monitor_status(mon)
     wait_for(function() return read(ctl .. ".err"):find("the monitor detached; tracing is off") end,
@@ -200,9 +206,7 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     local rc, out = helpers.sh(env .. bin .. " --list")
     assert.are.equal(0, rc, out)
     assert.matches("\n" .. pid .. "%s+%S+ %S+%s+no%s", out)
-    local rc2, out2, written, seen = window(env, pid, ctl, 2500)
-    assert.are.equal(0, rc2, out2)
-    assert.are.same({ 2500, 2500 }, { written, seen }, out2)
+    exact_window(env, pid, ctl, 2500)
     stop_app(ctl, pid)
   end)
 
@@ -231,8 +235,7 @@ describe("cuptimon-lua --attach (dormant agents)", function()
   it("reports a process that exits while attached, and ends the run when every pid has gone", function()
     local run, env = fresh()
     local pid, ctl = start_app(run, env)
-    local mon, mout = start_monitor(run, env, ("--attach %d %s"):format(pid, fixture("attach_hold.lua")))
-    wait_for(function() return read(mout):find("attached pid=" .. pid) end, 10000, "the attach")
+    local mon, mout = hold(run, env, pid)
     local w = dormant_window(ctl, 4000)
     assert.are.equal(4000, w)
     stop_app(ctl, pid)

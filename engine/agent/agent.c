@@ -1236,6 +1236,21 @@ static int start_threads(void) {
   return 0;
 }
 
+/* Creates the engine with the default configuration and `deliver_ms`, and routes its log.
+ * Returns 0, or a CM_E* code with the reason in why (A.eng stays NULL). */
+static int start_engine(uint32_t deliver_ms, char *why, size_t cap) {
+  cm_config_init(&A.cfg);
+  A.cfg.deliver_ms = deliver_ms;
+  int rc = cm_engine_new(&A.eng, &A.cfg);
+  if (rc) {
+    snprintf(why, cap, "%s: %s", cm_err_name(rc), cm_errmsg());
+    A.eng = NULL;
+    return rc;
+  }
+  cm_set_log(A.eng, engine_log, NULL);
+  return 0;
+}
+
 /* Everything InitializeInjection does, once. Returns with tracing on, or off after logging. */
 static void agent_init(void) {
   A.pid = getpid();
@@ -1258,7 +1273,7 @@ static void agent_init(void) {
   if (cap && !*cap) cap = NULL;
   bool dormant = lsn && *lsn && strcmp(lsn, "0") != 0 && !sock;
   if (!sock && !cap && !dormant) {
-    alog(CM_LOG_INFO, "neither CUPTIMON_SOCKET, CUPTIMON_CAPTURE nor CUPTIMON_LISTEN is set; not tracing");
+    alog(CM_LOG_INFO, "neither CUPTIMON_SOCKET nor CUPTIMON_CAPTURE is set (nor CUPTIMON_LISTEN); not tracing");
     return;
   }
   A.handshake_ms = (uint32_t)env_u64("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS, 3600000);
@@ -1298,20 +1313,15 @@ static void agent_init(void) {
     alog(CM_LOG_INFO, "writing the capture %s", path);
   }
 
-  cm_config_init(&A.cfg);
-  A.cfg.deliver_ms = DEFAULT_DELIVER_MS;
-  int rc = cm_engine_new(&A.eng, &A.cfg);
+  char why[1024];
+  int rc = start_engine(DEFAULT_DELIVER_MS, why, sizeof why);
   if (rc) {
-    char why[1024];
-    snprintf(why, sizeof why, "%s: %s", cm_err_name(rc), cm_errmsg());
     alog(CM_LOG_ERROR, "cannot start the engine: %s; tracing off", why);
-    A.eng = NULL;
     report_failure(sock ? token : "", why, deadline, !sock);
     close(A.fd);
     A.fd = -1;
     return;
   }
-  cm_set_log(A.eng, engine_log, NULL);
 
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -1421,13 +1431,10 @@ int cm__agent_session_begin(int fd, uint64_t deadline) {
   if (!A.eng) {
     /* The first attach: the engine (libcupti, the subscription) starts here, on the listener
      * thread, with no cadence, so that between sessions its worker sleeps. */
-    cm_config_init(&A.cfg);
-    int rc = cm_engine_new(&A.eng, &A.cfg);
+    char why[1024];
+    int rc = start_engine(0, why, sizeof why);
     if (rc) {
-      char why[1024];
-      snprintf(why, sizeof why, "cannot start the engine: %s: %s", cm_err_name(rc), cm_errmsg());
-      alog(CM_LOG_ERROR, "dormant: %s", why);
-      A.eng = NULL;
+      alog(CM_LOG_ERROR, "dormant: cannot start the engine: %s", why);
       A.fd = fd;
       A.is_socket = true;
       report_failure("", why, deadline, false);
@@ -1435,7 +1442,6 @@ int cm__agent_session_begin(int fd, uint64_t deadline) {
       A.fd = -1;
       return rc;
     }
-    cm_set_log(A.eng, engine_log, NULL);
     A.idle_cfg = A.cfg;
   }
   session_reset(fd);

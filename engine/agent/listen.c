@@ -70,13 +70,17 @@ static struct listener {
 
 bool cm__listen_mode(void) { return atomic_load(&L.on); }
 
-void cm__listen_session_over(void) {
-  atomic_store(&L.over, true);
+static void wake_listener(void) {
   if (L.wake[1] >= 0) {
     char c = 1;
     ssize_t w = write(L.wake[1], &c, 1);
     (void)w;
   }
+}
+
+void cm__listen_session_over(void) {
+  atomic_store(&L.over, true);
+  wake_listener();
 }
 
 /* Reads a connection's credentials; -1 when they cannot be read. The test hook
@@ -218,11 +222,7 @@ static void listen_atexit(void) {
   if (getpid() != L.pid || !atomic_load(&L.on)) return;
   atomic_store(&L.exiting, true);
   unlink(L.sock);
-  if (L.wake[1] >= 0) {
-    char c = 1;
-    ssize_t w = write(L.wake[1], &c, 1);
-    (void)w;
-  }
+  wake_listener();
   struct timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
   ts.tv_sec += EXIT_WAIT_MS / 1000;

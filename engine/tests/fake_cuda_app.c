@@ -17,10 +17,9 @@
  * so that a monitor can act in the middle of a run.
  *
  * With --control PATH it runs windows on request instead, for the dormant agent's attach tests:
- * it waits for PATH to appear, reads a number N from it (or "quit"), removes it, writes N
- * records (as one round of --records N), and then writes "written=W total=T" to PATH.ack (W
- * records written in this window, T since the start; through a rename, so the file is whole
- * when it appears). The test removes the .ack before asking for the next window.
+ * it takes each request N of the control file PATH (window_control.h), writes N records (as one
+ * round of --records N), and acknowledges with "written=W total=T" (W records written in this
+ * window, T since the start).
  *
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
@@ -39,6 +38,7 @@
 #include <unistd.h>
 
 #include "fake_cupti.h"
+#include "window_control.h"
 
 static const struct {
   const char *name;
@@ -121,37 +121,20 @@ static int run_round(uint64_t records, int threads, const int *kinds, int nkinds
   return rc;
 }
 
-/* Serves windows on request through the file `path` (see the header). Returns 0 on "quit". */
+/* Serves windows on request through the file `path` (window_control.h). Returns 0 on "quit". */
 static int serve_windows(const char *path, int threads, const int *kinds, int nkinds,
                          uint64_t *per_kind, uint64_t *total) {
-  char ack[4096], tmp[4096];
-  snprintf(ack, sizeof ack, "%s.ack", path);
-  snprintf(tmp, sizeof tmp, "%s.ack.tmp", path);
-  for (;;) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-      usleep(2000);
-      continue;
-    }
-    char line[64] = "";
-    if (!fgets(line, sizeof line, f)) line[0] = 0;
-    fclose(f);
-    if (!strchr(line, '\n')) { /* not whole yet */
-      usleep(2000);
-      continue;
-    }
-    unlink(path);
-    if (strncmp(line, "quit", 4) == 0) return 0;
+  long long n;
+  while ((n = cm_window_next(path)) >= 0) {
     uint64_t before = *total;
-    int rc = run_round(strtoull(line, NULL, 10), threads, kinds, nkinds, per_kind, total);
+    int rc = run_round((uint64_t)n, threads, kinds, nkinds, per_kind, total);
     if (rc) return rc;
-    FILE *a = fopen(tmp, "w");
-    if (!a) return 3;
-    fprintf(a, "written=%llu total=%llu\n", (unsigned long long)(*total - before),
-            (unsigned long long)*total);
-    fclose(a);
-    if (rename(tmp, ack) != 0) return 3;
+    char line[96];
+    snprintf(line, sizeof line, "written=%llu total=%llu\n", (unsigned long long)(*total - before),
+             (unsigned long long)*total);
+    if (cm_window_ack(path, line) != 0) return 3;
   }
+  return 0;
 }
 
 static double now_ms(void) {

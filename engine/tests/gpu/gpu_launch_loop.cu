@@ -6,10 +6,9 @@
  *                                  "RESULT launches=N wall_ns=W cpu_ns=C": W per launch from the
  *                                  first launch to the synchronize after the last, C the
  *                                  launching thread's CPU time per launch over the same stretch
- *   gpu_launch_loop --control PATH serves windows as engine/tests/fake_cuda_app does: it waits
- *                                  for PATH, reads N (or "quit"), removes it, launches N kernels,
- *                                  synchronizes, and writes "launched=N total=T" to PATH.ack
- *                                  (through a rename)
+ *   gpu_launch_loop --control PATH serves the requests of the control file PATH
+ *                                  (engine/tests/window_control.h): N kernels, a synchronize,
+ *                                  and the acknowledgement "launched=N total=T"
  *
  * It makes one CUDA call before anything else (cudaFree(0)), so the driver initializes and
  * loads an injected agent before the loop starts. Exit status 77 without a CUDA device.
@@ -23,17 +22,16 @@
 #include <cstring>
 #include <ctime>
 
+#include "window_control.h"
+
 extern "C" __global__ void cm_launch_empty(void) {}
 
-#define CK(call)                                                                              \
-  do {                                                                                        \
-    cudaError_t ck_rc_ = (call);                                                              \
-    if (ck_rc_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: CUDA error %s in %s\n", __FILE__, __LINE__,                   \
-              cudaGetErrorName(ck_rc_), #call);                                               \
-      exit(1);                                                                                \
-    }                                                                                         \
-  } while (0)
+/* Exits with a message naming the failed call. */
+static void check(cudaError_t rc, const char *what) {
+  if (rc == cudaSuccess) return;
+  fprintf(stderr, "gpu_launch_loop: %s failed: %s\n", what, cudaGetErrorName(rc));
+  exit(1);
+}
 
 static uint64_t clock_ns(clockid_t id) {
   struct timespec ts;
@@ -43,8 +41,8 @@ static uint64_t clock_ns(clockid_t id) {
 
 static void launch(uint64_t n) {
   for (uint64_t i = 0; i < n; i++) cm_launch_empty<<<1, 1>>>();
-  CK(cudaGetLastError());
-  CK(cudaDeviceSynchronize());
+  check(cudaGetLastError(), "a launch");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 
 static int bench(uint64_t n) {
@@ -58,33 +56,14 @@ static int bench(uint64_t n) {
 }
 
 static int serve(const char *path) {
-  char ack[4096], tmp[4096];
-  snprintf(ack, sizeof ack, "%s.ack", path);
-  snprintf(tmp, sizeof tmp, "%s.ack.tmp", path);
   uint64_t total = 0;
-  for (;;) {
-    FILE *f = fopen(path, "r");
-    if (!f) {
-      usleep(2000);
-      continue;
-    }
-    char line[64] = "";
-    if (!fgets(line, sizeof line, f)) line[0] = 0;
-    fclose(f);
-    if (!strchr(line, '\n')) {
-      usleep(2000);
-      continue;
-    }
-    unlink(path);
-    if (strncmp(line, "quit", 4) == 0) break;
-    uint64_t n = strtoull(line, NULL, 10);
-    launch(n);
-    total += n;
-    FILE *a = fopen(tmp, "w");
-    if (!a) return 1;
-    fprintf(a, "launched=%" PRIu64 " total=%" PRIu64 "\n", n, total);
-    fclose(a);
-    if (rename(tmp, ack) != 0) return 1;
+  long long n;
+  while ((n = cm_window_next(path)) >= 0) {
+    launch((uint64_t)n);
+    total += (uint64_t)n;
+    char line[96];
+    snprintf(line, sizeof line, "launched=%lld total=%" PRIu64 "\n", n, total);
+    if (cm_window_ack(path, line) != 0) return 1;
   }
   printf("gpu_launch_loop: launched %" PRIu64 " kernels\n", total);
   return 0;
@@ -96,7 +75,7 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  CK(cudaFree(0));
+  check(cudaFree(0), "cudaFree(0)");
   if (argc == 3 && strcmp(argv[1], "--bench") == 0) return bench(strtoull(argv[2], NULL, 10));
   if (argc == 3 && strcmp(argv[1], "--control") == 0) return serve(argv[2]);
   fprintf(stderr, "usage: gpu_launch_loop --bench N | --control PATH\n");
