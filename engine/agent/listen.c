@@ -266,7 +266,7 @@ bool cm__listen_start(void) {
   long hs = env_long("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS);
   L.handshake_ms = hs >= 1 && hs <= 3600000 ? (uint32_t)hs : DEFAULT_HANDSHAKE_MS;
   char err[512];
-  if (cm_wire_listen_dir(L.dir, sizeof L.dir, 1, err, sizeof err) != 0) {
+  if (cm_wire_listen_dir(L.dir, sizeof L.dir, CM_WIRE_LISTEN_CREATE, err, sizeof err) != 0) {
     cm__alog(L_ERROR, "dormant: %s; not listening (the process runs untraced)", err);
     return false;
   }

@@ -21,9 +21,16 @@
 #include "cuptimon.h"
 #include "cuptimon_wire.h"
 
+/* Root's monitor may use another user's directory (XDG_RUNTIME_DIR=/run/user/UID): root can
+ * reach it anyway, and the agents there admit root only with CUPTIMON_LISTEN_ALLOW_ROOT=1. */
+static int root(void) { return geteuid() == 0; }
+
+/* Whether a socket or marker of owner `uid` is ours to use. */
+static int ours(uid_t uid) { return uid == geteuid() || root(); }
+
 int cm__attach_dir(char *dir, size_t cap) {
   char err[512];
-  int rc = cm_wire_listen_dir(dir, cap, 0, err, sizeof err);
+  int rc = cm_wire_listen_dir(dir, cap, root() ? CM_WIRE_LISTEN_ANY_OWNER : 0, err, sizeof err);
   if (rc && rc != CM_ENOENT) fprintf(stderr, "cuptimon-lua: %s\n", err);
   return rc;
 }
@@ -54,7 +61,7 @@ static int name_pid(const char *name, const char *suffix) {
   return (int)v;
 }
 
-int cm__attach_scan(const char *dir, int *pids, int cap, int *removed) {
+int cm__attach_scan(const char *dir, int *pids, int cap) {
   int n = 0, gone = 0;
   DIR *d = opendir(dir);
   if (!d) return 0;
@@ -68,7 +75,7 @@ int cm__attach_scan(const char *dir, int *pids, int cap, int *removed) {
     char p[PATH_MAX + 300];
     snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
     struct stat st;
-    if (lstat(p, &st) != 0 || st.st_uid != geteuid()) continue;
+    if (lstat(p, &st) != 0 || !ours(st.st_uid)) continue;
     if (!alive(pid)) {
       if (sock || tmp) gone += sock != 0;
       unlink(p);
@@ -78,7 +85,9 @@ int cm__attach_scan(const char *dir, int *pids, int cap, int *removed) {
   }
   closedir(d);
   qsort(pids, (size_t)n, sizeof *pids, cmp_int);
-  if (removed) *removed = gone;
+  if (gone)
+    fprintf(stderr, "cuptimon-lua: removed %d stale socket%s of processes that no longer exist\n",
+            gone, gone == 1 ? "" : "s");
   return n;
 }
 
@@ -118,8 +127,9 @@ int cm__attach_connect(const char *dir, int pid, char *err, size_t errlen) {
   }
   struct ucred cr;
   socklen_t cl = sizeof cr;
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.uid != geteuid() ||
-      cr.pid != pid) {
+  struct stat st;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) != 0 || cr.pid != pid ||
+      !(cr.uid == geteuid() || (root() && stat(sa.sun_path, &st) == 0 && st.st_uid == cr.uid))) {
     snprintf(err, errlen, "the socket %s is not served by process %d of this user; refusing it",
              sa.sun_path, pid);
     close(fd);
@@ -223,11 +233,8 @@ int cm__attach_list(FILE *out) {
     return 0;
   }
   if (rc) return 1;
-  int pids[4096], removed = 0;
-  int n = cm__attach_scan(dir, pids, 4096, &removed);
-  if (removed)
-    fprintf(stderr, "cuptimon-lua: removed %d stale socket%s of processes that no longer exist\n",
-            removed, removed == 1 ? "" : "s");
+  int pids[4096];
+  int n = cm__attach_scan(dir, pids, 4096);
   if (n == 0) {
     fprintf(out, "no dormant cuptimon agent of this user in %s\n", dir);
     return 0;

@@ -6,7 +6,8 @@
  * the pid of the monitor attached to it. A process killed without running its exit handlers
  * leaves its socket behind: every scan removes the sockets (and markers) of processes that no
  * longer exist, and a connection refused on a socket is taken for the same thing (the pid was
- * reused). Only sockets owned by this user, in a directory owned by this user, are looked at.
+ * reused). Only sockets owned by this user, in a directory owned by this user, are looked at
+ * (root's monitor may use another user's directory and sockets: attach.c).
  *
  * Used on the loop thread only; keeps no state between calls.
  */
@@ -20,8 +21,8 @@
  * missing directory is CM_ENOENT, and prints nothing). */
 int cm__attach_dir(char *dir, size_t cap);
 /* The pids of the dormant agents in `dir`, ascending, into pids (at most cap); removes the stale
- * sockets and markers it finds (*removed counts them, may be NULL). Returns how many pids. */
-int cm__attach_scan(const char *dir, int *pids, int cap, int *removed);
+ * sockets and markers it finds, and says how many on stderr. Returns how many pids. */
+int cm__attach_scan(const char *dir, int *pids, int cap);
 /* Connects to the agent of `pid` and checks that the peer is that pid and this user. Returns a
  * non-blocking descriptor, or -1 with the reason in err (a stale socket is removed then). */
 int cm__attach_connect(const char *dir, int pid, char *err, size_t errlen);

@@ -867,11 +867,8 @@ static int attach_pid(hub *hb, int pid) {
 
 /* --attach all: every dormant agent in the directory not attached before. */
 static void attach_scan(hub *hb) {
-  int pids[4096], removed = 0;
-  int n = cm__attach_scan(hb->adir, pids, 4096, &removed);
-  if (removed)
-    fprintf(stderr, "cuptimon-lua: removed %d stale socket%s of processes that no longer exist\n",
-            removed, removed == 1 ? "" : "s");
+  int pids[4096];
+  int n = cm__attach_scan(hb->adir, pids, 4096);
   for (int i = 0; i < n && !hb->finished; i++)
     if (pids[i] != (int)getpid()) attach_pid(hb, pids[i]);
 }
@@ -898,6 +895,9 @@ static void stop_watch(hub *hb) {
 /* Starts --attach: the named pids, or `all` and the watch for new ones. */
 static void attach_start(hub *hb) {
   if (!hb->attach_all) {
+    /* The directory's stale sockets go first, as --list would remove them. */
+    int none[1];
+    cm__attach_scan(hb->adir, none, 0);
     for (int i = 0; i < hb->ntargets; i++)
       if (attach_pid(hb, hb->targets[i]) != 0) hb->attach_failed = 1;
     if (!hb->conns) finish(hb);
@@ -990,7 +990,7 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
       }
       /* `all` waits for the first process: the directory is made as an agent would. */
       char err[512];
-      rc = cm_wire_listen_dir(hb->adir, sizeof hb->adir, 1, err, sizeof err);
+      rc = cm_wire_listen_dir(hb->adir, sizeof hb->adir, CM_WIRE_LISTEN_CREATE, err, sizeof err);
       if (rc) fprintf(stderr, "cuptimon-lua: %s\n", err);
     }
     if (rc) return rc;

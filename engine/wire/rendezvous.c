@@ -28,7 +28,7 @@ static int fail(char *err, size_t errlen, int rc, const char *fmt, const char *p
   return rc;
 }
 
-int cm_wire_listen_dir(char *out, size_t cap, int create, char *err, size_t errlen) {
+int cm_wire_listen_dir(char *out, size_t cap, int flags, char *err, size_t errlen) {
   const size_t room = sizeof(((struct sockaddr_un *)0)->sun_path) - NAME_ROOM;
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   int n;
@@ -41,7 +41,7 @@ int cm_wire_listen_dir(char *out, size_t cap, int create, char *err, size_t errl
   }
   if (n < 0 || (size_t)n >= cap)
     return fail(err, errlen, CM_EINVAL, "%s: the path does not fit%s", "", 0);
-  if (create && mkdir(out, 0700) != 0 && errno != EEXIST)
+  if ((flags & CM_WIRE_LISTEN_CREATE) && mkdir(out, 0700) != 0 && errno != EEXIST)
     return fail(err, errlen, CM_EIO, "cannot create %s: %s", out, errno);
   struct stat st;
   if (lstat(out, &st) != 0) {
@@ -51,7 +51,7 @@ int cm_wire_listen_dir(char *out, size_t cap, int create, char *err, size_t errl
   if (!S_ISDIR(st.st_mode))
     return fail(err, errlen, CM_EIO, "%s is not a directory (a symbolic link is refused too)%s",
                 out, 0);
-  if (st.st_uid != geteuid()) {
+  if (st.st_uid != geteuid() && !(flags & CM_WIRE_LISTEN_ANY_OWNER)) {
     if (err && errlen)
       snprintf(err, errlen, "%s belongs to uid %u, not to this user (uid %u); refusing it", out,
                (unsigned)st.st_uid, (unsigned)geteuid());
