@@ -48,6 +48,9 @@
 #ifndef CM_BENCH_FLAGS
 #define CM_BENCH_FLAGS ""
 #endif
+#ifndef CM_BENCH_BUILD_TYPE
+#define CM_BENCH_BUILD_TYPE "unknown"
+#endif
 
 /* ---- options ---------------------------------------------------------------------------- */
 
@@ -509,7 +512,8 @@ static void print_header(const options *o, int cpu) {
     printf("- CPU: %s (one core, pinned to CPU %d)\n", cpu_name, cpu);
   else
     printf("- CPU: %s (one core, not pinned)\n", cpu_name);
-  printf("- Compiler: %s, flags `%s`\n", CM_BENCH_COMPILER, CM_BENCH_FLAGS);
+  printf("- Build type: %s; compiler: %s, flags `%s`\n", CM_BENCH_BUILD_TYPE, CM_BENCH_COMPILER,
+         CM_BENCH_FLAGS);
   printf("- Input: %u buffers of %zu KiB per workload, CUPTI 13.0 record layouts from "
          "fake_gen_record; %u timed passes per case, median (best in the last column)\n",
          o->nbuffers, o->buffer_size >> 10, o->passes);

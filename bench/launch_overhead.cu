@@ -40,17 +40,10 @@
 
 #include "cuptimon.h"
 
+#include "cuda_check.h"
+
 extern "C" __global__ void cm_bench_empty(void) {}
 
-#define CK(call)                                                                              \
-  do {                                                                                        \
-    cudaError_t ck_rc_ = (call);                                                              \
-    if (ck_rc_ != cudaSuccess) {                                                              \
-      fprintf(stderr, "%s:%d: CUDA error %s in %s\n", __FILE__, __LINE__,                   \
-              cudaGetErrorName(ck_rc_), #call);                                               \
-      exit(1);                                                                                \
-    }                                                                                         \
-  } while (0)
 
 static uint64_t mono_ns(void) {
   struct timespec ts;

@@ -6,7 +6,15 @@
  */
 #include <stdint.h>
 
+#ifndef CM_BENCH_BUILD
+#define CM_BENCH_BUILD "unknown build"
+#endif
+
 uint64_t cm_bench_sum_durations(const uint64_t *start, const uint64_t *stop, uint32_t n);
+const char *cm_bench_build(void);
+
+/* How this library was compiled, printed by lua_vs_c.lua beside its figures. */
+const char *cm_bench_build(void) { return CM_BENCH_BUILD; }
 
 uint64_t cm_bench_sum_durations(const uint64_t *start, const uint64_t *stop, uint32_t n) {
   uint64_t sum = 0;

@@ -17,6 +17,7 @@ local repeats = tonumber(arg[2]) or 20
 
 ffi.cdef [[
 uint64_t cm_bench_sum_durations(const uint64_t *start, const uint64_t *stop, uint32_t n);
+const char *cm_bench_build(void);
 int64_t fake_run_workload(int nthreads, uint64_t per_thread, const int *kinds, int nkinds);
 typedef struct { long tv_sec; long tv_nsec; } lua_vs_c_timespec;
 int clock_gettime(int clk, lua_vs_c_timespec *ts);
@@ -58,7 +59,17 @@ local written = tonumber(fake.fake_run_workload(2, records / 2, kinds, 1))
 cm.flush({ sync = true })
 o:close()
 
+-- The CPU model, from /proc/cpuinfo where there is one.
+local function cpu_model()
+  local f = io.open("/proc/cpuinfo")
+  if not f then return "unknown CPU" end
+  local text = f:read("*a")
+  f:close()
+  return text:match("model name%s*:%s*([^\n]+)") or "unknown CPU"
+end
+
 local per = n_total * repeats
+print(("CPU: %s; C loop: %s"):format(cpu_model(), ffi.string(lib.cm_bench_build())))
 local ratio = t_c / t_lua
 print(("| loop | records x repeats | ns/record | Mrecords/s |"))
 print(("|------|------------------:|----------:|-----------:|"))

@@ -6,10 +6,13 @@ Usage:
                                        With "profiler", the whole run is under torch.profiler and
                                        its kernels are printed as "EXPECT kernel NAME COUNT" lines,
                                        for spec/gpu/compare_torch.py to match against cuptimon.
-  torch_workload.py micro MODE [N]     N (default 20000) tiny in-place adds, one kernel each, timed;
-                                       MODE is none, profiler_cuda or profiler_cpu_cuda. Prints
-                                       "RESULT micro MODE ns_per_op X". Run MODE none under
-                                       cuptimon-lua to measure cuptimon's overhead.
+  torch_workload.py micro MODE [N]     N (default 20000) tiny in-place adds, one kernel each, timed
+                                       after 2000 untimed ones; MODE is none, profiler_cuda or
+                                       profiler_cpu_cuda (the loop inside torch.profiler's context;
+                                       no trace is exported). Prints "RESULT micro MODE ns_per_op X
+                                       cpu_ns_per_op Y", per op: X wall time, Y the CPU time of the
+                                       launching thread (time.thread_time_ns). Run MODE none under
+                                       a tracer to measure the tracer (bench/overhead.py).
 """
 import json
 import os
@@ -72,21 +75,24 @@ def main():
         for _ in range(2000):
             x.add_(1.0)
         torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         for _ in range(n):
             x.add_(1.0)
         torch.cuda.synchronize()
-        return (time.perf_counter() - t0) / n * 1e9
+        return (time.perf_counter_ns() - t0) / n, (time.thread_time_ns() - c0) / n
 
     if sub == "none":
-        ns = loop()
-    else:
-        from torch.profiler import ProfilerActivity
+        ns, cpu = loop()
+    elif sub in ("profiler_cuda", "profiler_cpu_cuda"):
+        from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CUDA]
         if sub == "profiler_cpu_cuda":
             acts.insert(0, ProfilerActivity.CPU)
-        ns, _ = profiled(loop, acts)
-    print("RESULT micro %s ns_per_op %.1f" % (sub, ns))
+        with profile(activities=acts):
+            ns, cpu = loop()
+    else:
+        sys.exit("unknown micro mode %s (none, profiler_cuda, profiler_cpu_cuda)" % sub)
+    print("RESULT micro %s ns_per_op %.1f cpu_ns_per_op %.1f" % (sub, ns, cpu))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,13 @@
 -- count.lua: count the records of each activity kind (the simplest check that tracing works).
 --
--- Usage: cuptimon-lua scripts/count.lua [--kinds k1,k2] [--per-process] -- cmd args...
+-- Usage: cuptimon-lua scripts/count.lua [--kinds k1,k2] [--per-process] [--budget N] -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/count.lua
 --
 -- Arguments:
 --   --kinds LIST      comma-separated kinds to count (default: the common ones)
 --   --per-process     one table per process (pid) as well as the total
+--   --budget N        shed kinds (--shed, in order) of a process above N records per second,
+--                     and say so under the table
 --
 -- Example output:
 --   kind                      records
@@ -16,11 +18,12 @@ local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_budget {
   kinds = { "kernel,memcpy,memcpy2,memset,runtime,driver,synchronization,cuda_event,marker,overhead",
     "comma-separated kinds to count" },
   per_process = { false, "also print the counts of each process" },
 })
+cm.budget_from(opts)
 
 -- One cheap field per kind: the count needs only b.n.
 local sel = {}
@@ -64,4 +67,5 @@ cm.on("exit", function()
     end
   end
   print_table("kind", total)
+  cm.print_shed_notes()
 end)

@@ -11,7 +11,8 @@
 --   --interval MS    also show busy % per stream in buckets of MS milliseconds (default 0: only
 --                    the overall table)
 --
--- One set of tables per process, titled by pid and executable. Kernels, copies and memsets are
+-- One set of tables per process, titled by pid and executable (and rank when its RANK
+-- environment variable is set: "pid 4242 python3 rank 1"). Kernels, copies and memsets are
 -- attributed to (device, stream). Busy is the summed duration of the stream's operations, span
 -- runs from its first start to its last stop, and busy% is busy over span. Times are microseconds
 -- from the first record of the process. Gaps are measured in arrival order: an operation that
@@ -64,6 +65,7 @@ local function process(b, t0)
   if not pr then
     local p = b:process() or {}
     pr = { pid = p.pid or 0, exe = p.exe and p.exe:match("([^/]*)$") or "?", base = t0,
+      rank = p.env and p.env.RANK,
       streams = {}, order = {}, gaps = {}, ring_stop = {}, ring_cbid = {}, ring_n = 0 }
     procs[b.source] = pr
     proc_order[#proc_order + 1] = pr
@@ -166,7 +168,7 @@ local function print_process(pr)
     if a.device ~= b.device then return a.device < b.device end
     return a.stream < b.stream
   end)
-  print(("pid %d %s"):format(pr.pid, pr.exe))
+  print(("pid %d %s%s"):format(pr.pid, pr.exe, pr.rank and " rank " .. pr.rank or ""))
   local t = tabulate.new {
     { "device", "%d", width = 6, align = "right" }, { "stream", "%d", width = 6 },
     { "ops", "%d", width = 7 }, { "span_us", "%.1f", width = 11 },

@@ -8,9 +8,13 @@
 --   --window N               how many API calls and GPU operations per process wait for the
 --                            partner of their flow arrow (default 65536; memory grows with it)
 --
--- What the trace holds, per process (pid = the process's pid, named by its executable):
+-- What the trace holds, per process (pid = the process's pid, named by its executable, and by
+-- its rank when its RANK environment variable is set: "python (rank 1)"):
 --   - kernels, copies and memsets as complete ("X") slices on one track per device and stream,
---     named "GPU D stream S";
+--     named "GPU D stream S"; a process that drives several devices has the work of its first
+--     device there, and that of each other device D (below 64) in a trace process of its own,
+--     "EXE (pid P) GPU D" (its trace pid is P + (D + 1) * 2^22, above any Linux pid), so each
+--     (process, device) pair is one process in the UI;
 --   - CUDA runtime and driver API calls as slices on the track of the thread that made them;
 --   - NVTX ranges (push/pop and start/end) as slices on the thread that opened them, NVTX marks
 --     as instant events;
@@ -57,6 +61,8 @@ if opts.output == "" then args.usage_error("timeline.lua: -o FILE is required (s
 local WINDOW = opts.window -- entries kept per process (per generation) waiting for a partner
 local NAMED = 4096   -- track names remembered (per generation)
 local GPU_TRACK = 2 ^ 31 -- GPU tracks get tids above any Linux thread id
+local PID_SPAN = 2 ^ 22  -- above Linux's largest pid: trace pids of a process's further devices
+local SPLIT_DEVICES = 64 -- devices from this ordinal on stay in their process (bounds the split)
 local MARGIN_NS = 10e9
 
 local out, err = io.open(opts.output, "w")
@@ -130,24 +136,45 @@ local function process(b)
   if pr then return pr end
   local p = b:process() or {}
   local exe = p.exe and p.exe:match("([^/]*)$") or "process"
-  pr = { pid = p.pid or 0, api = window(WINDOW), gpu = window(WINDOW), ranges = window(WINDOW) }
-  -- ranges: id -> start ns, and a table { tid, name, domain }
+  local rank = p.env and p.env.RANK
+  pr = { pid = p.pid or 0, api = window(WINDOW), gpu = window(WINDOW), ranges = window(WINDOW),
+    exe = exe, devices = {} }
+  -- ranges: id -> start ns, and a table { tid, name, domain }; devices: device -> trace pid
   procs[b.source] = pr
   emit(('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}}')
-    :format(pr.pid, jstr(exe)))
+    :format(pr.pid, jstr(rank and ("%s (rank %s)"):format(exe, rank) or exe)))
   return pr
 end
+
+-- The trace pid of the GPU work of process `pr` on device `dev` (see the header); GPU track tids
+-- hold their device, so a waiting operation's tid finds its pid again (gpu_pid).
+local function device_pid(pr, dev)
+  local pid = pr.devices[dev]
+  if pid then return pid end
+  if dev >= SPLIT_DEVICES or dev < 0 then return pr.pid end
+  if next(pr.devices) == nil then
+    pid = pr.pid
+  else
+    pid = pr.pid + (dev + 1) * PID_SPAN
+    emit(('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}}')
+      :format(pid, jstr(("%s (pid %d) GPU %d"):format(pr.exe, pr.pid, dev))))
+  end
+  pr.devices[dev] = pid
+  return pid
+end
+
+local function gpu_pid(pr, tid) return device_pid(pr, math.floor((tid - GPU_TRACK) / 1048576)) end
 
 -- Flow arrows: an API call (ts, tid) and a GPU operation (ts, tid) with the same correlation id
 -- give one "s" and one "f" event with an id of their own (one call can launch several operations).
 local next_flow = 0
-local function flow(pr, api_ts, api_tid, gpu_ts, gpu_tid)
+local function flow(pr, api_ts, api_tid, gpu_ts, to_pid, gpu_tid)
   next_flow = next_flow + 1
   counts.flows = counts.flows + 1
   emit(('{"ph":"s","id":%d,"pid":%d,"tid":%d,"ts":%s,"name":"launch","cat":"flow"}')
     :format(next_flow, pr.pid, api_tid, us(api_ts)))
   emit(('{"ph":"f","bp":"e","id":%d,"pid":%d,"tid":%d,"ts":%s,"name":"launch","cat":"flow"}')
-    :format(next_flow, pr.pid, gpu_tid, us(gpu_ts)))
+    :format(next_flow, to_pid, gpu_tid, us(gpu_ts)))
 end
 
 -- GPU operations: one X slice each, and the flow from its API call when that one is known (else
@@ -161,8 +188,8 @@ local function gpu_observer(kind)
     local start, stop, device, stream, corr = b.start, b.stop, b.device, b.stream, b.correlation
     for j = 0, b.n - 1 do
       local dev, st = tonumber(device[j]), tonumber(stream[j])
-      local tid = GPU_TRACK + dev * 1048576 + st
-      name_track(pr.pid, tid, ("GPU %d stream %d"):format(dev, st))
+      local tid, pid = GPU_TRACK + dev * 1048576 + st, device_pid(pr, dev)
+      name_track(pid, tid, ("GPU %d stream %d"):format(dev, st))
       local name
       if kind == "kernel" then name = b:kernel_name(j)
       elseif kind == "memcpy" then name = memcpy_kinds[tonumber(b.copy_kind[j])] or "Memcpy"
@@ -170,11 +197,11 @@ local function gpu_observer(kind)
       local ts, c = ns(start[j]), tonumber(corr[j])
       emit(('{"ph":"X","cat":"%s","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,'
         .. '"args":{"device":%d,"stream":%d,"correlation":%d}}')
-        :format(kind, jstr(name), pr.pid, tid, us(ts), dur_us(stop[j], start[j]), dev, st, c))
+        :format(kind, jstr(name), pid, tid, us(ts), dur_us(stop[j], start[j]), dev, st, c))
       counts[kind] = counts[kind] + 1
       if c ~= 0 then
         local api_ts, api_tid = wget(pr.api, c)
-        if api_ts then flow(pr, api_ts, api_tid, ts, tid)
+        if api_ts then flow(pr, api_ts, api_tid, ts, pid, tid)
         else wput(pr.gpu, c, ts, tid) end
       end
     end
@@ -222,7 +249,7 @@ local function api_observer(kind)
         if gpu_ts then
           -- Of the call's operations that arrived before it, the last one waits (one per key).
           wdel(pr.gpu, c)
-          flow(pr, ts, tid, gpu_ts, gpu_tid)
+          flow(pr, ts, tid, gpu_ts, gpu_pid(pr, gpu_tid), gpu_tid)
         end
         if not wget(pr.api, c) then wput(pr.api, c, ts, tid) end
       end

@@ -12,8 +12,11 @@
 --                    (default 0: only the final table at exit)
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
+--   --budget N       shed kinds (--shed, in order) of a process above N records per second,
+--                    and say so under the tables
 --
--- One table per process (pid and executable) and device. The columns follow nsys stats'
+-- One table per process (pid and executable, and rank when its RANK environment variable is set:
+-- "pid 4242 (/usr/bin/python3), rank 1, device 1") and device. The columns follow nsys stats'
 -- cuda_gpu_kern_sum, in microseconds: Time (%) is the kernel's share of the summed duration of
 -- all kernels of that process and device (concurrent kernels can make the sum exceed the wall
 -- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
@@ -29,13 +32,14 @@ local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
 })
+cm.budget_from(opts)
 local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
 
 -- group key ("pid:device") -> { title =, pid =, device =, names = stats_by, sketch = { name -> sketch } }
@@ -50,7 +54,8 @@ local function group_of(b, device)
   local g = groups[key]
   if not g then
     g = { pid = pid, device = device, names = agg.stats_by(), sketch = {},
-      title = ("pid %d (%s), device %d"):format(pid, p and p.exe or "?", device) }
+      title = ("pid %d (%s)%s, device %d"):format(pid, p and p.exe or "?",
+        p and p.env and p.env.RANK and ", rank " .. p.env.RANK or "", device) }
     groups[key] = g
   end
   return g
@@ -129,6 +134,7 @@ local function report(deltas)
     if i > 1 then print() end
     print_group(e.key, e.g, deltas)
   end
+  cm.print_shed_notes()
 end
 
 if opts.interval > 0 then

@@ -87,6 +87,40 @@ function M.sh(cmd)
   return rc, (out:gsub("::rc=%d+%s*$", ""))
 end
 
+--- The fake CUDA application (CUPTIMON_FAKE_APP) when it and the agent are built, or nil and
+--- the reason for pending(): `local app, why = helpers.agent_app(); if not app then
+--- pending(why) return end`.
+function M.agent_app()
+  local app = os.getenv("CUPTIMON_FAKE_APP")
+  local f = io.open((os.getenv("CUPTIMON_BUILD_DIR") or "") .. "/libcuptimon-agent.so", "r")
+  if f then f:close() end
+  if not app or not f then
+    return nil, "the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet"
+  end
+  return app
+end
+
+--- A new empty temporary directory; returns its path.
+function M.tmpdir()
+  local dir = os.tmpname()
+  os.remove(dir)
+  assert(os.execute("mkdir -p " .. dir) == 0, "cannot make " .. dir)
+  return dir
+end
+
+--- Records shell command `cmd` with cuptimon-lua --record into a new temporary directory, one
+--- capture per process (PREFIX.<pid>.cmcap, PREFIX "p" by default). Returns the exit status, the
+--- output, the captures as --replay arguments ("--replay a --replay b") and the directory (the
+--- caller removes it).
+function M.record(cmd, prefix)
+  local dir = M.tmpdir()
+  local rc, out = M.sh(("%s --record %s/%s.%%p.cmcap -- %s"):format(M.binary(), dir, prefix or "p",
+    cmd))
+  local caps = {}
+  for path in out:gmatch("recorded (%S+): ") do caps[#caps + 1] = "--replay " .. path end
+  return rc, out, table.concat(caps, " "), dir, #caps
+end
+
 --- The repository's root directory.
 function M.root()
   return os.getenv("CUPTIMON_SOURCE_DIR") or "."

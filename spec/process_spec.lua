@@ -17,17 +17,19 @@ describe("the process table", function()
     local gen = os.getenv("CUPTIMON_WIRE_GEN")
     if not gen then return pending("CUPTIMON_WIRE_GEN is not set (run through ctest)") end
     local cap = os.tmpname()
-    assert.is_true(os.execute(("%s capture %s --pid 111 --records 500 --kinds kernel"):format(gen, cap)) == 0)
+    assert.is_true(os.execute(("%s capture %s --pid 111 --records 500 --kinds kernel --rank 3"):format(gen, cap)) == 0)
     local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, fixture))
     os.remove(cap)
     assert.are.equal(0, rc, out)
     local start, exit = tables(out)
     local ppid = assert(start and start:match(" ppid=(%d+) "), out)
     assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
-      "devices={1={index=0 name=Fake GPU}} exe=/usr/bin/wire_gen host=testhost kind=replay pid=111 " ..
+      "devices={1={index=0 name=Fake GPU}} env={RANK=3 WORLD_SIZE=4} exe=/usr/bin/wire_gen " ..
+      "host=testhost kind=replay pid=111 " ..
       "ppid=" .. ppid .. " source=1}", start)
     assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
       "devices={1={index=0 name=Fake GPU}} dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " ..
+      "env={RANK=3 WORLD_SIZE=4} " ..
       "exe=/usr/bin/wire_gen exit_code=0 host=testhost incomplete=0 kind=replay last_number=1 " ..
       "lost_frames=0 lost_wire=0 message= pid=111 ppid=" .. ppid .. " produced=500 received=500 " ..
       "source=1 stats={batches_queued=1 batches_received=1 records_decoded=500 records_dropped=0 " ..
@@ -48,12 +50,12 @@ describe("the process table", function()
     local host = assert(start:match(" host=(%S+) "), start)
     assert.matches("cuptimon%-lua$", exe)
     local head = ("{argv={1=%s 2=%s 3=one 4=two} devices={}"):format(bin, fixture)
-    local tail = ("exe=%s host=%s kind=inproc pid=%s ppid=%s source=1"):format(exe, host, pid, ppid)
+    local tail = ("env={} exe=%s host=%s kind=inproc pid=%s ppid=%s source=1"):format(exe, host, pid, ppid)
     assert.are.equal(head .. " " .. tail .. "}", start)
     -- The loss fields of the in-process engine: what it decoded (the fence's own sync records
     -- included) reached the script, and nothing was lost.
     local received = assert(exit:match(" received=(%d+) "), exit)
-    local tail2 = ("exe=%s host=%s incomplete=0 kind=inproc last_number=0 lost_frames=0 lost_wire=0 " ..
+    local tail2 = ("env={} exe=%s host=%s incomplete=0 kind=inproc last_number=0 lost_frames=0 lost_wire=0 " ..
       "pid=%s ppid=%s produced=%s received=%s source=1"):format(exe, host, pid, ppid, received, received)
     assert.are.equal(head .. " dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " .. tail2 ..
       " status=detached}", exit)

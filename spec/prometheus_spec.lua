@@ -290,12 +290,9 @@ describe("prometheus.lua", function()
   end)
 
   it("serves a live run of two fake CUDA applications, one series set per pid", function()
-    local app = os.getenv("CUPTIMON_FAKE_APP")
-    local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
-    local f = io.open(build .. "/libcuptimon-agent.so", "r")
-    if f then f:close() end
-    if not app or not f then
-      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
       return
     end
     local e = start({}, { "--", "sh", "-c",

@@ -127,30 +127,22 @@ end)
 -- the real agent: one table (or file, or track) per process, and counts equal to what each
 -- process reports it wrote.
 describe("every recipe on a two-process capture of the fake CUDA app", function()
-  local app = os.getenv("CUPTIMON_FAKE_APP")
-  local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
-
   it("gives each process its own table with exact counts", function()
-    local f = io.open(build .. "/libcuptimon-agent.so", "r")
-    if f then f:close() end
-    if not app or not f then
-      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
       return
     end
-    local dir = os.tmpname()
-    os.remove(dir)
-    assert(os.execute("mkdir -p " .. dir) == 0)
     local cmd = ("sh -c '%s --records 3000 --kinds kernel,runtime,marker & %s --records 2000 --kinds kernel,memcpy,memset; wait'")
       :format(app, app)
-    local rc, out = helpers.sh(("%s --record %s/p.%%p.cmcap -- %s"):format(bin, dir, cmd))
+    local rc, out, caps, dir, ncaps = helpers.record(cmd)
     assert.are.equal(0, rc, out)
-    local written, caps = {}, {}
+    local written = {}
     for pid, k in out:gmatch("fake_cuda_app: pid=(%d+)[^\n]*concurrent_kernel=(%d+)") do
       written[pid] = tonumber(k)
     end
-    for path in out:gmatch("recorded (%S+): ") do caps[#caps + 1] = "--replay " .. path end
-    assert.are.equal(2, #caps, out)
-    local replay = ("%s %s %s/scripts/"):format(bin, table.concat(caps, " "), root)
+    assert.are.equal(2, ncaps, out)
+    local replay = ("%s %s %s/scripts/"):format(bin, caps, root)
     local function recipe(args)
       local rc2, o = helpers.sh(replay .. args)
       assert.are.equal(0, rc2, args .. ": " .. o)

@@ -118,12 +118,26 @@ describe("timeline.lua", function()
     assert.are.equal(3000, r.by_cat.cuda_runtime)
     assert.are.equal(2000, r.by_cat.memcpy)
     local names, trace = process_names(path)
-    assert.are.same({ [111] = "wire_gen", [222] = "wire_gen" }, names)
-    local per_pid = {}
+    -- wire_gen's records name a new device each (device = record index): devices 1..63 of a
+    -- process are trace processes of their own, pid + (device + 1) * 2^22.
+    assert.are.equal("wire_gen", names[111])
+    assert.are.equal("wire_gen", names[222])
+    assert.are.equal("wire_gen (pid 111) GPU 1", names[111 + 2 * 2 ^ 22])
+    assert.are.equal("wire_gen (pid 222) GPU 63", names[222 + 64 * 2 ^ 22])
+    assert.is_nil(names[111 + 65 * 2 ^ 22])
+    local per_pid, split = {}, 0
     for _, e in ipairs(trace.traceEvents) do
-      if e.ph == "X" and e.cat == "kernel" then per_pid[e.pid] = (per_pid[e.pid] or 0) + 1 end
+      if e.ph == "X" and e.cat == "kernel" then
+        local pid = e.pid % 2 ^ 22
+        per_pid[pid] = (per_pid[pid] or 0) + 1
+        if e.pid ~= pid then
+          split = split + 1
+          assert.are.equal(e.args.device, math.floor(e.pid / 2 ^ 22) - 1)
+        end
+      end
     end
     assert.are.same({ [111] = 2000, [222] = 1000 }, per_pid)
+    assert.are.equal(2 * 63, split)
 
     local rc2, idle = helpers.sh(("%s --replay %s --replay %s %s --top 3"):format(bin, a, b, script("idle.lua")))
     assert.are.equal(0, rc2, idle)
@@ -133,12 +147,9 @@ describe("timeline.lua", function()
   end)
 
   it("traces two live fake CUDA applications at once", function()
-    local app = os.getenv("CUPTIMON_FAKE_APP")
-    local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
-    local f = io.open(build .. "/libcuptimon-agent.so", "r")
-    if f then f:close() end
-    if not app or not f then
-      pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
       return
     end
     local path = tmp .. "/live.json"
@@ -151,9 +162,15 @@ describe("timeline.lua", function()
     local names = process_names(path)
     local n = 0
     for pid, name in pairs(names) do
-      n = n + 1
       assert.is_true(pid > 0)
-      assert.are.equal("fake_cuda_app", name)
+      if pid < 2 ^ 22 then
+        n = n + 1
+        assert.are.equal("fake_cuda_app", name)
+      else
+        -- The fake's kernels run on devices 0..3: each further device of a process is a trace
+        -- process of its own.
+        assert.matches(("^fake_cuda_app %%(pid %d%%) GPU [0-3]$"):format(pid % 2 ^ 22), name)
+      end
     end
     assert.are.equal(2, n, out)
     -- Each app prints what it wrote; the trace has a slice per kernel record of both.

@@ -3,7 +3,7 @@
  * synthetic captures, and it plays a minimal agent against a live cuptimon-lua hub.
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
- *                         [--drop-batch K] [--no-end] [--unknown-type T]
+ *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
  *                  [--cupti-dropped N] [--no-end]
@@ -13,6 +13,7 @@
  * stop = start + 500 + (i % 7) * 100 (end, completed likewise), string fields cycle over three
  * names, other fields hold i. Every field of the registry is carried (a capture) or every field
  * of the monitor's SELECT (an agent), so a test can compute exact counts and sums. With
+ * --rank R, HELLO carries RANK=R and WORLD_SIZE=R+1 in its environment list. With
  * --unknown-type T, a capture's string columns are written with cm_type T (one this version does
  * not know; width 4), as a later minor version could.
  *
@@ -53,6 +54,8 @@
 static int kinds[MAXK], nkinds;
 static uint64_t nrec = 1000;
 static uint32_t pid;
+static const char *rank_env[2]; /* --rank: "RANK=R", "WORLD_SIZE=R+1" */
+static char rank_store[2][32];
 static uint64_t drop_batch, cupti_dropped;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
@@ -77,7 +80,7 @@ static void hello(cm_wire_buf *b, const char *token) {
   cm_wire_hello h = {.pid = pid, .ppid = (uint32_t)getppid(), .cupti_version = 130000,
                      .clock_realtime_ns = 1, .clock_cupti_ns = 1, .token = token,
                      .host = "testhost", .exe = "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
-                     .argv = argv, .devices = &dev};
+                     .argv = argv, .devices = &dev, .nenv = rank_env[0] ? 2 : 0, .env = rank_env};
   cm_wire_write_hello(b, &h);
 }
 
@@ -417,6 +420,11 @@ int main(int argc, char **argv) {
   for (; i < argc; i++) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
     if (!strcmp(a, "--pid")) pid = (uint32_t)atoi(v), i++;
+    else if (!strcmp(a, "--rank")) {
+      snprintf(rank_store[0], sizeof rank_store[0], "RANK=%d", atoi(v));
+      snprintf(rank_store[1], sizeof rank_store[1], "WORLD_SIZE=%d", atoi(v) + 1);
+      rank_env[0] = rank_store[0], rank_env[1] = rank_store[1], i++;
+    }
     else if (!strcmp(a, "--records")) nrec = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--kinds")) parse_kinds(v), i++;
     else if (!strcmp(a, "--truncate")) truncate_at = atol(v), i++;

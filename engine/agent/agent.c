@@ -659,6 +659,26 @@ static uint32_t read_cmdline(char **block, const char ***argv) {
   return argc;
 }
 
+/* The environment variables HELLO carries: a distributed job's place of the process (torchrun,
+ * torch.distributed and most launchers set them), so a script can name ranks. A value longer
+ * than ENV_VALUE_MAX bytes is not sent. */
+static const char *const hello_env_names[] = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"};
+enum { ENV_VALUE_MAX = 64, NENV = sizeof hello_env_names / sizeof hello_env_names[0] };
+
+/* Fills `store` with "NAME=VALUE" strings of the names set, `list` with pointers to them; returns
+ * how many. */
+static uint32_t hello_env(char store[][32 + ENV_VALUE_MAX], const char **list) {
+  uint32_t n = 0;
+  for (size_t i = 0; i < NENV; i++) {
+    const char *v = getenv(hello_env_names[i]);
+    if (!v || strlen(v) > ENV_VALUE_MAX) continue;
+    snprintf(store[n], sizeof store[n], "%s=%s", hello_env_names[i], v);
+    list[n] = store[n];
+    n++;
+  }
+  return n;
+}
+
 /* Appends HELLO (with `token`) and SCHEMA to `b`. */
 static int write_hello_schema(cm_wire_buf *b, const char *token) {
   cm_session_info si;
@@ -672,6 +692,9 @@ static int write_hello_schema(cm_wire_buf *b, const char *token) {
   char *block;
   const char **argv;
   uint32_t argc = read_cmdline(&block, &argv);
+  char env_store[NENV][32 + ENV_VALUE_MAX];
+  const char *env[NENV];
+  uint32_t nenv = hello_env(env_store, env);
   uint64_t t0 = cm__realtime_ns();
   uint64_t t1 = cm__realtime_ns();
   cm_wire_hello h = {
@@ -688,6 +711,8 @@ static int write_hello_schema(cm_wire_buf *b, const char *token) {
       .argv = argv,
       .ndevices = 0, /* devices are not queried inside cuInit; DEVICE records carry them */
       .devices = NULL,
+      .nenv = nenv,
+      .env = env,
   };
   int rc = cm_wire_write_hello(b, &h);
   free(argv);

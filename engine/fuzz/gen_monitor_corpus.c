@@ -82,7 +82,9 @@ static void raw_record(cm_wire_buf *out, const char *junk) {
 static void hello(cm_wire_buf *b, uint32_t pid) {
   static const char *const argv[] = {"app", "--train"};
   static const cm_wire_device dev = {0, 1, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16}, "GPU"};
-  cm_wire_hello h = {pid, 1, 130000, 0, 1700000000000000000ull, 1, "", "host", "/bin/app", 2, 1, argv, &dev};
+  static const char *const env[] = {"RANK=0", "WORLD_SIZE=2"};
+  cm_wire_hello h = {pid, 1, 130000, 0, 1700000000000000000ull, 1, "", "host", "/bin/app", 2, 1, argv, &dev,
+                     2, env};
   check(cm_wire_write_hello(b, &h));
 }
 

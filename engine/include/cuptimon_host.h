@@ -133,6 +133,9 @@ typedef struct cm_process_info {
   uint32_t argc;
   const cm_process_device *devices; /* ndevices entries (an empty table when 0) */
   uint32_t ndevices;
+  const char *const *env;    /* nenv "NAME=VALUE" strings: the table's `env` (RANK, LOCAL_RANK,
+                              * WORLD_SIZE, LOCAL_WORLD_SIZE when the agent found them) */
+  uint32_t nenv;
   /* Set only when describing a process that is going away (exiting = 1): */
   const char *status;        /* "exit", "disconnected", "error", "timeout", "detached", ... */
   int has_exit_code;

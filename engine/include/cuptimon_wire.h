@@ -117,7 +117,14 @@ typedef struct cm_wire_hello {
   uint32_t ndevices;
   const char *const *argv;     /* argc strings */
   const cm_wire_device *devices;
+  /* Chosen environment variables of the process as "NAME=VALUE" strings (the agent sends the
+   * distributed job's RANK, LOCAL_RANK, WORLD_SIZE and LOCAL_WORLD_SIZE when set), at most
+   * CM_WIRE_MAX_ENV. Appended after the devices; a HELLO that ends there decodes with nenv 0. */
+  uint32_t nenv;
+  const char *const *env;
 } cm_wire_hello;
+
+enum { CM_WIRE_MAX_ENV = 64 };
 
 typedef struct cm_wire_field {
   uint32_t id;      /* stable field id within the kind */

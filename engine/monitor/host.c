@@ -64,6 +64,7 @@ typedef struct host_observer {
   uint32_t id;
   cm_selection *sel;
   char *spec;
+  int source; /* 0: every source; else only this source (a trigger window's observer) */
 } host_observer;
 
 struct cm_host {
@@ -93,6 +94,7 @@ struct cm_host {
   int in_report;         /* report() is running the script's "error" hooks */
   uint64_t foreign;      /* deliveries refused because they came from another thread */
   uint32_t flush_ms, deliver_ms;
+  const cm__live_ops *live; /* the hub's operations on live agents (host_internal.h), or NULL */
 
   uv_timer_t defer_timer; /* runs deferred requests on the next iteration */
   uv_timer_t exit_timer;  /* runs a requested shutdown on the next iteration */
@@ -274,7 +276,7 @@ static void remember_gone(cm_host *h, cm_source *s) {
 }
 
 /* Pushes the process table of source `s`: source, pid and kind, then what the source's describe
- * filled in (host, ppid, exe, argv, devices; status and stats at exit). The same shape for every
+ * filled in (host, ppid, exe, argv, devices, env; status and stats at exit). The same shape for every
  * kind of source, so a script never needs to know where its batches come from. */
 static void push_process(cm_host *h, cm_source *s, int exiting) {
   lua_State *L = h->L;
@@ -324,6 +326,15 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
       lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "devices");
+    lua_createtable(L, 0, (int)info.nenv);
+    for (uint32_t i = 0; i < info.nenv; i++) {
+      const char *eq = info.env[i] ? strchr(info.env[i], '=') : NULL;
+      if (!eq || eq == info.env[i]) continue; /* not NAME=VALUE: skipped */
+      lua_pushlstring(L, info.env[i], (size_t)(eq - info.env[i]));
+      lua_pushstring(L, eq + 1);
+      lua_rawset(L, -3);
+    }
+    lua_setfield(L, -2, "env");
     if (info.status) {
       lua_pushstring(L, info.status);
       lua_setfield(L, -2, "status");
@@ -380,6 +391,7 @@ int cm_host_add_source(cm_host *h, cm_source *s) {
   h->sources[h->nsources++] = s;
   if (h->flush_ms || h->deliver_ms) s->vt->configure(s, h->flush_ms, h->deliver_ms);
   for (int i = 0; i < h->nobs; i++) {
+    if (h->obs[i].source) continue; /* bound to another source */
     int rc = s->vt->observe(s, h->obs[i].id, h->obs[i].sel, h->obs[i].spec);
     if (rc) {
       lua_pushfstring(h->L, "source %d (%s) refused observer %d: %s", s->id, s->vt->name,
@@ -432,6 +444,7 @@ int cm_host_each_observer(cm_host *h,
                           void *ud) {
   if (!h || !fn) return CM_EINVAL;
   for (int i = 0; i < h->nobs; i++) {
+    if (h->obs[i].source) continue; /* bound to one source: never part of a new one's answer */
     int rc = fn(ud, h->obs[i].id, h->obs[i].sel, h->obs[i].spec);
     if (rc) return rc;
   }
@@ -534,10 +547,21 @@ static int core_host_ptr(lua_State *L) {
   return 1;
 }
 
-/* observe(spec) -> id | nil, err, name. The Lua side has already validated the selection. */
+/* The source with id `id`, or NULL. */
+static cm_source *find_source(cm_host *h, int id) {
+  for (int i = 0; i < h->nsources; i++)
+    if (h->sources[i]->id == id) return h->sources[i];
+  return NULL;
+}
+
+/* observe(spec[, source]) -> id | nil, err, name. The Lua side has already validated the
+ * selection. With `source`, the observer applies to that source only (a trigger window's). */
 static int core_observe(lua_State *L) {
   cm_host *h = core_host(L);
   const char *spec = luaL_checkstring(L, 1);
+  int only = (int)luaL_optinteger(L, 2, 0);
+  if (only && !(h->flags & CM_HOST_CHECK) && !find_source(h, only))
+    return push_fail(L, CM_ENOENT, "no such source (the process has ended)");
   cm_selection *sel;
   int rc = cm_selection_new(&sel);
   if (rc) return push_fail(L, rc, cm_errmsg());
@@ -571,13 +595,16 @@ static int core_observe(lua_State *L) {
   o->id = ++h->next_obs;
   o->sel = sel;
   o->spec = strdup(spec);
+  o->source = only;
   for (int i = 0; i < h->nsources; i++) {
     cm_source *s = h->sources[i];
+    if (only && s->id != only) continue;
     rc = s->vt->observe(s, o->id, sel, spec);
     if (rc) {
       char detail[512];
       snprintf(detail, sizeof detail, "%s", cm_errmsg());
-      for (int j = 0; j < i; j++) h->sources[j]->vt->unobserve(h->sources[j], o->id);
+      for (int j = 0; j < i; j++)
+        if (!only) h->sources[j]->vt->unobserve(h->sources[j], o->id);
       o = &h->obs[h->nobs - 1]; /* a delivery above cannot grow the table, but be exact */
       cm_selection_free(o->sel);
       free(o->spec);
@@ -626,6 +653,111 @@ static void flush_one_done(void *ud, int status) {
     fire_event(h, "flush_done", 2);
   }
   free(w);
+}
+
+void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops) {
+  if (h) h->live = ops;
+}
+
+/* The source `id` as a live agent for a live operation, or NULL after pushing nil, err, name. */
+static cm_source *live_source(lua_State *L, cm_host *h, int id, int *nret) {
+  cm_source *s = find_source(h, id);
+  if (!s) *nret = push_fail(L, CM_ENOENT, "no such source (the process has ended)");
+  else if (!h->live) *nret = push_fail(L, CM_ESTATE, "only live processes (`-- cmd`) can be reconfigured");
+  return *nret ? NULL : s;
+}
+
+/* nil, err, name for a live operation that failed with `rc`. */
+static int live_fail(lua_State *L, int rc) {
+  const char *detail = rc == CM_ESTATE  ? "the source is not a live agent (a replay, or the process ended)"
+                       : rc == CM_EBUSY ? "a trigger window is already open in this process"
+                       : rc == CM_EIO   ? "cannot create the capture (see the message above)"
+                                        : NULL;
+  return push_fail(L, rc, detail);
+}
+
+/* shed(source, kinds_mask_low32, kinds_mask_high32) -> true | nil, err, name. */
+static int core_shed(lua_State *L) {
+  cm_host *h = core_host(L);
+  int nret = 0;
+  cm_source *s = live_source(L, h, (int)luaL_checkinteger(L, 1), &nret);
+  if (!s) return nret;
+  uint64_t mask = (uint64_t)(uint32_t)luaL_checkinteger(L, 2) |
+                  (uint64_t)(uint32_t)luaL_checkinteger(L, 3) << 32;
+  int rc = h->live->shed(s, mask);
+  if (rc) return live_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+typedef struct window_wait {
+  cm_host *h;
+  int token;
+} window_wait;
+
+/* A window closed: the "window_done" event gets its token and a table of what it held. */
+static void window_one_done(void *ud, const cm__window_result *r) {
+  window_wait *w = ud;
+  cm_host *h = w->h;
+  lua_State *L = h->L;
+  lua_pushinteger(L, w->token);
+  lua_createtable(L, 0, 8);
+  if (r->status) {
+    lua_pushfstring(L, "%s: %s", cm_err_name(r->status), cm_strerror(r->status));
+    lua_setfield(L, -2, "error");
+  }
+  if (r->path) {
+    lua_pushstring(L, r->path);
+    lua_setfield(L, -2, "file");
+  }
+  lua_pushnumber(L, (lua_Number)r->records);
+  lua_setfield(L, -2, "records");
+  lua_pushnumber(L, (lua_Number)r->batches);
+  lua_setfield(L, -2, "batches");
+  lua_pushnumber(L, (lua_Number)r->dropped);
+  lua_setfield(L, -2, "dropped");
+  lua_newtable(L);
+  for (int k = 0; k < CM_KIND_MAX; k++) {
+    if (!r->by_kind[k]) continue;
+    lua_pushnumber(L, (lua_Number)r->by_kind[k]);
+    lua_rawseti(L, -2, k);
+  }
+  lua_setfield(L, -2, "by_kind");
+  free(w);
+  fire_event(h, "window_done", 2);
+}
+
+/* window_begin(source, path|nil, force, token) -> true | nil, err, name. */
+static int core_window_begin(lua_State *L) {
+  cm_host *h = core_host(L);
+  int nret = 0;
+  cm_source *s = live_source(L, h, (int)luaL_checkinteger(L, 1), &nret);
+  if (!s) return nret;
+  const char *path = luaL_optstring(L, 2, NULL);
+  int force = lua_toboolean(L, 3);
+  window_wait *w = calloc(1, sizeof *w);
+  if (!w) return push_fail(L, CM_ENOMEM, NULL);
+  w->h = h;
+  w->token = (int)luaL_checkinteger(L, 4);
+  int rc = h->live->window_begin(s, path, force, window_one_done, w);
+  if (rc) {
+    free(w);
+    return live_fail(L, rc);
+  }
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
+/* window_end(source) -> true | nil, err, name. */
+static int core_window_end(lua_State *L) {
+  cm_host *h = core_host(L);
+  int nret = 0;
+  cm_source *s = live_source(L, h, (int)luaL_checkinteger(L, 1), &nret);
+  if (!s) return nret;
+  int rc = h->live->window_end(s);
+  if (rc) return live_fail(L, rc);
+  lua_pushboolean(L, 1);
+  return 1;
 }
 
 /* flush(sync, timeout_ms, token) -> true | nil, err. Runs the sources' flushes; the "flush_done"
@@ -905,6 +1037,9 @@ static const luaL_Reg core_funcs[] = {
     {"host", core_host_ptr},
     {"observe", core_observe},
     {"unobserve", core_unobserve},
+    {"shed", core_shed},
+    {"window_begin", core_window_begin},
+    {"window_end", core_window_end},
     {"flush", core_flush},
     {"configure", core_configure},
     {"in_dispatch", core_in_dispatch},

@@ -21,6 +21,35 @@ void cm__host_error(cm_host *h, const char *where, const char *msg);
 /* The cadences the script asked for with cuptimon.configure (0 when it did not). */
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms);
 
+/* What a trigger window (cm.window) held when it closed; the arrays and strings are valid during
+ * the done call only. status: 0, or a CM_E* code when a fence failed or the process ended first
+ * (the counts are then what arrived). */
+typedef struct cm__window_result {
+  int status;
+  const char *path;        /* the capture written, or NULL */
+  uint64_t records, batches, frames;
+  uint64_t dropped;        /* records the process lost during the window */
+  const uint64_t *by_kind; /* CM_KIND_MAX counts, by kind value */
+} cm__window_result;
+typedef void (*cm__window_done_fn)(void *ud, const cm__window_result *r);
+
+/* Operations on live agents that only the hub can do (hub.c installs them; an embedding host
+ * without a hub has none). Each returns 0 or a CM_E* code; CM_ENOTSUP for a source that is not
+ * a live agent. */
+typedef struct cm__live_ops {
+  /* Stops tracing the kinds whose bits are set in `kinds` (1 << kind value) in process `s`,
+   * whatever the observers select, and traces the others again: a new SELECT when it changes. */
+  int (*shed)(cm_source *s, uint64_t kinds);
+  /* Opens a window on `s`: a sync FLUSH fences it, and the frames after that fence are counted
+   * (and, when `path` is not NULL, written to a new capture named by the --record rules) until
+   * window_end's fence. done runs exactly once, when the window closes or the process ends. */
+  int (*window_begin)(cm_source *s, const char *path, int force, cm__window_done_fn done, void *ud);
+  /* Closes the window of `s` with a second sync FLUSH; done runs when it completes. */
+  int (*window_end)(cm_source *s);
+} cm__live_ops;
+/* Installs the live operations (NULL removes them). */
+void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops);
+
 struct cm__apicb;
 
 /* Subscriber callbacks (apicb.h): events are waiting; the host takes them into Lua (the script's

@@ -73,6 +73,7 @@
 
 #include "attach.h"
 #include "gate.h"
+#include "host_internal.h"
 #include "hub.h"
 #include "record.h"
 #include "supervise.h"
@@ -86,6 +87,26 @@ typedef struct pending_flush {
 
 enum { CONN_ACTIVE = 1, CONN_CLOSING };
 
+/* A trigger window (cm.window) on one process: opened by a sync FLUSH, so that everything traced
+ * before it arrived ahead of its FLUSH_DONE; the frames after that FLUSH_DONE are counted, and
+ * written to a capture of their own, until the FLUSH_DONE of the closing FLUSH. The capture is a
+ * complete one: the HELLO, the schema and string table known when the window opened, the
+ * window's BATCH frames renumbered from 1, its own SCHEMA and STRINGS frames, then a STATS with
+ * the window's counts and a BYE, so a replay accounts for every record and reports no loss. */
+typedef struct window {
+  int opened, closing;
+  int status;             /* the first failure, or 0 */
+  cm__record *rec;        /* the capture's recorder (record.c), NULL without a file */
+  cm__capture *cap;
+  uint32_t number;        /* BATCH frames written */
+  uint64_t batches, records;
+  uint64_t by_kind[CM_KIND_MAX];
+  cm_loss loss0;          /* the process's losses when the window opened */
+  cm__window_done_fn done;
+  void *ud;
+  cm_wire_batch wb;       /* decode space (large: kept off the stack) */
+} window;
+
 typedef struct conn {
   cm__wsrc w;          /* first: the host's cm_source is w.base */
   uv_pipe_t pipe;
@@ -97,6 +118,9 @@ typedef struct conn {
   pending_flush *flushes;
   int nflush, cap_flush;
   cm__capture *cap;    /* --record */
+  window *win;         /* the open trigger window, or NULL */
+  uint8_t *hello;      /* a copy of the HELLO payload, for a window's capture */
+  cm_wire_frame hello_frame;
   pid_t kpid;          /* the peer's pid, from the kernel (SO_PEERCRED) */
   char *sent_select;   /* the SELECT the gate answered the HELLO with */
   uint32_t sent_flush_ms, sent_deliver_ms;
@@ -388,15 +412,20 @@ static void conn_closed(uv_handle_t *hd) {
   cm_wire_reader_free(c->r);
   free(c->flushes);
   free(c->sent_select);
+  free(c->hello);
   free(c);
   if (hb->attach && !hb->attach_all && !hb->conns && !hb->detach_pending) finish(hb);
   maybe_finish(hb);
 }
 
-/* Closes the pipe; pending flushes complete with CM_EIO. Idempotent. */
+static void window_finish(conn *c, int status);
+
+/* Closes the pipe; pending flushes complete with CM_EIO, and an open window ends with what it
+ * received (complete when the process said BYE). Idempotent. */
 static void conn_close(conn *c) {
   c->state = CONN_CLOSING;
   while (c->nflush) flush_complete(c, 0, CM_EIO);
+  if (c->win) window_finish(c, c->w.end == CM__END_BYE ? 0 : CM_EIO);
   if (!uv_is_closing((uv_handle_t *)&c->pipe)) uv_close((uv_handle_t *)&c->pipe, conn_closed);
 }
 
@@ -456,6 +485,14 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
     c->cap = cm__record_open(hb->rec, (uint32_t)c->kpid, &hl);
     cm_wire_hello_release(&hl);
   }
+  free(c->hello);
+  c->hello = malloc(f->len ? f->len : 8);
+  if (c->hello) {
+    memcpy(c->hello, f->payload, f->len);
+    c->hello_frame = *f;
+    c->hello_frame.payload = c->hello;
+    c->hello_frame.reader = NULL;
+  }
   hb->attached_any = 1;
   if (c->outward) {
     /* The gate's part of the handshake, done here: the agent waits on its listener thread. */
@@ -513,6 +550,147 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
   }
 }
 
+/* ---- trigger windows ------------------------------------------------------------------------ */
+
+/* The live connection whose source is `s`, or NULL (a replay, the in-process engine, an ended
+ * process). */
+static conn *conn_of(cm_source *s) {
+  if (!g_hub) return NULL;
+  for (conn *c = g_hub->conns; c; c = c->next)
+    if (&c->w.base == s) return c->state == CONN_ACTIVE && c->w.attached ? c : NULL;
+  return NULL;
+}
+
+static int live_shed(cm_source *s, uint64_t kinds) {
+  conn *c = conn_of(s);
+  if (!c) return CM_ESTATE;
+  cm__wsrc_set_shed(&c->w, kinds);
+  return 0;
+}
+
+/* A frame of the window's interval: counted, and written to its capture. The process's own
+ * STATS and BYE are left out (their counts cover the whole process; the window writes its own). */
+static void window_frame(conn *c, const cm_wire_frame *f) {
+  window *win = c->win;
+  if (f->type == CM_WIRE_BATCH) {
+    if (cm_wire_decode_batch(f, NULL, &win->wb)) return; /* cm__wsrc_frame accepted it already */
+    const cm_batch *b = &win->wb.batch;
+    win->batches++;
+    win->records += b->n;
+    if (b->kind >= 0 && b->kind < CM_KIND_MAX) win->by_kind[b->kind] += b->n;
+    if (win->cap) {
+      cm_wire_buf buf;
+      cm_wire_buf_init(&buf);
+      if (cm_wire_write_batch_numbered(&buf, b, ++win->number) == 0)
+        cm__record_bytes(win->cap, &buf, 1);
+      else if (!win->status)
+        win->status = CM_ENOMEM;
+      cm_wire_buf_free(&buf);
+    }
+  } else if (f->type == CM_WIRE_SCHEMA || f->type == CM_WIRE_STRINGS) {
+    cm__record_frame(win->cap, f);
+  }
+}
+
+/* The opening fence completed: the frames from here on are the window's. */
+static void window_opened(void *ud, int status) {
+  conn *c = ud;
+  window *win = c->win;
+  if (!win || win->opened) return;
+  if (status && !win->status) win->status = status;
+  win->opened = 1;
+  cm__wsrc_loss(&c->w, &win->loss0);
+  if (win->cap) {
+    cm_wire_buf buf;
+    cm_wire_buf_init(&buf);
+    int rc = cm__wsrc_write_state(&c->w, &buf);
+    if (rc && !win->status) win->status = rc;
+    cm__record_bytes(win->cap, &buf, (uint64_t)(c->w.nkinds > 0) + (uint64_t)(c->w.nstr > 0));
+    cm_wire_buf_free(&buf);
+  }
+}
+
+/* Ends the window: its capture gets the window's STATS and a BYE, and done gets the counts. */
+static void window_finish(conn *c, int status) {
+  window *win = c->win;
+  if (!win) return;
+  c->win = NULL;
+  if (status && !win->status) win->status = status;
+  cm_loss now;
+  cm__wsrc_loss(&c->w, &now);
+  uint64_t d_cupti = now.dropped_cupti - win->loss0.dropped_cupti;
+  uint64_t d_agent = now.dropped_agent - win->loss0.dropped_agent;
+  uint64_t d_exit = now.dropped_exit - win->loss0.dropped_exit;
+  if (!win->opened) d_cupti = d_agent = d_exit = 0;
+  char *path = NULL;
+  if (win->cap) {
+    cm_wire_kv kv[] = {{"records_queued", win->records}, {"batches_queued", win->batches},
+                       {"records_dropped", d_cupti},     {"records_dropped_agent", d_agent},
+                       {"records_dropped_exit", d_exit}};
+    cm_wire_buf buf;
+    cm_wire_buf_init(&buf);
+    int rc = cm_wire_write_stats(&buf, kv, sizeof kv / sizeof kv[0]);
+    if (!rc) rc = cm_wire_write_bye(&buf, CM_WIRE_BYE_DETACH, -1, "the trigger window ended");
+    if (rc && !win->status) win->status = rc;
+    cm__record_bytes(win->cap, &buf, 2);
+    cm_wire_buf_free(&buf);
+    path = strdup(cm__record_path(win->cap));
+    cm__record_close(win->rec, win->cap, win->batches, win->records, d_cupti + d_agent + d_exit, 0);
+    if (cm__record_failures(win->rec) && !win->status) win->status = CM_EIO;
+    cm__record_free(win->rec, 0);
+  }
+  cm__window_result r = {.status = win->status, .path = path, .records = win->records,
+                         .batches = win->batches, .frames = win->number,
+                         .dropped = d_cupti + d_agent + d_exit, .by_kind = win->by_kind};
+  cm__window_done_fn done = win->done;
+  void *ud = win->ud;
+  free(win);
+  done(ud, &r); /* runs Lua: last */
+  free(path);
+}
+
+static void window_closed(void *ud, int status) { window_finish(ud, status); }
+
+static int live_window_begin(cm_source *s, const char *path, int force, cm__window_done_fn done,
+                             void *ud) {
+  conn *c = conn_of(s);
+  if (!c) return CM_ESTATE;
+  if (c->win) return CM_EBUSY;
+  window *win = calloc(1, sizeof *win);
+  if (!win) return CM_ENOMEM;
+  if (path) {
+    cm_wire_hello hl;
+    int rc = cm__record_new(&win->rec, path, force);
+    if (!rc && (!c->hello || cm_wire_decode_hello(&c->hello_frame, &hl))) rc = CM_EIO;
+    if (!rc) {
+      win->cap = cm__record_open(win->rec, (uint32_t)c->kpid, &hl);
+      cm_wire_hello_release(&hl);
+      if (!win->cap) rc = CM_EIO;
+    }
+    if (rc) {
+      cm__record_free(win->rec, 0);
+      free(win);
+      return rc;
+    }
+  }
+  win->done = done;
+  win->ud = ud;
+  c->win = win;
+  return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_opened, c);
+}
+
+static int live_window_end(cm_source *s) {
+  conn *c = conn_of(s);
+  if (!c || !c->win) return CM_ENOENT;
+  if (c->win->closing) return 0;
+  c->win->closing = 1;
+  return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_closed, c);
+}
+
+static const cm__live_ops live_ops = {
+    .shed = live_shed, .window_begin = live_window_begin, .window_end = live_window_end,
+};
+
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
   if (!c->w.have_hello && c->outward && f->type == CM_WIRE_BYE) {
     /* A dormant agent's refusal (another monitor is attached, or it is exiting). */
@@ -555,6 +733,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
     conn_end(c, CM__END_ERROR);
     return;
   }
+  if (c->win && c->win->opened) window_frame(c, f);
   if (f->type == CM_WIRE_BYE) conn_end(c, CM__END_BYE);
 }
 
@@ -966,6 +1145,7 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   g_hub = hb;
   hb->host = h;
   hb->loop = loop;
+  cm__host_set_live_ops(h, &live_ops);
   hb->listen_fd = -1;
   uv_timer_init(loop, &hb->spawn_timer);
   uv_timer_init(loop, &hb->drain_timer);
@@ -1160,6 +1340,7 @@ void cm__hub_free(void) {
   if (hb->dir[0]) rmdir(hb->dir);
   cm_selection_free(hb->extra);
   free(hb->tried);
+  cm__host_set_live_ops(hb->host, NULL);
   free(hb);
   g_hub = NULL;
 }

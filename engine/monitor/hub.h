@@ -94,6 +94,8 @@ struct cm__wsrc {
   char **dev_names;
   uint32_t *dev_index;
   uint32_t ndevices;
+  char **env;           /* "NAME=VALUE" strings from HELLO */
+  uint32_t nenv;
   uint32_t cupti_version;
 
   /* Peer-chosen keys (kind ids, string ids, counter names) are looked up in hash tables with a
@@ -129,6 +131,7 @@ struct cm__wsrc {
   int nobs, cap_obs;
   char *union_spec;     /* the last union sent (or computed) */
   const cm_selection *extra; /* the hub's --select, may be NULL */
+  uint64_t shed;        /* kinds (1 << kind value) left out of the union: a budget shed them */
 
   /* Counters of what reached us. */
   uint64_t frames, batches, records, bytes;
@@ -164,6 +167,12 @@ void cm__wsrc_detach(cm__wsrc *w);
 /* The union of the observers' selections (and the extra), in cm_selection_parse's text form;
  * the caller frees it. "" when nothing is selected. */
 char *cm__wsrc_union(cm__wsrc *w);
+/* Appends what a capture that starts now needs to read the frames that follow: one SCHEMA of
+ * every kind known so far and one STRINGS of the whole string table. Returns 0 or a CM_E* code. */
+int cm__wsrc_write_state(const cm__wsrc *w, cm_wire_buf *b);
+/* Sets the kinds left out of the union whatever the observers select (a record-rate budget
+ * shedding them) and sends the new union when it changed. */
+void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds);
 /* The smallest value of the kind's "start" (or "timestamp") column of a batch frame, for the
  * replay's merge; UINT64_MAX when the batch has none. */
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);

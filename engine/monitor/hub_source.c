@@ -259,6 +259,35 @@ static int ws_unobserve(cm_source *s, uint32_t obs) {
   return CM_ENOENT;
 }
 
+int cm__wsrc_write_state(const cm__wsrc *w, cm_wire_buf *b) {
+  int rc = 0;
+  if (w->nkinds) {
+    cm_wire_kind *ks = calloc(w->nkinds, sizeof *ks);
+    if (!ks) return CM_ENOMEM;
+    for (uint32_t i = 0; i < w->nkinds; i++)
+      ks[i] = (cm_wire_kind){.kind = w->kinds[i].kind, .nfields = w->kinds[i].nfields,
+                             .name = w->kinds[i].name, .fields = w->kinds[i].fields};
+    cm_wire_schema sc = {.nkinds = w->nkinds, .kinds = ks};
+    rc = cm_wire_write_schema(b, &sc);
+    free(ks);
+  }
+  if (!rc && w->nstr) {
+    cm_wire_string *es = calloc(w->nstr, sizeof *es);
+    if (!es) return CM_ENOMEM;
+    uint32_t n = 0;
+    for (uint64_t i = 0; i < ((uint64_t)1 << w->str_bits) && n < w->nstr; i++)
+      if (w->str[i].id) es[n++] = (cm_wire_string){w->str[i].id, w->str[i].len, w->str[i].bytes};
+    rc = cm_wire_write_strings(b, es, n);
+    free(es);
+  }
+  return rc;
+}
+
+void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds) {
+  w->shed = kinds;
+  if (w->ops->select && w->attached) publish_union(w);
+}
+
 static int ws_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud) {
   cm__wsrc *w = (cm__wsrc *)s;
   if (w->ops->flush) return w->ops->flush(w, mode, timeout_ms, done, ud);
@@ -345,6 +374,8 @@ static void ws_describe(cm_source *s, cm_process_info *out, int exiting) {
   }
   out->argv = (const char *const *)w->argv;
   out->argc = w->argc;
+  out->env = (const char *const *)w->env;
+  out->nenv = w->nenv;
   free(w->desc_devices);
   w->desc_devices = w->ndevices ? calloc(w->ndevices, sizeof *w->desc_devices) : NULL;
   if (w->desc_devices) {
@@ -423,10 +454,12 @@ static void free_hello(cm__wsrc *w) {
   for (uint32_t i = 0; i < w->ndevices; i++) free(w->dev_names[i]);
   free(w->dev_names);
   free(w->dev_index);
+  for (uint32_t i = 0; i < w->nenv; i++) free(w->env[i]);
+  free(w->env);
   w->host = w->exe = NULL;
-  w->argv = w->dev_names = NULL;
+  w->argv = w->dev_names = w->env = NULL;
   w->dev_index = NULL;
-  w->argc = w->ndevices = 0;
+  w->argc = w->ndevices = w->nenv = 0;
 }
 
 static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
@@ -447,7 +480,8 @@ static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   w->argv = calloc(hl.argc + 1, sizeof *w->argv);
   w->dev_names = calloc(hl.ndevices + 1, sizeof *w->dev_names);
   w->dev_index = calloc(hl.ndevices + 1, sizeof *w->dev_index);
-  if (!w->argv || !w->dev_names || !w->dev_index) {
+  w->env = calloc(hl.nenv + 1, sizeof *w->env);
+  if (!w->argv || !w->dev_names || !w->dev_index || !w->env) {
     cm_wire_hello_release(&hl);
     snprintf(err, errlen, "out of memory");
     return CM_ENOMEM;
@@ -458,6 +492,7 @@ static int on_hello(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     w->dev_index[i] = hl.devices[i].index;
     w->ndevices++;
   }
+  for (uint32_t i = 0; i < hl.nenv; i++) w->env[w->nenv++] = xstrdup(hl.env[i]);
   cm_wire_hello_release(&hl);
   return 0;
 }
@@ -811,6 +846,7 @@ char *cm__wsrc_union(cm__wsrc *w) {
   if (sb_add(&s, &len, &cap, "")) return NULL;
   for (int ki = 0; ki < cm_kind_count(); ki++) {
     int kind = cm_kind_at(ki);
+    if (kind >= 0 && kind < CM_KIND_MAX && (w->shed >> kind & 1)) continue; /* shed by a budget */
     int nf = cm_field_count(kind);
     int first = 1;
     for (int fid = 0; fid < nf; fid++) {

@@ -187,6 +187,14 @@ void cm__record_frame(cm__capture *c, const cm_wire_frame *f) {
   c->frames++;
 }
 
+void cm__record_bytes(cm__capture *c, const cm_wire_buf *b, uint64_t frames) {
+  if (!c || !b->len) return;
+  fwrite(b->data, 1, b->len, c->fp);
+  c->frames += frames;
+}
+
+const char *cm__record_path(const cm__capture *c) { return c ? c->path : NULL; }
+
 void cm__record_close(cm__record *r, cm__capture *c, uint64_t batches, uint64_t records,
                       uint64_t dropped, int incomplete) {
   if (!c) return;

@@ -34,6 +34,10 @@ int cm__record_new(cm__record **out, const char *tmpl, int force);
 cm__capture *cm__record_open(cm__record *r, uint32_t pid, const cm_wire_hello *hello);
 /* Appends one verified frame as received (FLUSH_DONE frames are not recorded). */
 void cm__record_frame(cm__capture *c, const cm_wire_frame *f);
+/* Appends `frames` whole frames the monitor encoded itself (a trigger window's). */
+void cm__record_bytes(cm__capture *c, const cm_wire_buf *b, uint64_t frames);
+/* The capture's file name. */
+const char *cm__record_path(const cm__capture *c);
 /* Closes a capture and keeps its summary line: `dropped` records lost wherever they were lost;
  * `incomplete` when the process's final counts never arrived (more may be lost). */
 void cm__record_close(cm__record *r, cm__capture *c, uint64_t batches, uint64_t records,

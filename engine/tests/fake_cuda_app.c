@@ -25,7 +25,17 @@
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
  *          --control PATH (windows on request, above)
  *          --crash (abort() after the workload: no atexit handlers run)
- *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run).
+ *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
+ *          --slow-round R (in round R, from 1, the kernels named --slow-kernel, default vectorAdd,
+ *          last --slow-factor times longer, default 20: a kernel made slow on purpose).
+ *
+ * Training steps, for the ranks recipe: --steps N replaces the workload by N steps, each an NVTX
+ * range "step" (markers) around a compute kernel "fake_train_kernel" and a communication kernel
+ * "ncclDevKernel_AllReduce_Sum_f32_RING_LL", on device --device D. A step lasts --step-us U
+ * (default 2000) plus --extra-us E (the process's own slowness, added to the compute kernel) plus
+ * --wait-us W (time spent waiting for the other ranks, added to the communication kernel), with
+ * timestamps from the fake clock; --pause-ms P sleeps between steps. The line then reports
+ * steps=N and the kernels written.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -74,6 +84,8 @@ typedef struct producer {
   int nkinds;
   uint64_t written[64];
   int failed;
+  const char *slow_kernel; /* NULL, or the kernel made slow this round */
+  uint64_t slow_factor;
 } producer;
 
 static void *produce(void *arg) {
@@ -86,15 +98,18 @@ static void *produce(void *arg) {
       p->failed = 1;
       return NULL;
     }
+    if (p->slow_kernel) fake_stretch_kernel(buf, p->slow_kernel, p->slow_factor);
     if (fake_emit(buf, sz, 0) == 0) p->written[kind]++;
   }
   return NULL;
 }
 
-/* One round: `records` records over `threads` producers; adds what was written to per_kind and
- * *total. Returns 0, or 3 (the app's failure status). */
+/* One round: `records` records over `threads` producers, with `slow_kernel` (NULL: none) made
+ * slow_factor times longer; adds what was written to per_kind and *total. Returns 0, or 3 (the
+ * app's failure status). */
 static int run_round(uint64_t records, int threads, const int *kinds, int nkinds,
-                     uint64_t *per_kind, uint64_t *total) {
+                     const char *slow_kernel, uint64_t slow_factor, uint64_t *per_kind,
+                     uint64_t *total) {
   producer *ps = calloc((size_t)threads, sizeof *ps);
   if (!ps) return 3;
   for (int t = 0; t < threads; t++) {
@@ -102,6 +117,8 @@ static int run_round(uint64_t records, int threads, const int *kinds, int nkinds
     ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
     ps[t].kinds = kinds;
     ps[t].nkinds = nkinds;
+    ps[t].slow_kernel = slow_kernel;
+    ps[t].slow_factor = slow_factor;
     if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
       fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
       return 3;
@@ -127,7 +144,7 @@ static int serve_windows(const char *path, int threads, const int *kinds, int nk
   long long n;
   while ((n = cm_window_next(path)) >= 0) {
     uint64_t before = *total;
-    int rc = run_round((uint64_t)n, threads, kinds, nkinds, per_kind, total);
+    int rc = run_round((uint64_t)n, threads, kinds, nkinds, NULL, 0, per_kind, total);
     if (rc) return rc;
     char line[96];
     snprintf(line, sizeof line, "written=%llu total=%llu\n", (unsigned long long)(*total - before),
@@ -145,15 +162,52 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--control PATH]\n");
+                  "[--pause-ms P] [--linger-ms L] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--slow-factor F] [--slow-kernel NAME]\n"
+                  "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
+                  "[--device D] [--pause-ms P]\n"
+                  "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
+}
+
+/* Writes one record; counts it in *written when the fake took it. */
+static void emit(const void *rec, size_t size, uint64_t *written) {
+  if (fake_emit(rec, size, 0) == 0) (*written)++;
+}
+
+/* The --steps workload (see the header); returns the kernels written. The compute kernel takes
+ * half of the step's base length plus `extra`, the communication kernel a fifth plus `wait`. */
+static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64_t wait_ns,
+                          uint32_t device, int pause_ms, uint64_t *markers) {
+  uint64_t buf[32], kernels = 0;
+  uint64_t t = fake_now();
+  const uint32_t tid = 100;
+  for (int i = 0; i < steps; i++) {
+    if (i && pause_ms) usleep((useconds_t)pause_ms * 1000);
+    uint64_t k0 = t + step_ns / 10, k1 = k0 + step_ns / 2 + extra_ns;
+    uint64_t c0 = k1 + step_ns / 20, c1 = c0 + step_ns / 5 + wait_ns;
+    uint64_t end = t + step_ns + extra_ns + wait_ns;
+    uint32_t id = (uint32_t)i + 1, corr = 2 * (uint32_t)i + 1;
+    emit(buf, fake_make_marker(buf, 1, t, id, tid, "step"), markers);
+    emit(buf, fake_make_kernel(buf, "fake_train_kernel", device, 7, k0, k1, corr), &kernels);
+    emit(buf, fake_make_kernel(buf, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", device, 13, c0, c1,
+                               corr + 1), &kernels);
+    emit(buf, fake_make_marker(buf, 0, end, id, tid, NULL), markers);
+    t = end + step_ns / 100;
+  }
+  return kernels;
 }
 
 int main(int argc, char **argv) {
   uint64_t records = 1000;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0;
+  int slow_round = 0;
+  uint64_t slow_factor = 20;
+  const char *slow_kernel = "vectorAdd";
   int kinds[64], nkinds = 0;
   const char *control = NULL;
+  int steps = 0, device = 0;
+  uint64_t step_us = 2000, extra_us = 0, wait_us = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -175,8 +229,24 @@ int main(int argc, char **argv) {
       linger_ms = atoi(v);
     } else if (strcmp(a, "--control") == 0) {
       control = v;
+    } else if (strcmp(a, "--slow-round") == 0) {
+      slow_round = atoi(v);
+    } else if (strcmp(a, "--slow-factor") == 0) {
+      slow_factor = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--slow-kernel") == 0) {
+      slow_kernel = v;
     } else if (strcmp(a, "--exit-code") == 0) {
       exit_code = atoi(v);
+    } else if (strcmp(a, "--steps") == 0) {
+      steps = atoi(v);
+    } else if (strcmp(a, "--step-us") == 0) {
+      step_us = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--extra-us") == 0) {
+      extra_us = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--wait-us") == 0) {
+      wait_us = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--device") == 0) {
+      device = atoi(v);
     } else if (strcmp(a, "--kinds") == 0) {
       char *copy = strdup(v), *save = NULL;
       for (char *t = strtok_r(copy, ",", &save); t && nkinds < 64; t = strtok_r(NULL, ",", &save)) {
@@ -192,7 +262,8 @@ int main(int argc, char **argv) {
       usage();
     }
   }
-  if (threads < 1 || threads > 256 || rounds < 1) usage();
+  if (threads < 1 || threads > 256 || rounds < 1 || steps < 0 || device < 0 || step_us < 100)
+    usage();
   if (nkinds == 0) {
     kinds[0] = 10;
     kinds[1] = 1;
@@ -222,6 +293,17 @@ int main(int argc, char **argv) {
     }
   }
 
+  if (steps > 0) {
+    uint64_t markers = 0;
+    uint64_t kernels = run_steps(steps, step_us * 1000, extra_us * 1000, wait_us * 1000,
+                                 (uint32_t)device, pause_ms, &markers);
+    printf("fake_cuda_app: pid=%d init=%d steps=%d concurrent_kernel=%llu marker=%llu\n",
+           (int)getpid(), init, steps, (unsigned long long)kernels, (unsigned long long)markers);
+    fflush(stdout);
+    if (linger_ms) usleep((useconds_t)linger_ms * 1000);
+    exit(exit_code);
+  }
+
   uint64_t per_kind[64] = {0}, total = 0;
   double t0 = now_ms();
   if (control) {
@@ -230,7 +312,8 @@ int main(int argc, char **argv) {
   }
   for (int r = 0; r < rounds && !control; r++) {
     if (r && pause_ms) usleep((useconds_t)pause_ms * 1000);
-    int rc = run_round(records, threads, kinds, nkinds, per_kind, &total);
+    int rc = run_round(records, threads, kinds, nkinds, r + 1 == slow_round ? slow_kernel : NULL,
+                       slow_factor, per_kind, &total);
     if (rc) return rc;
   }
   double t1 = now_ms();

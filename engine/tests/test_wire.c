@@ -95,7 +95,7 @@ static size_t build_stream(cm_wire_buf *b, int capture, size_t *starts, size_t *
   if (capture) CMT_EQ(cm_wire_write_file_header(b, 0), 0);
   size_t first = b->len;
   cm_wire_hello h = {4242, 1, 130000, 0, 1700000000123456789ull, 1700000000123000000ull,
-                     "tok-3f9a", "gpu-node-7", "/usr/bin/python3", 4, 2, argv_fix, dev_fix};
+                     "tok-3f9a", "gpu-node-7", "/usr/bin/python3", 4, 2, argv_fix, dev_fix, 0, NULL};
   cm_wire_schema s = {3, 0, kinds_fix};
   cm_batch batch;
   cm_column cols[4];
@@ -1179,8 +1179,72 @@ static void test_writer_inval(void) {
   cm_wire_buf_free(&b);
 }
 
+/* Decodes the first frame of `b` as HELLO into *h (released by the caller). */
+static int decode_first_hello(const cm_wire_buf *b, cm_wire_hello *h) {
+  cm_wire_reader *r;
+  CMT_OK(cm_wire_reader_new(&r, 0));
+  CMT_OK(cm_wire_reader_feed(r, b->data, b->len));
+  cm_wire_frame f;
+  CMT_EQ(cm_wire_reader_next(r, &f), 1);
+  int rc = cm_wire_decode_hello(&f, h);
+  cm_wire_reader_free(r);
+  return rc;
+}
+
+/* HELLO's environment list: written after the devices and decoded back; a HELLO that ends with
+ * the devices (an older agent's) decodes with none, whatever padding follows; the writer refuses
+ * more than CM_WIRE_MAX_ENV entries and the reader a count above it. */
+static void test_hello_env(void) {
+  static const char *const env[] = {"RANK=1", "LOCAL_RANK=1", "WORLD_SIZE=2"};
+  cm_wire_hello h = {4242, 1, 130000, 0, 1, 2, "tok", "host", "/bin/x", 4, 2, argv_fix, dev_fix,
+                     3, env};
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  CMT_OK(cm_wire_write_hello(&b, &h));
+  cm_wire_hello d;
+  CMT_OK(decode_first_hello(&b, &d));
+  CMT_EQ(d.nenv, 3);
+  for (int i = 0; i < 3; i++) CMT_STREQ(d.env[i], env[i]);
+  CMT_ASSERT(d.env[3] == NULL);
+  CMT_EQ(d.ndevices, 2);
+  cm_wire_hello_release(&d);
+  /* Without the list: every exe length moves the padding after the devices through 0..7 bytes. */
+  for (int pad = 0; pad < 8; pad++) {
+    char exe[16] = "/bin/";
+    for (int i = 0; i < pad; i++) exe[5 + i] = 'a';
+    exe[5 + pad] = 0;
+    cm_wire_hello old = {1, 1, 1, 0, 1, 2, "t", "h", exe, 0, 0, NULL, NULL, 0, NULL};
+    cm_wire_buf_clear(&b);
+    CMT_OK(cm_wire_write_hello(&b, &old));
+    /* Cut the list's count off, as an older writer never wrote it, and re-frame the payload. */
+    cm_wire_reader *r;
+    CMT_OK(cm_wire_reader_new(&r, 0));
+    CMT_OK(cm_wire_reader_feed(r, b.data, b.len));
+    cm_wire_frame f;
+    CMT_EQ(cm_wire_reader_next(r, &f), 1);
+    uint8_t pay[256];
+    CMT_ASSERT(f.len <= sizeof pay);
+    memcpy(pay, f.payload, (size_t)f.len);
+    cm_wire_reader_free(r);
+    size_t cut = 4 + 4 + 4 + 4 + 8 + 8 + (4 + 2) + (4 + 2) + (4 + strlen(exe) + 1) + 4 + 4;
+    cm_wire_buf c;
+    cm_wire_buf_init(&c);
+    CMT_OK(cm_wire_write_frame(&c, CM_WIRE_HELLO, 0, CM_WIRE_MINOR, pay, cut));
+    CMT_OK(decode_first_hello(&c, &d));
+    CMT_EQ(d.nenv, 0);
+    CMT_STREQ(d.exe, exe);
+    cm_wire_hello_release(&d);
+    cm_wire_buf_free(&c);
+  }
+  h.nenv = CM_WIRE_MAX_ENV + 1;
+  cm_wire_buf_clear(&b);
+  CMT_EQ(cm_wire_write_hello(&b, &h), CM_EINVAL);
+  cm_wire_buf_free(&b);
+}
+
 int main(void) {
   test_crc();
+  test_hello_env();
   test_golden();
   test_batch_number();
   test_roundtrip();

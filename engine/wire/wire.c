@@ -278,7 +278,8 @@ int cm_wire_write_frame(cm_wire_buf *b, uint32_t type, uint32_t flags, uint32_t 
 
 int cm_wire_write_hello(cm_wire_buf *b, const cm_wire_hello *h) {
   if (!b || !h || h->argc > MAX_ARGC || h->ndevices > MAX_DEVICES ||
-      (h->argc && !h->argv) || (h->ndevices && !h->devices))
+      (h->argc && !h->argv) || (h->ndevices && !h->devices) || h->nenv > CM_WIRE_MAX_ENV ||
+      (h->nenv && !h->env))
     return CM_EINVAL;
   enc e;
   frame_begin(&e, b);
@@ -301,6 +302,8 @@ int cm_wire_write_hello(cm_wire_buf *b, const cm_wire_hello *h) {
     enc_put(&e, d->uuid, 16);
     enc_str(&e, d->name);
   }
+  enc_u32(&e, h->nenv);
+  for (uint32_t i = 0; i < h->nenv; i++) enc_str(&e, h->env[i]);
   return frame_end(&e, CM_WIRE_HELLO, 0, CM_WIRE_MINOR);
 }
 
@@ -892,6 +895,18 @@ int cm_wire_decode_hello(const cm_wire_frame *f, cm_wire_hello *out) {
   }
   out->ndevices = nd;
   if (c.err) return cm_wire_hello_release(out), c.err;
+  /* The environment list came after the devices in a later writer. An older HELLO ends with the
+   * devices and at most 7 bytes of zero padding: fewer than 4 bytes left means no list, and 4 or
+   * more zero bytes read as an empty one. */
+  if (cur_left(&c) < 4) return 0;
+  uint32_t ne = get_count(&c, STR_MIN, CM_WIRE_MAX_ENV, "bad environment count");
+  if (c.err) return cm_wire_hello_release(out), c.err;
+  const char **env = calloc(ne + 1, sizeof *env);
+  if (!env) return cm_wire_hello_release(out), CM_ENOMEM;
+  out->env = env;
+  for (uint32_t i = 0; i < ne && !c.err; i++) env[i] = get_str(&c, NULL, 1, "bad environment string");
+  out->nenv = ne;
+  if (c.err) return cm_wire_hello_release(out), c.err;
   return 0;
 }
 
@@ -899,6 +914,7 @@ void cm_wire_hello_release(cm_wire_hello *h) {
   if (!h) return;
   free((void *)h->argv);
   free((void *)h->devices);
+  free((void *)h->env);
   memset(h, 0, sizeof *h);
 }
 

@@ -180,4 +180,18 @@ function M.list(s)
   return t
 end
 
+--- Adds the record-rate budget's options to a recipe's option spec (and returns it):
+--- --budget N (records per second per process; 0, the default: no budget), --shed LIST (the
+--- kinds shed, in order) and --hold-ms MS. The recipe starts the budget with
+--- cuptimon.budget_from(opts) and prints cuptimon.print_shed_notes() beside its tables.
+function M.with_budget(spec)
+  spec.budget = { 0, "records per second a process may sustain before kinds are shed "
+    .. "(0: no budget)", min = 0 }
+  spec.shed = { "runtime,driver,overhead,synchronization,memset,memcpy",
+    "the kinds the budget sheds, in order" }
+  spec.hold_ms = { 5000, "how long the rate stays under the budget before a shed kind returns",
+    min = 0, integer = true }
+  return spec
+end
+
 return M

@@ -7,7 +7,7 @@
 -- observer callback runs: keep numbers and strings, never the batch or its pointers.
 --
 -- Metadata: b.n (records), b.kind (the kind's name), b.kind_id, b.source (the source id), b.seq;
--- b:process() is the process table of the source (pid, host, exe, argv, devices), the same
+-- b:process() is the process table of the source (pid, host, exe, argv, devices, env), the same
 -- whether the batch comes from the in-process engine, a live agent or a capture replay.
 -- Every column is also in b.cols by name; a column whose name is one of the metadata names (the
 -- memory pool kind has a "source" field) is reachable only there or through b:col(name).

@@ -41,7 +41,8 @@ for name, fn in pairs(agg.constructors) do M[name] = fn end
 M.agg = agg
 
 local observers = {}      -- observer id -> handle
-local hooks = { process_start = {}, process_exit = {}, exit = {}, error = {} }
+local hooks = { process_start = {}, process_exit = {}, exit = {}, error = {}, window = {},
+  shed = {}, restore = {} }
 local flush_done = {}     -- token -> done function
 local next_token = 0
 local deferred = {}       -- functions to run on the next loop iteration
@@ -153,6 +154,18 @@ local function selection_text(sel)
   return table.concat(parts, ";")
 end
 
+-- Runs fn() now and returns what it returns; inside an observer callback (the engine is
+-- mid-delivery) runs it on the next loop iteration instead, reports its failure as `where`, and
+-- returns `handle` at once.
+local function now_or_later(where, handle, fn)
+  if not core.in_dispatch() then return fn() end
+  later(function()
+    local ok, err = fn()
+    if not ok then report(where, err) end
+  end)
+  return handle
+end
+
 --- Observes the kinds and fields of `sel` and calls fn(batch) once per batch.
 --- sel: { kind = { "field", ... } | "all", ... }. Returns an observer handle, or nil, err.
 function M.observe(sel, fn)
@@ -169,14 +182,7 @@ function M.observe(sel, fn)
     observers[id] = o
     return o
   end
-  if core.in_dispatch() then
-    later(function()
-      local ok, err = register()
-      if not ok then report("deferred observe", err) end
-    end)
-    return o
-  end
-  return register()
+  return now_or_later("deferred observe", o, register)
 end
 
 -- The dispatcher: the host calls it once per batch, under pcall with a traceback.
@@ -281,7 +287,10 @@ end
 --- Registers a hook: "process_start" fn(p) and "process_exit" fn(p), "exit" fn() when the
 --- script ends (after the final flush), "error" fn(msg, where) when the script or one of its
 --- callbacks fails (instead of printing it; the error still counts in cm.errors() and makes the
---- exit status non-zero). p: source, pid, ppid, host, exe, argv, devices ({index=, name=}),
+--- exit status non-zero), "window" fn(w) when a trigger window closes (cm.window), "shed" and
+--- "restore" fn(ev) when a record-rate budget sheds or restores a kind (cm.budget). p: source,
+--- pid, ppid, host, exe, argv, devices ({index=, name=}), env
+--- ({ RANK = "1", ... }: a distributed job's RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE),
 --- kind ("inproc", "agent", "replay"); at exit also status ("exit", "disconnected", "error", "timeout",
 --- "detached"), exit_code (from the agent's BYE), message, stats (the agent's counters) and
 --- what the process lost, in records: dropped (all of it) = dropped_cupti + dropped_agent +
@@ -291,7 +300,7 @@ function M.on(event, fn)
   local list = hooks[event]
   if not list then
     error(("cuptimon.on: unknown event %q; valid events: error, exit, process_exit, "
-      .. "process_start"):format(tostring(event)), 2)
+      .. "process_start, restore, shed, window"):format(tostring(event)), 2)
   end
   if type(fn) ~= "function" then
     error(("cuptimon.on: argument 2 must be a function, got a %s"):format(type(fn)), 2)
@@ -345,6 +354,7 @@ function M.stats(source)
     local n = tonumber(stats_cell.records_by_kind[registry.kind(name).id])
     if n > 0 then t.records_by_kind[name] = n end
   end
+  M._budget_stats(t, source)
   return t
 end
 
@@ -728,6 +738,363 @@ function M.api_stats()
 end
 
 ---------------------------------------------------------------------------------------------------
+-- trigger windows and the record-rate budget (live processes: `-- cmd`)
+--
+-- Both change what a running agent traces by the same path as an observer does: the per-process
+-- union selection, sent as a SELECT frame and applied by the agent as a minimal diff (enable the
+-- new kinds and fields, disable the ones no longer wanted). A window is an observer bound to one
+-- process (core.observe(spec, source)) between two sync flushes (core.window_begin/window_end:
+-- hub.c counts, and may record, exactly the frames between the two fences); a budget removes
+-- kinds from the union of one process (core.shed) whatever the observers select.
+
+local bit = require "bit"
+local windows = {}  -- token -> window part
+local next_window = 0
+
+local function check_opts(fname, opts, valid)
+  if type(opts) ~= "table" then
+    error(("%s: expected a table of options (%s)"):format(fname, valid), 3)
+  end
+  for k in pairs(opts) do
+    if type(k) ~= "string" or not (", " .. valid .. ","):find(", " .. k .. ",", 1, true) then
+      error(("%s: unknown option %q; valid options: %s"):format(fname, tostring(k), valid), 3)
+    end
+  end
+end
+
+-- The live agents to act on: every one, or the one of `pid`. nil, err, name when none.
+local function live_sources(fname, pid)
+  local list = {}
+  for _, s in ipairs(core.sources()) do
+    if s.kind == "agent" and (pid == nil or s.pid == pid) then list[#list + 1] = s end
+  end
+  if #list == 0 then
+    if pid then
+      return nil, ("ENOENT: %s: no live process with pid %d"):format(fname, pid), "ENOENT"
+    end
+    return nil, ("ESTATE: %s: no live process (windows and budgets act on the processes of "
+      .. "`-- cmd`, not on a replay or the in-process engine)"):format(fname), "ESTATE"
+  end
+  return list
+end
+
+local Window = {}
+Window.__index = Window
+
+-- Ends one process's part of a window: the observer goes (a narrowing SELECT), then the closing
+-- fence; the "window_done" event completes it.
+local function window_end(part)
+  if part.ending then return end
+  part.ending = true
+  if part.timer then part.timer:close() end
+  local function finish()
+    if part.obs then part.obs:close() end
+    local ok, err = core.window_end(part.source)
+    -- The process may have ended first: its window completes (or completed) without this call.
+    if not ok and not err:find("^ENOENT") and not err:find("^ESTATE") then report("window", err) end
+  end
+  if core.in_dispatch() then later(finish) else finish() end
+end
+
+--- Ends the window now, before its ms have elapsed. Idempotent.
+function Window:close()
+  for _, part in ipairs(self.parts) do window_end(part) end
+  return true
+end
+
+function Window:__tostring()
+  return ("window(%s, %d ms, %d of %d closed)"):format(self.spec, self.ms, #self.results,
+    #self.parts)
+end
+
+local function window_done(token, r)
+  local part = windows[token]
+  if not part then return end
+  windows[token] = nil
+  if part.timer then part.timer:close() end
+  if part.obs and not part.obs.closed then part.obs:close() end
+  local h = part.handle
+  local by_kind = {}
+  for id, n in pairs(r.by_kind) do
+    local k = registry.kind_by_id(id)
+    by_kind[k and k.name or tostring(id)] = n
+  end
+  uv = uv or require "luv"
+  local w = { source = part.source, pid = part.pid, file = r.file, records = r.records,
+    batches = r.batches, dropped = r.dropped, by_kind = by_kind, error = r.error,
+    ms = uv.now() - part.t0, select = h.spec }
+  h.results[#h.results + 1] = w
+  if h.done then
+    local ok, err = xpcall(h.done, debug.traceback, w)
+    if not ok then report("window done callback", err) end
+  end
+  run_hooks(hooks.window, "window hook", w)
+end
+
+--- Widens what a live process traces for a while, then narrows it back. opts:
+---   select = { kind = { "field", ... } | "all", ... }  the extra kinds and fields (required)
+---   ms = n        how long the window lasts (required; handle:close() ends it sooner)
+---   pid = n       the process (default: every live process, one window each)
+---   record = "f"  also write the window's records to a new capture per process ("%p" is the
+---                 pid; the rules of --record: created new, mode 0600, never through a link)
+---   force = true  replace an existing regular file
+---   fn = f(b)     an observer of the window's extra selection, called for its batches
+---   done = f(w)   called when a process's window closes (also the "window" event)
+--- w: source, pid, file, records, batches, dropped, by_kind (kind name -> records), ms, select,
+--- error (when a fence failed or the process ended first). The window holds exactly the records
+--- that arrived between two sync flushes, at its start and at its end. Returns a handle with
+--- :close() and results (the w of each process once closed), or nil, err, name.
+function M.window(opts)
+  check_opts("cuptimon.window", opts, "done, fn, force, ms, pid, record, select")
+  local spec = selection_text(opts.select)
+  check_ms("cuptimon.window", "ms", opts.ms)
+  if opts.ms == 0 then error("cuptimon.window: ms must be at least 1", 2) end
+  if opts.pid ~= nil and (type(opts.pid) ~= "number" or opts.pid ~= math.floor(opts.pid)) then
+    error(("cuptimon.window: pid must be an integer, got %s"):format(tostring(opts.pid)), 2)
+  end
+  if opts.record ~= nil and (type(opts.record) ~= "string" or opts.record == "") then
+    error("cuptimon.window: record must be a file name such as \"spike.%p.cmcap\"", 2)
+  end
+  for _, k in ipairs { "fn", "done" } do
+    if opts[k] ~= nil and type(opts[k]) ~= "function" then
+      error(("cuptimon.window: %s must be a function, got a %s"):format(k, type(opts[k])), 2)
+    end
+  end
+  local h = setmetatable({ spec = spec, ms = opts.ms, parts = {}, results = {}, done = opts.done },
+    Window)
+  if core.check_mode() then return h end
+  local list, lerr, lname = live_sources("cuptimon.window", opts.pid)
+  if not list then return nil, lerr, lname end
+  uv = uv or require "luv"
+  local function start()
+    for _, s in ipairs(list) do
+      next_window = next_window + 1
+      local token = next_window
+      local ok, err, name = core.window_begin(s.source, opts.record, opts.force and true or false,
+        token)
+      if not ok then
+        h:close()
+        return nil, err, name
+      end
+      local part = { handle = h, source = s.source, pid = s.pid, t0 = uv.now() }
+      windows[token] = part
+      h.parts[#h.parts + 1] = part
+      local o = setmetatable({ spec = spec, fn = opts.fn or function() end, closed = false,
+        batches = 0 }, Observer)
+      local id
+      id, err, name = core.observe(spec, s.source)
+      if not id then
+        h:close()
+        return nil, err, name
+      end
+      o.id = id
+      observers[id] = o
+      part.obs = o
+      part.timer = M.after(opts.ms, function() window_end(part) end)
+    end
+    return h
+  end
+  return now_or_later("deferred window", h, start)
+end
+
+local budget          -- the active budget's options, or nil
+local budget_timer
+local budget_state = {} -- source -> { pid, samples, since, under_since, shed = { kind, ... } }
+local shed_log = {}     -- { pid =, source =, kind =, from =, to = } (uv.now() ms), in order
+local shed_counts = {}  -- source -> { sheds =, restores = }
+
+local function kind_mask(list)
+  local lo, hi = 0, 0
+  for _, name in ipairs(list) do
+    local id = registry.kind(name).id
+    if id < 32 then lo = bit.bor(lo, bit.lshift(1, id)) else hi = bit.bor(hi, bit.lshift(1, id - 32)) end
+  end
+  return lo, hi
+end
+
+local function budget_event(what, st, source, kind, rate)
+  local c = shed_counts[source] or { sheds = 0, restores = 0 }
+  shed_counts[source] = c
+  c[what == "shed" and "sheds" or "restores"] = c[what == "shed" and "sheds" or "restores"] + 1
+  local now = uv.now()
+  if what == "shed" then
+    shed_log[#shed_log + 1] = { pid = st.pid, source = source, kind = kind, from = now }
+  else
+    for i = #shed_log, 1, -1 do
+      local e = shed_log[i]
+      if e.source == source and e.kind == kind and not e.to then e.to = now break end
+    end
+  end
+  local list = {}
+  for i, k in ipairs(st.shed) do list[i] = k end
+  run_hooks(hooks[what], what .. " hook", { source = source, pid = st.pid, kind = kind,
+    rate = rate, records_per_s = budget.records_per_s, shed = list })
+end
+
+local function apply_shed(source, st)
+  local lo, hi = kind_mask(st.shed)
+  local ok, err = core.shed(source, lo, hi)
+  if not ok and not err:find("^ENOENT") and not err:find("^ESTATE") then report("budget", err) end
+  st.samples, st.since, st.under_since = {}, uv.now(), nil
+end
+
+-- One evaluation of every live process: the rate over the last window_ms; above the budget the
+-- next kind of the list is shed, and after hold_ms under it the last one shed comes back. After
+-- each change the rate is measured afresh over a whole window before the next decision.
+local function budget_tick()
+  local now = uv.now()
+  for _, s in ipairs(core.sources()) do
+    if s.kind == "agent" then
+      local st = budget_state[s.source]
+      if not st then
+        st = { pid = s.pid, samples = {}, since = now, shed = {} }
+        budget_state[s.source] = st
+      end
+      local loss = core.loss(s.source)
+      local n = loss and loss.received or 0
+      local smp = st.samples
+      smp[#smp + 1] = { t = now, n = n }
+      while #smp > 2 and smp[2].t <= now - budget.window_ms do table.remove(smp, 1) end
+      if now - st.since >= budget.window_ms and now > smp[1].t then
+        local rate = (n - smp[1].n) * 1000 / (now - smp[1].t)
+        if rate > budget.records_per_s then
+          st.under_since = nil
+          local nxt = budget.shed[#st.shed + 1]
+          if nxt then
+            st.shed[#st.shed + 1] = nxt
+            apply_shed(s.source, st)
+            budget_event("shed", st, s.source, nxt, rate)
+          end
+        else
+          st.under_since = st.under_since or now
+          if #st.shed > 0 and now - st.under_since >= budget.hold_ms then
+            local k = table.remove(st.shed)
+            apply_shed(s.source, st)
+            st.under_since = now
+            budget_event("restore", st, s.source, k, rate)
+          end
+        end
+      end
+    end
+  end
+end
+
+local Budget = {}
+Budget.__index = Budget
+
+--- Stops the budget and restores every kind it shed. Idempotent.
+function Budget:close()
+  if budget ~= self.opts then return true end
+  budget = nil
+  if budget_timer then budget_timer:close() end
+  budget_timer = nil
+  for source, st in pairs(budget_state) do
+    if #st.shed > 0 then
+      local ks = st.shed
+      st.shed = {}
+      apply_shed(source, st)
+      for i = #ks, 1, -1 do budget_event("restore", st, source, ks[i], 0) end
+    end
+  end
+  budget_state = {}
+  return true
+end
+
+--- A record-rate budget for every live process. opts:
+---   records_per_s = n  the sustained rate (records received per second) a process may reach
+---   shed = { "runtime", "driver", ... }  the kinds disabled, in order, one at a time, while a
+---                      process's rate stays above the budget
+---   hold_ms = n        how long the rate must stay under the budget before the last kind shed
+---                      is traced again (default 5000)
+---   window_ms = n      the span the rate is measured over (default 1000)
+--- Each shed and restore fires the "shed" or "restore" event with { source, pid, kind, rate,
+--- records_per_s, shed = { kinds shed now } }, is counted in cm.stats() (shed, sheds, restores)
+--- and listed by cm.shed_notes(). One budget at a time: a new one replaces the previous. The
+--- rate is that of the records arriving: set a flush cadence (cm.configure{ flush_ms = 250 }) so
+--- that they arrive steadily rather than when CUPTI's buffers fill.
+--- Returns a handle with :close() (which restores every shed kind).
+function M.budget(opts)
+  check_opts("cuptimon.budget", opts, "hold_ms, records_per_s, shed, window_ms")
+  if type(opts.records_per_s) ~= "number" or opts.records_per_s <= 0 then
+    error(("cuptimon.budget: records_per_s must be a positive number, got %s")
+      :format(tostring(opts.records_per_s)), 2)
+  end
+  if type(opts.shed) ~= "table" or #opts.shed == 0 then
+    error("cuptimon.budget: shed must be a non-empty list of kind names such as "
+      .. "{ \"runtime\", \"driver\" }", 2)
+  end
+  local shed = {}
+  for i, k in ipairs(opts.shed) do
+    if type(k) ~= "string" or not registry.kind(k) then
+      error(("cuptimon.budget: shed[%d]: unknown kind %s; valid kinds: %s")
+        :format(i, tostring(k), valid_kinds()), 2)
+    end
+    shed[i] = k
+  end
+  check_ms("cuptimon.budget", "hold_ms", opts.hold_ms, true)
+  check_ms("cuptimon.budget", "window_ms", opts.window_ms, true)
+  if opts.window_ms == 0 then error("cuptimon.budget: window_ms must be at least 1", 2) end
+  local b = { records_per_s = opts.records_per_s, shed = shed, hold_ms = opts.hold_ms or 5000,
+    window_ms = opts.window_ms or 1000 }
+  local h = setmetatable({ opts = b }, Budget)
+  if core.check_mode() then return h end
+  if budget then setmetatable({ opts = budget }, Budget):close() end
+  budget = b
+  uv = uv or require "luv"
+  budget_timer = M.every(math.max(10, math.min(250, math.floor(b.window_ms / 4))), budget_tick)
+  return h
+end
+
+-- Adds the budget's fields to a cm.stats() table: shed (the kinds shed now, in order; for all
+-- sources, each kind once), sheds and restores (how many times).
+function M._budget_stats(t, source)
+  t.shed, t.sheds, t.restores = {}, 0, 0
+  local seen = {}
+  for src, st in pairs(budget_state) do
+    if not source or source == 0 or src == source then
+      for _, k in ipairs(st.shed) do
+        if not seen[k] then t.shed[#t.shed + 1] = k seen[k] = true end
+      end
+    end
+  end
+  for src, c in pairs(shed_counts) do
+    if not source or source == 0 or src == source then
+      t.sheds, t.restores = t.sheds + c.sheds, t.restores + c.restores
+    end
+  end
+end
+
+--- Lines saying which kinds a budget shed, in which process and for how long, so that a table
+--- printed next to them is never taken for complete data: {} when nothing was shed.
+function M.shed_notes()
+  local out = {}
+  uv = uv or require "luv"
+  for _, e in ipairs(shed_log) do
+    out[#out + 1] = ("note: the record-rate budget shed %s records of pid %d for %.1f s%s: "
+      .. "totals that include %s mix full and shed data"):format(e.kind, e.pid,
+      ((e.to or uv.now()) - e.from) / 1000, e.to and "" or " (still shed)", e.kind)
+  end
+  return out
+end
+
+--- Prints cm.shed_notes() (to io.stdout, or `out`), if any.
+function M.print_shed_notes(out)
+  out = out or io.stdout
+  for _, line in ipairs(M.shed_notes()) do out:write(line, "\n") end
+end
+
+--- Starts the budget a recipe's options ask for (cuptimon.args.with_budget): nothing when
+--- opts.budget is 0. The rate is measured as records arrive, so the agents are also asked to
+--- flush CUPTI's buffers every 250 ms (without a cadence, records come when buffers fill).
+function M.budget_from(opts)
+  if not opts.budget or opts.budget <= 0 then return nil end
+  M.configure { flush_ms = 250, deliver_ms = 250 }
+  local list = {}
+  for k in tostring(opts.shed):gmatch("[^,%s]+") do list[#list + 1] = k end
+  return M.budget { records_per_s = opts.budget, shed = list, hold_ms = opts.hold_ms }
+end
+
+---------------------------------------------------------------------------------------------------
 -- events from the host
 
 local function event(name, a, b)
@@ -752,6 +1119,8 @@ local function event(name, a, b)
     return true
   elseif name == "api" then
     api_drain()
+  elseif name == "window_done" then
+    window_done(a, b)
   elseif name == "exit" then
     api_drain() -- the last API callbacks reach the script before its exit hooks
     if api_counts.dropped > 0 then

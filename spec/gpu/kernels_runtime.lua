@@ -1,5 +1,5 @@
 -- kernels_runtime.lua: traces kernels and runtime API calls and counts them; the tracing load of
--- the overhead benchmark (bench/torch_workload.py micro under cuptimon-lua).
+-- the GPU check gpu_exit_spin_live.
 local cm = require "cuptimon"
 local kernels, calls = 0, 0
 cm.observe({ kernel = { "name", "start", "stop" }, runtime = { "cbid", "start", "stop" } },

@@ -86,22 +86,13 @@ if [ -n "${QUICK:-}" ]; then
   exit 0
 fi
 
-# 5. Overhead per launch: untraced, torch.profiler, cuptimon (kernels + runtime), interleaved.
-for r in 1 2 3; do
-  step "micro_none_$r" python3 bench/torch_workload.py micro none 20000
-  step "micro_prof_cuda_$r" python3 bench/torch_workload.py micro profiler_cuda 20000
-  step "micro_prof_cpu_cuda_$r" python3 bench/torch_workload.py micro profiler_cpu_cuda 20000
-  step "micro_cuptimon_$r" "$LUA" spec/gpu/kernels_runtime.lua -- python3 bench/torch_workload.py micro none 20000
-done
-grep -h "RESULT micro\|GOT traced" "$OUT"/micro_*.log
-
-# 6. The Lua column loop against the same loop in C, on this quieter machine's CPU.
+# 7. The CPU benchmarks on this machine's CPU, at the build's type (printed with the figures).
+# The GPU benchmarks are separate commands, each within one device call (README, "Benchmarks"):
+# bench/overhead.sh, bench/thread_sweep.sh, bench/time_to_table.sh, bench/long_run.sh.
 F=$B/engine/tests/libfake_cupti.so
+step decode_bench taskset -c 3 "$B/bench/decode_bench"
 step lua_vs_c env CUPTIMON_LIBCUPTI="$F" CUPTIMON_LIBCUDA="$F" LUA_VS_C_LIB="$B/lua/liblua_vs_c.so" \
   taskset -c 3 "$LUA" bench/lua_vs_c.lua 2000000 20
-
-# 7. Memory under sustained load: the monitor's and the target's resident sets, sampled.
-step sustained bash spec/gpu/sustained.sh "$B" 600000
 
 echo "=== summary"
 printf '%s\n' "${summary[@]}"

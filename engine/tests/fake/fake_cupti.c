@@ -991,6 +991,16 @@ static uint32_t nu(gen *g, uint32_t mod) { return (uint32_t)(nx(g) % mod); }
 static uint32_t n32(gen *g) { return (uint32_t)nx(g); }
 static const char *nname(gen *g) { return gen_names[nx(g) % 8]; }
 
+int fake_stretch_kernel(void *record, const char *name, uint64_t factor) {
+  CUpti_ActivityKernel10 *k = record;
+  if ((k->kind != CUPTI_ACTIVITY_KIND_KERNEL && k->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) ||
+      !k->name || strcmp(k->name, name) != 0)
+    return 0;
+  k->end = k->start + (k->end - k->start) * factor;
+  k->completed = k->end;
+  return 1;
+}
+
 size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out) {
   if (!out) return 0;
   gen g = {mix64(mix64(mix64((uint64_t)(uint32_t)kind) ^ thread) ^ seq), 0};
@@ -1370,6 +1380,38 @@ int fake_gen_kinds(int *out, int max) {
   if (max < n) n = max < 0 ? 0 : max;
   memcpy(out, all, (size_t)n * sizeof *out);
   return n;
+}
+
+size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t stream, uint64_t start,
+                        uint64_t end, uint32_t correlation) {
+  CUpti_ActivityKernel10 k;
+  memset(&k, 0, sizeof k);
+  k.kind = CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL;
+  k.start = start;
+  k.end = k.completed = end;
+  k.deviceId = device;
+  k.contextId = 1;
+  k.streamId = stream;
+  k.gridX = k.gridY = k.gridZ = k.blockX = k.blockY = k.blockZ = 1;
+  k.correlationId = correlation;
+  k.name = name;
+  k.queued = k.submitted = start;
+  return memcpy(out, &k, sizeof k), sizeof k;
+}
+
+size_t fake_make_marker(void *out, int start, uint64_t timestamp, uint32_t id, uint32_t tid,
+                        const char *name) {
+  CUpti_ActivityMarker2 m;
+  memset(&m, 0, sizeof m);
+  m.kind = CUPTI_ACTIVITY_KIND_MARKER;
+  m.flags = start ? CUPTI_ACTIVITY_FLAG_MARKER_START : CUPTI_ACTIVITY_FLAG_MARKER_END;
+  m.timestamp = timestamp;
+  m.id = id;
+  m.objectKind = CUPTI_ACTIVITY_OBJECT_THREAD;
+  m.objectId.pt.processId = (uint32_t)getpid();
+  m.objectId.pt.threadId = tid;
+  m.name = start ? name : NULL;
+  return memcpy(out, &m, sizeof m), sizeof m;
 }
 
 /* ---- workloads --------------------------------------------------------------------------- */

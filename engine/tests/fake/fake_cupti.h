@@ -46,6 +46,22 @@ int fake_emit(const void *record, size_t size, int pending);
  * one of a fixed set of static names; start <= end; timestamps are CLOCK_REALTIME-like. */
 size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out);
 
+/* Fills `out` (at least 256 bytes) with a concurrent kernel record named `name` (a static string)
+ * on `device` and `stream`, from `start` to `end`, and returns its size. */
+size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t stream, uint64_t start,
+                        uint64_t end, uint32_t correlation);
+
+/* Fills `out` with an NVTX range marker of thread `tid`: its start (`start` nonzero; `name`, a
+ * static string, names the range) or its end, at `timestamp`, with range id `id`; returns its
+ * size. */
+size_t fake_make_marker(void *out, int start, uint64_t timestamp, uint32_t id, uint32_t tid,
+                        const char *name);
+
+/* Makes a kernel record of fake_gen_record named `name` `factor` times longer (its end and
+ * completed move); returns 1 when it did, 0 for another record. For a kernel made slow on
+ * purpose (fake_cuda_app --slow-round). */
+int fake_stretch_kernel(void *record, const char *name, uint64_t factor);
+
 /* The kinds fake_gen_record knows, for mixed workloads. */
 int fake_gen_kinds(int *kinds, int max);
 

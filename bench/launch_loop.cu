@@ -1,0 +1,116 @@
+/*
+ * launch_loop.cu: the empty-kernel workload of the benchmark harnesses, with nothing of cuptimon
+ * inside, so that it is traced from outside (cuptimon-lua, the agent, the CUPTI floor).
+ *
+ *   launch_loop N
+ *       N empty <<<1,1>>> launches on the legacy default stream after a warm-up of
+ *       min(max(N/10, 1000), 10000), timed from the first launch to the device synchronize after
+ *       the last. Prints
+ *         RESULT launch_loop launches N wall_ns X cpu_ns Y
+ *       where X and Y are per launch, Y being the launching thread's CPU time
+ *       (CLOCK_THREAD_CPUTIME_ID), where the cost CUPTI adds to a launch lands.
+ *   launch_loop --threads T --seconds S
+ *       T threads, each on its own stream, launch empty kernels as fast as they can for S seconds
+ *       (bench/thread_sweep.sh, bench/long_run.sh). Prints
+ *         RESULT sweep threads T launches L seconds S2 launches_per_s R
+ *
+ * Both end with "LAUNCHED total" (every launch including the warm-up, which is what a tracer must
+ * count) and "PROCESS_CPU user_s U sys_s S" (getrusage of the whole process, CUPTI's and any
+ * injected tool's threads included). The launching threads are named "cm-launch" so that a
+ * /proc sampler can tell them from the tracer's threads. Exit status 77 without a device.
+ */
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <thread>
+#include <vector>
+
+#include "cuda_check.h"
+
+extern "C" __global__ void cm_loop_empty(void) {}
+
+
+static uint64_t clock_ns(clockid_t c) {
+  struct timespec ts;
+  clock_gettime(c, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static std::atomic<uint64_t> launched{0};
+
+static void launches(int n, cudaStream_t s) {
+  for (int i = 0; i < n; i++) cm_loop_empty<<<1, 1, 0, s>>>();
+  launched.fetch_add((uint64_t)n, std::memory_order_relaxed);
+}
+
+static int timed_loop(int n) {
+  CK(cudaFree(0));
+  launches(std::max(1000, std::min(n / 10, 10000)), 0);
+  CK(cudaDeviceSynchronize());
+  uint64_t w0 = clock_ns(CLOCK_MONOTONIC), c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+  launches(n, 0);
+  CK(cudaDeviceSynchronize());
+  uint64_t w1 = clock_ns(CLOCK_MONOTONIC), c1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+  printf("RESULT launch_loop launches %d wall_ns %.2f cpu_ns %.2f\n", n, (double)(w1 - w0) / n,
+         (double)(c1 - c0) / n);
+  return 0;
+}
+
+static int sweep(int threads, double seconds) {
+  CK(cudaFree(0));
+  std::vector<cudaStream_t> streams((size_t)threads);
+  for (auto &s : streams) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  launches(1000, streams[0]);
+  CK(cudaDeviceSynchronize());
+  uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
+  uint64_t deadline = t0 + (uint64_t)(seconds * 1e9);
+  uint64_t before = launched.load();
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; t++) {
+    pool.emplace_back([&, t] {
+      pthread_setname_np(pthread_self(), "cm-launch");
+      while (clock_ns(CLOCK_MONOTONIC) < deadline) launches(256, streams[(size_t)t]);
+      CK(cudaStreamSynchronize(streams[(size_t)t]));
+    });
+  }
+  for (auto &th : pool) th.join();
+  double took = (double)(clock_ns(CLOCK_MONOTONIC) - t0) / 1e9;
+  uint64_t n = launched.load() - before;
+  printf("RESULT sweep threads %d launches %" PRIu64 " seconds %.3f launches_per_s %.0f\n",
+         threads, n, took, (double)n / took);
+  for (auto &s : streams) CK(cudaStreamDestroy(s));
+  return 0;
+}
+
+int main(int argc, char **argv) {
+  int ndev = 0;
+  if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev == 0) {
+    printf("SKIP: no CUDA device\n");
+    return 77;
+  }
+  int rc;
+  if (argc == 5 && strcmp(argv[1], "--threads") == 0 && strcmp(argv[3], "--seconds") == 0 &&
+      atoi(argv[2]) > 0 && atof(argv[4]) > 0) {
+    rc = sweep(atoi(argv[2]), atof(argv[4]));
+  } else if (argc == 2 && atoi(argv[1]) > 0) {
+    rc = timed_loop(atoi(argv[1]));
+  } else {
+    fprintf(stderr, "usage: %s N | --threads T --seconds S\n", argv[0]);
+    return 2;
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  printf("LAUNCHED %" PRIu64 "\n", launched.load());
+  printf("PROCESS_CPU user_s %.3f sys_s %.3f\n", ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
+         ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
+  fflush(stdout);
+  return rc;
+}

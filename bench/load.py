@@ -1,0 +1,269 @@
+#!/usr/bin/env python3
+"""Throughput and memory under load (issue 13, items 2 and 5): bench/thread_sweep.sh and
+bench/long_run.sh call this.
+
+  load.py sweep BUILD_DIR [--threads 1,2,4,8,16] [--seconds S]
+      For each thread count T, gpu/launch_loop --threads T --seconds S runs under
+      cuptimon-lua bench/sum_durations.lua (kernels and runtime API). Reports the launch rate,
+      the records per second delivered to the script, the records lost by stage (cm.stats(), the
+      LOST line, the exit status), and the CPU and peak RSS of the agent (the traced process) and
+      of the monitor (cuptimon-lua).
+  load.py long BUILD_DIR [--threads T] [--seconds S]
+      One run as above, the resident sets sampled every --interval (1 s): peak and the
+      least-squares slope of the second half, in KiB per minute.
+
+Design. The monitor is this script's child and the traced process the monitor's child. Both are
+sampled from /proc (VmRSS; utime + stime) every --interval. CPU: the traced process prints its own
+getrusage at the end of main (PROCESS_CPU); the monitor's is the wait4 usage of cuptimon-lua, which
+includes its reaped child, less the traced process's. The share of the traced process's CPU spent
+outside its launching threads (named cm-launch), that is in CUPTI's and the agent's threads, is
+taken from the per-thread samples. Every sample is written to OUT/<name>_samples.csv, each run's
+output to OUT/<name>.log, the results to OUT/<name>.json, a markdown table to stdout. Exit status 1
+when a run failed or lost records.
+"""
+import argparse
+import csv
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import benchstats as bs  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TICK = os.sysconf("SC_CLK_TCK")
+PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
+
+
+def proc_stat(path):
+    """(comm, ppid, cpu seconds) of /proc/PID/stat or /proc/PID/task/TID/stat, or None."""
+    try:
+        with open(path) as f:
+            s = f.read()
+    except OSError:
+        return None
+    comm = s[s.index("(") + 1:s.rindex(")")]
+    rest = s[s.rindex(")") + 2:].split()
+    return comm, int(rest[1]), (int(rest[11]) + int(rest[12])) / TICK
+
+
+def rss_kib(pid):
+    try:
+        with open("/proc/%d/statm" % pid) as f:
+            return int(f.read().split()[1]) * PAGE_KIB
+    except OSError:
+        return None
+
+
+def children(pid):
+    """The child processes of pid: from /proc/PID/task/PID/children where the kernel has it,
+    else by scanning every process's parent."""
+    try:
+        with open("/proc/%d/task/%d/children" % (pid, pid)) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError:
+        pass
+    kids = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = proc_stat("/proc/%s/stat" % name)
+            if st and st[1] == pid:
+                kids.append(int(name))
+    return sorted(kids)
+
+
+def threads_cpu(pid):
+    """(CPU s of the threads named cm-launch, CPU s of the others) of a process."""
+    launch = other = 0.0
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return None
+    for tid in tids:
+        st = proc_stat("/proc/%d/task/%s/stat" % (pid, tid))
+        if st:
+            if st[0] == "cm-launch":
+                launch += st[2]
+            else:
+                other += st[2]
+    return launch, other
+
+
+def run_sampled(argv, interval, log_path):
+    """Runs argv (the monitor), sampling it and its first child (the traced process). Returns
+    (status, output, samples, monitor+children CPU s from wait4)."""
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        samples = []
+        status = None
+        while status is None:
+            t = time.monotonic() - t0
+            kids = children(p.pid)
+            agent = kids[0] if kids else None
+            mon = proc_stat("/proc/%d/stat" % p.pid)
+            row = {"t": round(t, 3), "monitor_rss_kib": rss_kib(p.pid),
+                   "monitor_cpu_s": mon[2] if mon else None, "agent_pid": agent,
+                   "agent_rss_kib": rss_kib(agent) if agent else None}
+            tc = threads_cpu(agent) if agent else None
+            row["agent_launch_cpu_s"], row["agent_other_cpu_s"] = tc if tc else (None, None)
+            samples.append(row)
+            deadline = time.monotonic() + interval
+            while time.monotonic() < deadline:
+                pid, st, ru = os.wait4(p.pid, os.WNOHANG)
+                if pid:
+                    status = os.waitstatus_to_exitcode(st)
+                    total_cpu = ru.ru_utime + ru.ru_stime
+                    break
+                time.sleep(min(0.05, interval))
+    with open(log_path, errors="replace") as f:
+        out = f.read()
+    return status, out, samples, total_cpu
+
+
+def num(pattern, text, group=1, conv=float):
+    m = re.search(pattern, text, re.M)
+    return conv(m.group(group)) if m else None
+
+
+def one_run(a, threads, seconds, name):
+    argv = [os.path.join(a.build, "cuptimon-lua"), os.path.join(ROOT, "bench", "sum_durations.lua"),
+            "--", a.loop, "--threads", str(threads),
+            "--seconds", str(seconds)]
+    status, out, samples, total_cpu = run_sampled(argv, a.interval,
+                                                  os.path.join(a.out, name + ".log"))
+    r = {"threads": threads, "seconds": seconds, "status": status}
+    r["launches"] = num(r"^RESULT sweep threads \d+ launches (\d+)", out, conv=int)
+    r["launch_seconds"] = num(r"^RESULT sweep .* seconds ([\d.]+)", out)
+    r["launches_per_s"] = num(r"launches_per_s ([\d.]+)", out)
+    r["launched_total"] = num(r"^LAUNCHED (\d+)", out, conv=int)
+    r["kernels"] = num(r"^SUM kernels (\d+)", out, conv=int)
+    r["runtime"] = num(r"^SUM kernels \d+ runtime (\d+)", out, conv=int)
+    r["delivered"] = num(r"^DELIVERED records (\d+)", out, conv=int)
+    r["script_records_per_s"] = num(r"^DELIVERED .* records_per_s ([\d.]+)", out)
+    for k in ("dropped", "dropped_cupti", "dropped_agent", "dropped_exit", "lost_wire",
+              "lost_frames", "incomplete"):
+        r[k] = num(r"^LOSS .*\b%s (\d+)" % k, out, conv=int)
+    r["lost_line"] = next((l for l in out.splitlines() if "LOST" in l), "")
+    u, s = num(r"^PROCESS_CPU user_s ([\d.]+)", out), num(r"^PROCESS_CPU .* sys_s ([\d.]+)", out)
+    r["agent_cpu_s"] = u + s if u is not None and s is not None else None
+    r["monitor_cpu_s"] = (total_cpu - r["agent_cpu_s"]) if r["agent_cpu_s"] is not None else None
+    if r["launches"] and r["launch_seconds"] and r["delivered"] is not None:
+        r["delivered_per_launch_s"] = r["delivered"] / r["launch_seconds"]
+    # CPU of CUPTI's and the agent's threads over the sampled window.
+    tracer = [x for x in samples if x["agent_other_cpu_s"] is not None]
+    if len(tracer) >= 2 and tracer[-1]["t"] > tracer[0]["t"]:
+        r["tracer_threads_core_pct"] = 100 * (tracer[-1]["agent_other_cpu_s"] -
+                                              tracer[0]["agent_other_cpu_s"]) / (
+                                                  tracer[-1]["t"] - tracer[0]["t"])
+    for role in ("agent", "monitor"):
+        xs = [(x["t"], x[role + "_rss_kib"]) for x in samples if x[role + "_rss_kib"]]
+        r[role + "_rss_peak_kib"] = max((v for _, v in xs), default=None)
+        half = xs[len(xs) // 2:]
+        if len(half) >= 2 and half[-1][0] > half[0][0]:
+            r[role + "_rss_slope_kib_per_min"] = 60 * bs.slope([t for t, _ in half],
+                                                               [v for _, v in half])
+    with open(os.path.join(a.out, name + "_samples.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(samples[0].keys()))
+        w.writeheader()
+        w.writerows(samples)
+    expected = 2 * r["launched_total"] if r["launched_total"] else None
+    r["ok"] = (status == 0 and r["dropped"] == 0 and r["incomplete"] == 0 and not r["lost_line"]
+               and r["kernels"] == r["launched_total"] and expected is not None
+               and (r["delivered"] or 0) >= expected)
+    return r
+
+
+def g(v, f="%.0f"):
+    return "–" if v is None else f % v
+
+
+def sweep(a):
+    rows = []
+    print("| launching threads | launches/s | records/s to the script | records delivered | "
+          "lost (cupti / agent / exit / wire) | agent CPU (% of a core; CUPTI + agent threads) | "
+          "monitor CPU (% of a core) | agent RSS peak (MiB) | monitor RSS peak (MiB) | exit |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+    for t in a.threads:
+        r = one_run(a, t, a.seconds, "sweep_t%d" % t)
+        rows.append(r)
+        secs = r["launch_seconds"] or a.seconds
+        print("| %d | %s | %s | %s | %s (%s / %s / %s / %s) | %s (%s) | %s | %s | %s | %s%s |" % (
+            t, g(r["launches_per_s"]), g(r.get("delivered_per_launch_s")), g(r["delivered"]),
+            g(r["dropped"]), g(r["dropped_cupti"]), g(r["dropped_agent"]), g(r["dropped_exit"]),
+            g(r["lost_wire"]),
+            g(100 * r["agent_cpu_s"] / secs if r["agent_cpu_s"] is not None else None),
+            g(r.get("tracer_threads_core_pct")),
+            g(100 * r["monitor_cpu_s"] / secs if r["monitor_cpu_s"] is not None else None),
+            g(r["agent_rss_peak_kib"] and r["agent_rss_peak_kib"] / 1024, "%.1f"),
+            g(r["monitor_rss_peak_kib"] and r["monitor_rss_peak_kib"] / 1024, "%.1f"),
+            r["status"], "" if r["ok"] else " FAILED"), flush=True)
+        if r["lost_line"]:
+            print("    " + r["lost_line"])
+    return rows
+
+
+def long_run(a):
+    r = one_run(a, a.threads[0], a.seconds, "long_run")
+    print("| process | RSS peak (MiB) | RSS slope, second half (KiB/min) | CPU (% of a core) |")
+    print("|---|--:|--:|--:|")
+    secs = r["launch_seconds"] or a.seconds
+    for role, cpu in (("agent (traced process)", r["agent_cpu_s"]), ("monitor", r["monitor_cpu_s"])):
+        key = role.split()[0]
+        print("| %s | %s | %s | %s |" % (role, g(r[key + "_rss_peak_kib"] and r[key + "_rss_peak_kib"] / 1024, "%.1f"),
+                                         g(r.get(key + "_rss_slope_kib_per_min"), "%.1f"),
+                                         g(cpu and 100 * cpu / secs)))
+    print("launch_loop --threads %d: %s launches in %s s (%s/s); %s records delivered, %s lost; "
+          "exit %s" % (r["threads"], g(r["launches"]), g(r["launch_seconds"], "%.1f"),
+                       g(r["launches_per_s"]), g(r["delivered"]), g(r["dropped"]), r["status"]))
+    if r["lost_line"]:
+        print(r["lost_line"])
+    return [r]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("mode", choices=("sweep", "long"))
+    ap.add_argument("build")
+    ap.add_argument("--threads", default=None)
+    ap.add_argument("--seconds", type=float, default=None)
+    ap.add_argument("--interval", type=float, default=None)
+    ap.add_argument("--out", default=os.environ.get("OUT") or "/tmp/cuptimon-load")
+    ap.add_argument("--loop", default=None, help="the workload (default BUILD_DIR/gpu/launch_loop; "
+                    "the smoke test passes bench/launch_loop_stub.sh)")
+    a = ap.parse_args()
+    a.build = os.path.abspath(a.build)
+    a.loop = a.loop or os.path.join(a.build, "gpu", "launch_loop")
+    if a.mode == "sweep":
+        a.threads = [int(x) for x in (a.threads or os.environ.get("THREADS", "1,2,4,8,16")).split(",")]
+        a.seconds = a.seconds or float(os.environ.get("SECONDS_EACH", "30"))
+        a.interval = a.interval or 0.25
+    else:
+        a.threads = [int(a.threads or os.environ.get("THREADS", "1"))]
+        a.seconds = a.seconds or float(os.environ.get("DURATION", "600"))
+        a.interval = a.interval or 1.0
+    for p in (os.path.join(a.build, "cuptimon-lua"), a.loop):
+        if not os.path.exists(p):
+            sys.exit("load.py: %s is missing (build with nvcc: cmake --build BUILD_DIR)" % p)
+    os.makedirs(a.out, exist_ok=True)
+    if not os.environ.get("CM_BENCH_KEEP_ENV"):  # set by the smoke test with the fake CUPTI
+        for k in ("CUPTIMON_LIBCUPTI", "CUPTIMON_LIBCUDA"):
+            os.environ.pop(k, None)
+    print("%s: %s, %s s each, sampled every %s s. %s" % (
+        a.mode, "threads " + ",".join(map(str, a.threads)), a.seconds, a.interval,
+        bs.describe(a.build)), flush=True)
+    rows = sweep(a) if a.mode == "sweep" else long_run(a)
+    name = "thread_sweep" if a.mode == "sweep" else "long_run"
+    with open(os.path.join(a.out, name + ".json"), "w") as f:
+        json.dump(rows, f, indent=1)
+    bad = [r for r in rows if not r["ok"]]
+    print("RESULT: %s" % ("PASS (no record lost)" if not bad else
+                          "FAIL (%d run(s) failed or lost records)" % len(bad)))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

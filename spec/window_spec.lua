@@ -1,0 +1,154 @@
+-- spec/window_spec.lua: trigger windows (cuptimon.window), the record-rate budget
+-- (cuptimon.budget) and the spike recipe, end to end with the real agent and the fake CUDA
+-- application (engine/tests/fake_cuda_app.c).
+-- luacheck: std +busted
+local helpers = require "helpers"
+
+local bin = helpers.binary()
+local root = helpers.root()
+local app = os.getenv("CUPTIMON_FAKE_APP")
+local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
+local tmp = os.tmpname()
+os.remove(tmp)
+os.execute("mkdir -p " .. tmp)
+
+local function fixture(name) return root .. "/spec/fixtures/" .. name end
+local function script(name) return root .. "/scripts/" .. name end
+
+local function has_agent()
+  local f = io.open(build .. "/libcuptimon-agent.so", "r")
+  if f then f:close() end
+  return app ~= nil and f ~= nil
+end
+
+-- The key=value pairs of the first line of `out` that starts with `prefix`.
+local function pairs_of(out, prefix)
+  local line = out:match("\n" .. prefix .. " ([^\n]*)") or out:match("^" .. prefix .. " ([^\n]*)")
+  assert(line, "no line starting with " .. prefix .. " in:\n" .. out)
+  local t = {}
+  for k, v in line:gmatch("([%w_]+)=(%S*)") do t[k] = tonumber(v) or v end
+  return t
+end
+
+local function replay_counts(file)
+  local rc, out = helpers.sh(("%s --replay %s %s --kinds kernel,runtime"):format(bin, file,
+    script("count.lua")))
+  local t = {}
+  for k, n in out:gmatch("\n(%w[%w_]*)%s+(%d+)") do t[k] = tonumber(n) end
+  return rc, t, out
+end
+
+describe("cuptimon.window and cuptimon.budget (API checks)", function()
+  it("refuse bad options with the valid choices", function()
+    local rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").window{ select = { kernel = \"all\" }, ms = 10, colour = 1 }'")
+      :format(bin))
+    assert.are_not.equal(0, rc, out)
+    assert.matches("unknown option \"colour\"; valid options: done, fn, force, ms, pid, record, select", out)
+    rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").budget{ records_per_s = 10, shed = { \"nope\" } }'")
+      :format(bin))
+    assert.are_not.equal(0, rc, out)
+    assert.matches("shed%[1%]: unknown kind nope; valid kinds:", out)
+  end)
+
+  it("a window needs a live process: nil, ESTATE without one", function()
+    local rc, out = helpers.sh(("%s -e 'local cm = require \"cuptimon\"; "
+      .. "print(cm.window{ select = { runtime = \"all\" }, ms = 10 })'"):format(bin))
+    assert.are.equal(0, rc, out)
+    assert.matches("nil\tESTATE: cuptimon.window: no live process", out)
+  end)
+end)
+
+describe("trigger windows, the budget and spike with the real agent", function()
+  if not has_agent() then
+    pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+    return
+  end
+
+  it("a window records exactly the records of its interval, and restores the selection", function()
+    -- 6 rounds of 500 kernel and (when traced) 500 runtime records, 600 ms apart; the window
+    -- is opened after round 2 and closed after round 4 (spec/fixtures/window_rounds.lua).
+    local rc, out = helpers.sh(("%s %s '%s/w.%%p.cmcap' -- %s --records 1000 --kinds kernel,runtime --rounds 6 --pause-ms 600")
+      :format(bin, fixture("window_rounds.lua"), tmp, app))
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local w = pairs_of(out, "window")
+    local run = pairs_of(out, "run")
+    -- The app wrote runtime records only while the window was open: rounds 3 and 4.
+    assert.are.equal(1000, a.runtime, out)
+    assert.are.equal(3000, a.concurrent_kernel, out)
+    assert.are.same({ 1000, 2000, 3000 }, { run.at_open, run.at_close, run.kernels }, out)
+    -- The window holds those two rounds: every runtime record and the kernels in between.
+    assert.are.same({ 2000, 1000, 1000, 0, "nil" },
+      { w.records, w.runtime, w.concurrent_kernel, w.dropped, w.error }, out)
+    assert.are.equal(1000, w.live_runtime, out)
+    -- Nothing outside the window had the extra kind: the run received no other runtime record.
+    assert.are.equal(1000, run.runtime_total, out)
+    assert.are.equal(tmp .. "/w." .. a.pid .. ".cmcap", w.file, out)
+    -- The capture replays with the same counts and no loss.
+    local rc2, t, rout = replay_counts(w.file)
+    assert.are.equal(0, rc2, rout)
+    assert.are.same({ 1000, 1000, 2000 }, { t.concurrent_kernel, t.runtime, t.total }, rout)
+  end)
+
+  it("a budget sheds kinds in order while the rate is high and restores them once low", function()
+    local rc, out = helpers.sh(("%s %s 10000 -- %s --records 20000 --kinds kernel,runtime --rounds 10 --pause-ms 100 --linger-ms 2500")
+      :format(bin, fixture("budget_rounds.lua"), app))
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local run = pairs_of(out, "run")
+    -- runtime goes first, then memcpy (the list's order); they return in the reverse order.
+    local events = {}
+    for what, kind, shed_now in out:gmatch("\n(%a+) kind=(%a+) pid=%d+ over=%a+ shed_now=(%S*)") do
+      events[#events + 1] = what .. ":" .. kind .. ":" .. shed_now
+    end
+    assert.are.equal("shed:runtime:runtime", events[1], out)
+    assert.are.equal("restore:runtime:", events[#events], out)
+    assert.are.equal(run.sheds, run.restores, out)
+    assert.is_true(run.sheds >= 1, out)
+    assert.are.equal("", run.shed_at_exit, out)
+    -- Shedding lost no record: the app wrote runtime records only while runtime was traced.
+    assert.are.equal(a.runtime, run.runtime, out)
+    assert.are.equal(a.concurrent_kernel, run.kernel, out)
+    assert.is_true(a.runtime < a.concurrent_kernel, out)
+    assert.matches("note: the record%-rate budget shed runtime records of pid " .. a.pid
+      .. " for [%d.]+ s: totals that include runtime mix full and shed data", out)
+  end)
+
+  it("count --budget says when data was shed", function()
+    local rc, out = helpers.sh(("%s %s --budget 10000 --shed runtime --hold-ms 200 -- %s --records 20000 --kinds kernel,runtime --rounds 25 --pause-ms 100")
+      :format(bin, script("count.lua"), app))
+    assert.are.equal(0, rc, out)
+    assert.matches("total%s+%d+\nnote: the record%-rate budget shed runtime records of pid %d+", out)
+  end)
+
+  it("spike records one window when a kernel turns slow, and its capture replays", function()
+    local rc, out = helpers.sh(("cd %s && %s %s --ms 500 -- %s --records 4000 --kinds kernel,runtime --rounds 14 --pause-ms 250 --slow-round 9 --linger-ms 1000")
+      :format(tmp, bin, script("spike.lua"), app))
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local lines = {}
+    for l in out:gmatch("spike: [^\n]*") do lines[#lines + 1] = l end
+    assert.are.equal(1, #lines, out)
+    local file = lines[1]:match("^spike: pid " .. a.pid .. " %([^)]*%) kernel vectorAdd: p99 [%d.]+ us > 3 x median [%d.]+ us %(%d+ in the last second%); recorded (spike%." .. a.pid .. "%.cmcap) %(%d+ ms, %d+ records%)$")
+    assert.is_not_nil(file, out)
+    local rc2, t, rout = replay_counts(tmp .. "/" .. file)
+    assert.are.equal(0, rc2, rout)
+    assert.is_true(t.concurrent_kernel > 0 and t.runtime > 0, rout)
+    -- The window traced runtime, which nothing else selected: the app wrote exactly those.
+    assert.are.equal(a.runtime, t.runtime, rout)
+  end)
+
+  it("spike stays quiet when no kernel turns slow", function()
+    local rc, out = helpers.sh(("cd %s && %s %s --ms 500 --record quiet.%%p.cmcap -- %s --records 4000 --kinds kernel --rounds 10 --pause-ms 250")
+      :format(tmp, bin, script("spike.lua"), app))
+    assert.are.equal(0, rc, out)
+    assert.is_nil(out:find("spike:"), out)
+  end)
+
+  it("spike --help describes it", function()
+    local rc, out = helpers.sh(("%s %s --help"):format(bin, script("spike.lua")))
+    assert.are.equal(0, rc, out)
+    assert.matches("spike.lua: watch each kernel's duration", out)
+    assert.matches("%-%-factor F", out)
+  end)
+end)
