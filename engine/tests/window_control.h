@@ -1,7 +1,7 @@
 /*
  * window_control.h: the control file of the test programs that make work on request, for the
  * dormant agent's attach windows (engine/tests/fake_cuda_app.c --control and
- * engine/tests/gpu/gpu_launch_loop.cu --control; spec/attach_spec.lua and spec/gpu/dormant.sh
+ * bench/launch_loop.cu --control; spec/attach_spec.lua and spec/gpu/dormant.sh
  * drive them).
  *
  * The driver writes a number N (or "quit") and a newline to PATH, through a rename so the file is

@@ -2,12 +2,12 @@
 # The dormant agent on a real GPU (issue 11), from the repository root on the device machine:
 #   bash spec/gpu/dormant.sh BUILD_DIR        (about 60 s; N=launches ROUNDS=rounds to change)
 #
-# (a) What a dormant agent costs: gpu_launch_loop --bench N (empty kernels) with no agent and
+# (a) What a dormant agent costs: launch_loop N (empty kernels, bench/launch_loop.cu) with no agent and
 #     with the agent injected and CUPTIMON_LISTEN=1, each run in its own process, in ROUNDS
 #     interleaved rounds (the order alternates). It reports ns per launch (wall, and the launching
 #     thread's CPU time), the medians, and the median of the per-round ratios dormant/none with a
 #     bootstrap 95% interval. The goal is a ratio of at most 1.01.
-# (b) Attach windows: scripts/top.lua is attached to a running gpu_launch_loop --control, the loop
+# (b) Attach windows: scripts/top.lua is attached to a running launch_loop --control, the loop
 #     launches a known number of kernels, the monitor is stopped with Control-C (detach), and so on
 #     for three windows, with launches made while dormant in between (nobody sees those). For each
 #     window it prints the kernels top.lua counted against the launches made in the window.
@@ -20,9 +20,9 @@ LOG=${OUT:-${LOGS:-/tmp/cuptimon-dormant}}
 mkdir -p "$LOG"
 LUA=$B/cuptimon-lua
 AGENT=$B/libcuptimon-agent.so
-LOOP=$B/gpu/gpu_launch_loop
+LOOP=$B/gpu/launch_loop
 N=${N:-100000}
-KERNEL=${KERNEL:-cm_launch_empty} # the kernel top.lua counts in (b)
+KERNEL=${KERNEL:-cm_loop_empty} # the kernel top.lua counts in (b)
 ROUNDS=${ROUNDS:-10}
 unset CUPTIMON_LIBCUPTI CUPTIMON_LIBCUDA
 RT=$(mktemp -d)
@@ -41,11 +41,11 @@ runs=$LOG/dormant_bench.txt
 run_one() { # run_one ROUND CONFIG
   local out rc err=$LOG/bench_$1_$2.err
   if [ "$2" = none ]; then
-    out=$(timeout 60 "$LOOP" --bench "$N" 2>"$err")
+    out=$(timeout 60 "$LOOP" "$N" 2>"$err")
     rc=$?
   else
     out=$(env CUDA_INJECTION64_PATH="$AGENT" CUPTIMON_LISTEN=1 CUPTIMON_AGENT_LOG=info \
-      timeout 60 "$LOOP" --bench "$N" 2>"$err")
+      timeout 60 "$LOOP" "$N" 2>"$err")
     rc=$?
     # It must really have been dormant: listening, never attached.
     if ! grep -q "dormant: listening on" "$err"; then echo "round $1: the agent did not listen"; fail=1; fi
@@ -67,7 +67,8 @@ import random, statistics, sys
 rows = {}
 for line in open(sys.argv[1]):
     p = line.split()
-    kv = dict(x.split("=") for x in p[3:])
+    # "ROUND CONFIG RESULT launch_loop launches N wall_ns X cpu_ns Y"
+    kv = dict(zip(p[4::2], p[5::2]))
     rows.setdefault(int(p[0]), {})[p[1]] = (float(kv["wall_ns"]), float(kv["cpu_ns"]))
 rounds = [r for r in sorted(rows) if len(rows[r]) == 2]
 if not rounds:
