@@ -9,6 +9,10 @@
  *         RESULT launch_loop launches N wall_ns X cpu_ns Y
  *       where X and Y are per launch, Y being the launching thread's CPU time
  *       (CLOCK_THREAD_CPUTIME_ID), where the cost CUPTI adds to a launch lands.
+ *   launch_loop --control PATH
+ *       serves the requests of the control file PATH (engine/tests/window_control.h), for the
+ *       dormant agent's attach windows (spec/gpu/dormant.sh): N launches and a synchronize per
+ *       request, acknowledged with "launched=N total=T"
  *   launch_loop --threads T --seconds S
  *       T threads, each on its own stream, launch empty kernels as fast as they can for S seconds
  *       (bench/thread_sweep.sh, bench/long_run.sh). Prints
@@ -34,6 +38,7 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "window_control.h"
 
 extern "C" __global__ void cm_loop_empty(void) {}
 
@@ -61,6 +66,22 @@ static int timed_loop(int n) {
   uint64_t w1 = clock_ns(CLOCK_MONOTONIC), c1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
   printf("RESULT launch_loop launches %d wall_ns %.2f cpu_ns %.2f\n", n, (double)(w1 - w0) / n,
          (double)(c1 - c0) / n);
+  return 0;
+}
+
+static int serve(const char *path) {
+  CK(cudaFree(0));
+  long long n;
+  uint64_t total = 0;
+  while ((n = cm_window_next(path)) >= 0) {
+    for (long long done = 0; done < n; done += 10000)
+      launches((int)std::min(n - done, 10000LL), 0);
+    CK(cudaDeviceSynchronize());
+    total += (uint64_t)n;
+    char line[96];
+    snprintf(line, sizeof line, "launched=%lld total=%" PRIu64 "\n", n, total);
+    if (cm_window_ack(path, line) != 0) return 1;
+  }
   return 0;
 }
 
@@ -102,8 +123,10 @@ int main(int argc, char **argv) {
     rc = sweep(atoi(argv[2]), atof(argv[4]));
   } else if (argc == 2 && atoi(argv[1]) > 0) {
     rc = timed_loop(atoi(argv[1]));
+  } else if (argc == 3 && strcmp(argv[1], "--control") == 0) {
+    rc = serve(argv[2]);
   } else {
-    fprintf(stderr, "usage: %s N | --threads T --seconds S\n", argv[0]);
+    fprintf(stderr, "usage: %s N | --threads T --seconds S | --control PATH\n", argv[0]);
     return 2;
   }
   struct rusage ru;

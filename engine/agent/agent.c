@@ -59,6 +59,10 @@
 #include "cm_internal.h"
 #include "control.h"
 #include "cuptimon_wire.h"
+#include "listen.h"
+
+/* The stderr log is shared with listen.c. */
+#define alog cm__alog
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -112,6 +116,13 @@ static struct agent {
   uint32_t exit_budget_ms; /* CUPTIMON_EXIT_BUDGET_MS: all the exit handler's work */
   uint32_t exit_flush_ms; /* CUPTIMON_EXIT_FLUSH_MS: the final fence's part of the budget */
   uint32_t exit_drain_ms; /* CUPTIMON_EXIT_DRAIN_MS: the queue's part of the budget */
+  /* Dormant mode (listen.c): the configuration between sessions, the queue bound to restore, and
+   * the engine's counters at the session's start (STATS counts from there, so that each
+   * monitor's loss accounting covers its own attach window). Written by the listener thread
+   * between sessions only. */
+  cm_config idle_cfg;
+  size_t def_max_bytes;
+  cm_stats base;
 
   /* Control thread only (the init thread before it starts): the engine configuration, the
    * application of control frames, and the agent's observers. */
@@ -178,8 +189,7 @@ static const char *level_names[] = {"error", "warn", "info", "debug"};
 
 /* Writes one line to stderr with a single write(2), so lines of several threads (and of several
  * processes sharing the terminal) do not interleave. Thread-safe; never allocates. */
-static void alog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void alog(int level, const char *fmt, ...) {
+void alog(int level, const char *fmt, ...) {
   if (level > A.level) return;
   char line[1536];
   int n = snprintf(line, sizeof line, "cuptimon-agent[%d]: %s: ", (int)getpid(),
@@ -377,6 +387,8 @@ static void monitor_gone(const char *why) {
   free_frames(f);
   if (atomic_load(&A.exiting))
     alog(CM_LOG_DEBUG, "%s %s during exit", A.is_socket ? "monitor connection" : "capture", why);
+  else if (cm__listen_mode())
+    alog(CM_LOG_INFO, "the monitor detached (%s); %zu queued frames discarded", why, nframes);
   else
     alog(CM_LOG_WARN,
          "%s: %s; tracing off, the application continues (%zu queued frames discarded, %llu "
@@ -449,7 +461,14 @@ static void *sender_main(void *arg) {
  * records_queued and batches_queued describe exactly the BATCH frames queued ahead of this STATS
  * frame: a monitor that has received fewer knows that the difference was lost on the way. */
 static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
-  const cm_stats st = *stp;
+  cm_stats st = *stp;
+  st.buffers_allocated -= A.base.buffers_allocated;
+  st.buffers_decoded -= A.base.buffers_decoded;
+  st.buffers_refused -= A.base.buffers_refused;
+  st.records_decoded -= A.base.records_decoded;
+  st.records_delivered -= A.base.records_delivered;
+  st.records_dropped -= A.base.records_dropped;
+  st.fence_timeouts -= A.base.fence_timeouts;
   uint32_t n = 0;
 #define KV(nm, v) kv[n++] = (cm_wire_kv){.name = nm, .value = (v)}
   KV("buffers_allocated", st.buffers_allocated);
@@ -902,6 +921,11 @@ static void *control_main(void *arg) {
     if (atomic_load(&A.gone)) {
       reading = false;
       if (!atomic_load(&A.exiting)) tracing_off();
+      /* Dormant mode: the session is over; the listener ends it and waits for the next one. */
+      if (cm__listen_mode() && !atomic_load(&A.exiting)) {
+        cm__listen_session_over();
+        break;
+      }
     }
     /* Frames the handshake (or the last read) left in the reader come first. */
     while (reading) {
@@ -951,8 +975,9 @@ static void *control_main(void *arg) {
 
 /* ---- exit ----------------------------------------------------------------------------------- */
 
-/* Joins `t` unless `deadline` (mono ms) passes first; then the thread is left behind, logged. */
-static void join_with_deadline(pthread_t t, const char *name, uint64_t deadline) {
+/* Joins `t` unless `deadline` (mono ms) passes first; then the thread is left behind, logged, and
+ * it returns false. */
+static bool join_with_deadline(pthread_t t, const char *name, uint64_t deadline) {
   uint64_t now = cm__mono_ms();
   uint64_t ms = deadline > now ? deadline - now : 0;
   struct timespec ts;
@@ -963,8 +988,10 @@ static void join_with_deadline(pthread_t t, const char *name, uint64_t deadline)
     ts.tv_sec++;
     ts.tv_nsec -= 1000000000L;
   }
-  if (pthread_timedjoin_np(t, NULL, &ts) != 0)
-    alog(CM_LOG_WARN, "the %s thread did not stop within the exit budget; leaving it", name);
+  if (pthread_timedjoin_np(t, NULL, &ts) == 0) return true;
+  alog(CM_LOG_WARN, "the %s thread did not stop %s; leaving it", name,
+       atomic_load(&A.exiting) ? "within the exit budget" : "in time");
+  return false;
 }
 
 static uint64_t min_u64(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -1287,7 +1314,7 @@ static void report_failure(const char *token, const char *why, uint64_t deadline
 }
 
 static int start_threads(void) {
-  if (pipe2(A.wake, O_CLOEXEC) != 0) {
+  if (A.wake[0] < 0 && pipe2(A.wake, O_CLOEXEC) != 0) {
     alog(CM_LOG_ERROR, "pipe2: %s", strerror(errno));
     return -1;
   }
@@ -1301,6 +1328,21 @@ static int start_threads(void) {
     return -1;
   }
   A.control_started = true;
+  return 0;
+}
+
+/* Creates the engine with the default configuration and `deliver_ms`, and routes its log.
+ * Returns 0, or a CM_E* code with the reason in why (A.eng stays NULL). */
+static int start_engine(uint32_t deliver_ms, char *why, size_t cap) {
+  cm_config_init(&A.cfg);
+  A.cfg.deliver_ms = deliver_ms;
+  int rc = cm_engine_new(&A.eng, &A.cfg);
+  if (rc) {
+    snprintf(why, cap, "%s: %s", cm_err_name(rc), cm_errmsg());
+    A.eng = NULL;
+    return rc;
+  }
+  cm_set_log(A.eng, engine_log, NULL);
   return 0;
 }
 
@@ -1321,10 +1363,12 @@ static void agent_init(void) {
   const char *sock = getenv("CUPTIMON_SOCKET");
   const char *cap = getenv("CUPTIMON_CAPTURE");
   const char *token = getenv("CUPTIMON_TOKEN");
+  const char *lsn = getenv("CUPTIMON_LISTEN");
   if (sock && !*sock) sock = NULL;
   if (cap && !*cap) cap = NULL;
-  if (!sock && !cap) {
-    alog(CM_LOG_INFO, "neither CUPTIMON_SOCKET nor CUPTIMON_CAPTURE is set; not tracing");
+  bool dormant = lsn && *lsn && strcmp(lsn, "0") != 0 && !sock;
+  if (!sock && !cap && !dormant) {
+    alog(CM_LOG_INFO, "neither CUPTIMON_SOCKET nor CUPTIMON_CAPTURE is set (nor CUPTIMON_LISTEN); not tracing");
     return;
   }
   A.handshake_ms = (uint32_t)env_u64("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS, 3600000);
@@ -1336,6 +1380,13 @@ static void agent_init(void) {
   A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", A.exit_budget_ms, 3600000);
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
+  if (dormant) {
+    /* Nothing is loaded or enabled until a monitor attaches (listen.c, docs/agent.md). */
+    if (cap) alog(CM_LOG_WARN, "CUPTIMON_LISTEN is set: CUPTIMON_CAPTURE is ignored");
+    A.def_max_bytes = A.max_bytes;
+    cm__listen_start();
+    return;
+  }
   uint64_t deadline = cm__mono_ms() + A.handshake_ms;
   char path[4096];
 
@@ -1357,20 +1408,15 @@ static void agent_init(void) {
     alog(CM_LOG_INFO, "writing the capture %s", path);
   }
 
-  cm_config_init(&A.cfg);
-  A.cfg.deliver_ms = DEFAULT_DELIVER_MS;
-  int rc = cm_engine_new(&A.eng, &A.cfg);
+  char why[1024];
+  int rc = start_engine(DEFAULT_DELIVER_MS, why, sizeof why);
   if (rc) {
-    char why[1024];
-    snprintf(why, sizeof why, "%s: %s", cm_err_name(rc), cm_errmsg());
     alog(CM_LOG_ERROR, "cannot start the engine: %s; tracing off", why);
-    A.eng = NULL;
     report_failure(sock ? token : "", why, deadline, !sock);
     close(A.fd);
     A.fd = -1;
     return;
   }
-  cm_set_log(A.eng, engine_log, NULL);
 
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -1434,6 +1480,120 @@ off:
     close(A.fd);
     A.fd = -1;
   }
+}
+
+/* ---- dormant mode's sessions (listen.c drives them; listen.h has the contract) --------------- */
+
+bool cm__agent_attached(void) { return atomic_load(&A.active); }
+
+void cm__agent_exit(void) { agent_atexit(); }
+
+/* Restores the state of a fresh connection: an empty live queue, zero counters, no strings sent,
+ * BATCH numbers from 1, and the engine's counters as the new baseline. Listener thread, between
+ * sessions: no agent thread runs and no observer is registered, so nothing else touches it. */
+static void session_reset(int fd) {
+  A.fd = fd;
+  A.is_socket = true;
+  atomic_store(&A.gone, false);
+  atomic_store(&A.cut, false);
+  atomic_store(&A.ctl_stop, false);
+  atomic_store(&A.tracing, false);
+  pthread_mutex_lock(&A.send_mu);
+  A.head = A.tail = NULL;
+  A.q_bytes = A.q_frames = 0;
+  A.q_batches = A.q_records = 0;
+  A.q_closed = A.q_dead = A.sender_stop = A.sending = false;
+  A.max_bytes = A.def_max_bytes;
+  pthread_mutex_unlock(&A.send_mu);
+  atomic_store(&A.batches_sent, 0);
+  atomic_store(&A.batches_dropped, 0);
+  atomic_store(&A.records_dropped_agent, 0);
+  atomic_store(&A.records_dropped_exit, 0);
+  atomic_store(&A.records_sent, 0);
+  atomic_store(&A.bytes_sent, 0);
+  atomic_store(&A.frames_sent, 0);
+  atomic_store(&A.strings_sent, 0);
+  A.cb_strings_sent = 0;
+  A.cb_number = 0;
+  A.cb_last_seq = 0;
+  A.cb_last_kind = -1;
+  A.sender_started = A.control_started = false;
+  memset(&A.base, 0, sizeof A.base);
+  cm_stats_get(A.eng, &A.base);
+}
+
+int cm__agent_session_begin(int fd, uint64_t deadline) {
+  if (!A.eng) {
+    /* The first attach: the engine (libcupti, the subscription) starts here, on the listener
+     * thread, with no cadence, so that between sessions its worker sleeps. */
+    char why[1024];
+    int rc = start_engine(0, why, sizeof why);
+    if (rc) {
+      alog(CM_LOG_ERROR, "dormant: cannot start the engine: %s", why);
+      A.fd = fd;
+      A.is_socket = true;
+      report_failure("", why, deadline, false);
+      close(fd);
+      A.fd = -1;
+      return rc;
+    }
+    A.idle_cfg = A.cfg;
+  }
+  session_reset(fd);
+  /* While attached, the agent's usual delivery cadence. */
+  cm_config live = A.idle_cfg;
+  live.deliver_ms = DEFAULT_DELIVER_MS;
+  if (cm_configure(A.eng, &live) == 0) A.cfg = live;
+  cm_wire_reader_free(A.reader);
+  A.reader = NULL;
+  cm_wire_buf b;
+  cm_wire_buf_init(&b);
+  int rc = write_hello_schema(&b, "");
+  if (!rc && write_all(A.fd, true, b.data, b.len, deadline) != 0) rc = CM_EIO;
+  cm_wire_buf_free(&b);
+  if (!rc) rc = cm_wire_reader_new(&A.reader, 0);
+  if (!rc) {
+    cm__control_init(&A.ctl, &control_ops, &A.cfg);
+    int32_t st = await_ack(deadline);
+    if (st != 0) {
+      alog(CM_LOG_WARN, "dormant: the monitor's handshake failed (%s); staying dormant",
+           cm_err_name(st));
+      rc = st;
+    }
+  }
+  if (!rc && start_threads() != 0) rc = CM_EIO;
+  if (rc) {
+    /* Threads that did start exit on the dead queue; the end of the session joins them. */
+    atomic_store(&A.active, true);
+    monitor_gone("the attach failed");
+    cm__agent_session_end(deadline + 5000);
+    return rc;
+  }
+  atomic_store(&A.active, true);
+  return 0;
+}
+
+bool cm__agent_session_end(uint64_t deadline) {
+  bool ok = true;
+  monitor_gone("detached"); /* idempotent: the queue dies and the sender stops */
+  atomic_store(&A.ctl_stop, true);
+  wake_control();
+  if (A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
+  if (A.control_started) ok &= join_with_deadline(A.control, "control", deadline);
+  if (A.sender_started) ok &= join_with_deadline(A.sender, "sender", deadline);
+  A.control_started = A.sender_started = false;
+  if (!ok) return false;
+  if (A.fd >= 0) close(A.fd);
+  A.fd = -1;
+  /* Every kind off (a no-op when the control thread did it already), then the pool's free
+   * buffers go and the dormant configuration (no cadence) comes back. */
+  if (A.nobs) apply_selection(NULL);
+  if (A.eng) {
+    if (cm_configure(A.eng, &A.idle_cfg) == 0) A.cfg = A.idle_cfg;
+    cm__engine_trim(A.eng);
+  }
+  atomic_store(&A.active, false);
+  return true;
 }
 
 /* The CUDA driver calls this once, inside cuInit, when CUDA_INJECTION64_PATH names the agent.

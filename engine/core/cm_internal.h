@@ -224,6 +224,8 @@ uint8_t *cm__pool_get(cm__pool *p, size_t *size, bool *warn);
 void cm__pool_put(cm__pool *p, uint8_t *buf);
 /* Any thread. Changes the size of buffers allocated from now on and the bound. */
 void cm__pool_configure(cm__pool *p, size_t buffer_size, uint32_t max_buffers, uint32_t warn);
+/* Any thread. Frees the free buffers beyond `keep`; returns how many were freed. */
+uint64_t cm__pool_trim(cm__pool *p, uint64_t keep);
 
 /* ---- intern.c ---------------------------------------------------------------------------- */
 
@@ -455,5 +457,10 @@ int cm__pm_decode_image(const cm__cupti *c, CUpti_PmSampling_Object *obj,
                         const char *const *metrics, uint32_t nmetrics, int64_t clock_offset_ns,
                         uint64_t lo_ns, uint64_t hi_ns, cm__pm_columns *cols, uint64_t *filtered);
 void cm__pm_columns_free(cm__pm_columns *cols);
+
+/* Frees every free buffer of the engine's pool (outstanding ones return and are recycled as
+ * usual), so an engine with no session holds no buffer memory: the dormant agent calls it when a
+ * monitor detaches. Any thread. */
+void cm__engine_trim(cm_engine *e);
 
 #endif /* CM_INTERNAL_H */

@@ -585,6 +585,10 @@ void cm_engine_free(cm_engine *e) {
   destroy(e);
 }
 
+void cm__engine_trim(cm_engine *e) {
+  if (e) cm__pool_trim(&e->pool, 0);
+}
+
 int cm_configure(cm_engine *e, const cm_config *cfg) {
   cm__clearerr();
   if (!e || !cfg) return cm__seterr(CM_EINVAL, "engine or config is NULL");

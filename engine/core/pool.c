@@ -80,12 +80,11 @@ static bool note_outstanding(cm__pool *p) {
   return false;
 }
 
-/* Detaches free buffers until alive fits the bound, and returns the detached chain for the
- * caller to free after unlocking. Outstanding buffers are left alone: they are freed on return
- * while the pool is over its bound. Mutex held. */
-static void *trim_locked(cm__pool *p) {
+/* Detaches up to n free buffers and returns them as a chain for the caller to free after
+ * unlocking. Mutex held. */
+static void *detach_free_locked(cm__pool *p, uint64_t n) {
   void *chain = NULL;
-  while (p->free_list && p->alive > p->max_buffers) {
+  for (; n && p->free_list; n--) {
     void *b = p->free_list;
     p->free_list = next_of(b);
     set_next(b, chain);
@@ -94,6 +93,12 @@ static void *trim_locked(cm__pool *p) {
     p->alive--;
   }
   return chain;
+}
+
+/* Detaches free buffers until alive fits the bound. Outstanding buffers are left alone: they
+ * are freed on return while the pool is over its bound. Mutex held. */
+static void *trim_locked(cm__pool *p) {
+  return detach_free_locked(p, p->alive > p->max_buffers ? p->alive - p->max_buffers : 0);
 }
 
 /* Initializes the pool; no buffer is allocated until the first request. warn_outstanding == 0
@@ -219,4 +224,14 @@ void cm__pool_configure(cm__pool *p, size_t buffer_size, uint32_t max_buffers, u
 
   chain_free(stale);
   chain_free(surplus);
+}
+
+/* Any thread. The free buffers beyond `keep` are detached under the mutex and freed outside it. */
+uint64_t cm__pool_trim(cm__pool *p, uint64_t keep) {
+  pthread_mutex_lock(&p->mu);
+  uint64_t n = p->free_count > keep ? p->free_count - keep : 0;
+  void *chain = detach_free_locked(p, n);
+  pthread_mutex_unlock(&p->mu);
+  chain_free(chain);
+  return n;
 }

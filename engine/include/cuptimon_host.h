@@ -57,7 +57,11 @@ enum {
   CM_HOST_CHECK = 1u << 0,
   /* Do not create the in-process engine source on the first observer (a host that attaches its
    * own sources, such as the live-agent hub or a replay). */
-  CM_HOST_NO_INPROC = 1u << 1
+  CM_HOST_NO_INPROC = 1u << 1,
+  /* cm.exit() (cm_host_request_exit) only stops the loop; the embedder calls cm_host_shutdown
+   * once uv_run returns, after work of its own (cuptimon-lua --attach detaches its agents first,
+   * so that the final window is complete before the exit hooks run). */
+  CM_HOST_STOP_ON_EXIT = 1u << 2
 };
 
 /* Creates a host on `loop` (which must outlive it). `opts` may be NULL. Returns 0 or a CM_E*

@@ -382,6 +382,23 @@ CM_EXTERN int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f);
 CM_EXTERN const char *cm_wire_file_errmsg(const cm_wire_file *cf);
 CM_EXTERN void cm_wire_file_close(cm_wire_file *cf);
 
+
+/* ---- the rendezvous of dormant agents (rendezvous.c) ------------------------------------------ */
+
+/* A dormant agent (CUPTIMON_LISTEN=1, docs/agent.md) listens on a unix socket named
+ * "<pid>.sock" in a per-user directory, and `cuptimon-lua --list` / `--attach` look for it there.
+ * The directory is $XDG_RUNTIME_DIR/cuptimon when XDG_RUNTIME_DIR is set (an absolute path), and
+ * otherwise cuptimon-<uid> in $TMPDIR (/tmp when TMPDIR is unset or too long for a socket path).
+ * Writes its path to `out`. With CM_WIRE_LISTEN_CREATE in `flags`, a missing directory is made,
+ * mode 0700. Either way the directory must be a directory (not a symbolic link) owned by the
+ * effective uid with no group or world write bit, or it is refused: another user could otherwise
+ * plant or remove sockets. CM_WIRE_LISTEN_ANY_OWNER lifts the owner check (root's monitor, given
+ * the user's XDG_RUNTIME_DIR, attaching to agents that admit root); the mode check stays.
+ * Returns 0, CM_ENOENT (missing, without CM_WIRE_LISTEN_CREATE), or CM_EIO (refused, or a failed
+ * call) with a message in `err`. Thread-safe. */
+enum { CM_WIRE_LISTEN_CREATE = 1, CM_WIRE_LISTEN_ANY_OWNER = 2 };
+CM_EXTERN int cm_wire_listen_dir(char *out, size_t cap, int flags, char *err, size_t errlen);
+
 #ifdef __cplusplus
 }
 #endif

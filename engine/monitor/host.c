@@ -1306,6 +1306,11 @@ int cm_host_shutdown(cm_host *h) {
 
 static void exit_cb(uv_timer_t *t) {
   cm_host *h = t->data;
+  if (h->flags & CM_HOST_STOP_ON_EXIT) {
+    uv_unref((uv_handle_t *)&h->exit_timer);
+    uv_stop(h->loop);
+    return;
+  }
   cm_host_shutdown(h);
 }
 

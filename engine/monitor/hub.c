@@ -45,6 +45,18 @@
  *
  * --record writes every agent's frames to a capture per process (record.c).
  *
+ * --attach (dormant agents, attach.c): there is no command, socket or gate. The hub connects to
+ * each agent's own socket instead (`all`: every one in the rendezvous directory, and new ones as
+ * they appear, seen through a uv_fs_event on the directory); the agent sends HELLO and SCHEMA and
+ * this file answers CONFIGURE, SELECT and HELLO_ACK itself (the agent waits on its listener
+ * thread, never in the application's cuInit, so the loop may answer). From there a connection is
+ * the same as an agent's that connected: same frames, same wire source, same process events. A
+ * BYE before HELLO is the agent's refusal (another monitor is attached: its message names that
+ * monitor's pid). The window ends with cm__hub_detach: SELECT "" and a sync FLUSH, so every
+ * record the agent held is delivered before the exit hooks; closing the connection then sends
+ * the agent back to dormant. With a list of pids the run ends when every one has gone; with
+ * `all`, at Control-C (status 0) or cm.exit().
+ *
  * Threads: the loop thread, and the gate's thread, which shares only the gate's locked state
  * (gate.h). Ownership: the hub is a singleton owned by lua_main.c through cm__main_attach and
  * cm__hub_free; a connection is freed in its pipe's close callback, after the host has detached
@@ -63,6 +75,7 @@
 
 #include <sys/socket.h>
 
+#include "attach.h"
 #include "gate.h"
 #include "host_internal.h"
 #include "hub.h"
@@ -120,6 +133,8 @@ typedef struct conn {
    * I/O but still attached. */
   int await_status;
   uint64_t await_deadline;
+  int outward;         /* --attach: the monitor connected to the agent's socket */
+  int detaching;       /* --attach: SELECT "" was sent; nothing more is sent */
 } conn;
 
 typedef struct hub {
@@ -154,6 +169,18 @@ typedef struct hub {
   cm__record *rec;     /* --record (record.c), or NULL */
   int finished, status;
   int attached_any;    /* some process completed its handshake */
+  /* --attach */
+  int attach, attach_all;
+  int targets[256], ntargets;
+  int *tried;          /* pids connected to so far (never twice) */
+  int ntried, cap_tried;
+  int attach_failed;   /* a named pid could not be attached */
+  char adir[PATH_MAX];
+  uv_fs_event_t watch;
+  int watch_init;
+  uv_timer_t scan_timer;
+  int scan_init;
+  int detach_pending;
 } hub;
 
 static hub *g_hub;
@@ -194,9 +221,18 @@ static void stop_gate(hub *hb) {
   }
 }
 
+static void stop_watch(hub *hb);
+static char *current_union(hub *hb);
+
 static void finish(hub *hb) {
   if (hb->finished) return;
   hb->finished = 1;
+  if (hb->attach) {
+    /* The connections stay: cm__hub_detach ends their windows after the loop. */
+    stop_watch(hb);
+    uv_stop(hb->loop);
+    return;
+  }
   stop_gate(hb);
   /* Agents still connected after the drain period are cut off (their processes run on). */
   for (conn *c = hb->conns; c; c = c->next) {
@@ -288,7 +324,7 @@ static int conn_flush(cm__wsrc *w, int mode, uint32_t timeout_ms, cm_source_done
   hub *hb = g_hub;
   /* Before HELLO_ACK (a process_start hook flushing) the agent has traced nothing yet, and a
    * FLUSH would break the handshake's order; after the end there is nothing left to flush. */
-  if (c->state != CONN_ACTIVE || c->handshaking) {
+  if (c->state != CONN_ACTIVE || c->handshaking || c->detaching) {
     if (done) done(ud, 0);
     return 0;
   }
@@ -325,7 +361,8 @@ static void flush_complete(conn *c, int i, int status) {
 
 static void conn_select(cm__wsrc *w, const char *spec) {
   conn *c = w->owner;
-  if (c->handshaking || c->state != CONN_ACTIVE) return; /* the handshake sends its own */
+  /* The handshake sends its own; a detaching agent keeps its empty selection. */
+  if (c->handshaking || c->state != CONN_ACTIVE || c->detaching) return;
   cm_wire_buf b;
   cm_wire_buf_init(&b);
   cm_wire_write_select(&b, spec);
@@ -361,7 +398,7 @@ static void conn_configure(cm__wsrc *w, uint32_t flush_ms, uint32_t deliver_ms) 
   conn *c = w->owner;
   if (flush_ms) g_hub->flush_ms = flush_ms;
   if (deliver_ms) g_hub->deliver_ms = deliver_ms;
-  if (c->handshaking || c->state != CONN_ACTIVE) return;
+  if (c->handshaking || c->state != CONN_ACTIVE || c->detaching) return;
   if (flush_ms) c->sent_flush_ms = flush_ms;
   if (deliver_ms) c->sent_deliver_ms = deliver_ms;
   send_configure(c, flush_ms, deliver_ms);
@@ -401,6 +438,7 @@ static void conn_closed(uv_handle_t *hd) {
   free(c->sent_select);
   free(c->hello);
   free(c);
+  if (hb->attach && !hb->attach_all && !hb->conns && !hb->detach_pending) finish(hb);
   maybe_finish(hb);
 }
 
@@ -431,6 +469,12 @@ static void conn_set_status(conn *c, int status) {
 /* Ends the process's connection: process_exit runs when it was attached. */
 static void conn_end(conn *c, int end) {
   hub *hb = g_hub;
+  if (c->outward && !c->w.have_hello && c->state != CONN_CLOSING) {
+    fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: it closed the connection without a "
+            "HELLO (the agent refused this monitor, or it is exiting; its stderr says why)\n",
+            (int)c->kpid);
+    if (!hb->attach_all) hb->attach_failed = 1;
+  }
   if (c->w.end == CM__END_NONE) c->w.end = end;
   c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
   if (c->w.attached && hb->proc.started && c->kpid == cm__proc_pid(&hb->proc)) {
@@ -479,6 +523,33 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
     c->hello_frame.reader = NULL;
   }
   hb->attached_any = 1;
+  if (c->outward) {
+    /* The gate's part of the handshake, done here: the agent waits on its listener thread. */
+    char *u = current_union(hb);
+    cm_wire_buf b;
+    cm_wire_buf_init(&b);
+    cm_wire_kv kv[2];
+    uint32_t n = 0;
+    if (hb->flush_ms) kv[n++] = (cm_wire_kv){.name = "flush_ms", .value = hb->flush_ms};
+    if (hb->deliver_ms) kv[n++] = (cm_wire_kv){.name = "deliver_ms", .value = hb->deliver_ms};
+    int wrc = u ? 0 : CM_ENOMEM;
+    if (!wrc && n) wrc = cm_wire_write_configure(&b, kv, n);
+    if (!wrc) wrc = cm_wire_write_select(&b, u);
+    if (!wrc) wrc = cm_wire_write_hello_ack(&b, 0, "");
+    if (wrc) {
+      cm_wire_buf_free(&b);
+      free(u);
+      fprintf(stderr, "cuptimon-lua: cannot answer pid %d: %s\n", (int)c->kpid, cm_strerror(wrc));
+      conn_end(c, CM__END_ERROR);
+      return;
+    }
+    conn_send(c, &b, 0);
+    cm_wire_buf_free(&b);
+    free(c->sent_select);
+    c->sent_select = u;
+    c->sent_flush_ms = hb->flush_ms;
+    c->sent_deliver_ms = hb->deliver_ms;
+  }
   c->w.extra = hb->extra;
   c->w.union_spec = c->sent_select;
   c->sent_select = NULL;
@@ -652,7 +723,25 @@ static const cm__live_ops live_ops = {
 };
 
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
+  if (!c->w.have_hello && c->outward && f->type == CM_WIRE_BYE) {
+    /* A dormant agent's refusal (another monitor is attached, or it is exiting). */
+    cm_wire_bye bye;
+    memset(&bye, 0, sizeof bye);
+    int drc = cm_wire_decode_bye(f, &bye);
+    fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: %s\n", (int)c->kpid,
+            drc == 0 && bye.message ? bye.message : "the agent refused");
+    if (!hb->attach_all) hb->attach_failed = 1;
+    c->state = CONN_CLOSING;
+    conn_close(c);
+    return;
+  }
   if (!c->w.have_hello) { /* the gate admitted it on this very frame */
+    if (c->outward && f->type != CM_WIRE_HELLO) {
+      fprintf(stderr, "cuptimon-lua: pid %d sent %s before HELLO; closing the connection\n",
+              (int)c->kpid, cm_wire_type_name(f->type) ? cm_wire_type_name(f->type) : "a frame");
+      conn_end(c, CM__END_ERROR);
+      return;
+    }
     on_hello(hb, c, f);
     return;
   }
@@ -731,11 +820,11 @@ static void free_data(uv_handle_t *hd) {
 }
 
 /* Takes a connection the gate admitted: from here on the loop thread owns it. */
-static void conn_admit(hub *hb, cm__gate_conn *gc) {
+static conn *conn_admit(hub *hb, cm__gate_conn *gc) {
   conn *c = calloc(1, sizeof *c);
   if (!c) {
     close(gc->fd);
-    return;
+    return NULL;
   }
   cm__wsrc_init(&c->w, &conn_ops, c, "agent");
   c->kpid = gc->pid;
@@ -749,13 +838,14 @@ static void conn_admit(hub *hb, cm__gate_conn *gc) {
   if (uv_pipe_open(&c->pipe, gc->fd) || cm_wire_reader_new(&c->r, 0)) {
     close(gc->fd);
     uv_close((uv_handle_t *)&c->pipe, free_data);
-    return;
+    return NULL;
   }
   c->next = hb->conns;
   hb->conns = c;
   hb->nconns++;
   uv_read_start((uv_stream_t *)&c->pipe, alloc_cb, read_cb);
-  conn_feed(hb, c, gc->bytes, gc->len);
+  if (gc->len) conn_feed(hb, c, gc->bytes, gc->len);
+  return c;
 }
 
 static void admit_cb(uv_async_t *a) {
@@ -956,6 +1046,130 @@ static void replay_finished(void *ud, int status) {
   uv_stop(hb->loop);
 }
 
+/* ---- --attach -------------------------------------------------------------------------------------- */
+
+static int tried_before(hub *hb, int pid) {
+  for (int i = 0; i < hb->ntried; i++)
+    if (hb->tried[i] == pid) return 1;
+  return 0;
+}
+
+/* Connects to the dormant agent of `pid` (once per run); its HELLO arrives on the loop. Returns 0,
+ * or -1 after printing why. */
+static int attach_pid(hub *hb, int pid) {
+  if (tried_before(hb, pid)) return 0;
+  if (hb->ntried == hb->cap_tried) {
+    int cap = hb->cap_tried ? hb->cap_tried * 2 : 64;
+    int *t = realloc(hb->tried, (size_t)cap * sizeof *t);
+    if (!t) return -1;
+    hb->tried = t;
+    hb->cap_tried = cap;
+  }
+  hb->tried[hb->ntried++] = pid;
+  char err[1024];
+  int fd = cm__attach_connect(hb->adir, pid, err, sizeof err);
+  if (fd < 0) {
+    fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: %s\n", pid, err);
+    return -1;
+  }
+  cm__gate_conn gc = {.fd = fd, .pid = pid, .uid = geteuid()};
+  conn *c = conn_admit(hb, &gc);
+  if (!c) return -1;
+  c->outward = 1;
+  return 0;
+}
+
+/* --attach all: every dormant agent in the directory not attached before. */
+static void attach_scan(hub *hb) {
+  int pids[4096];
+  int n = cm__attach_scan(hb->adir, pids, 4096);
+  for (int i = 0; i < n && !hb->finished; i++)
+    if (pids[i] != (int)getpid()) attach_pid(hb, pids[i]);
+}
+
+static void watch_cb(uv_fs_event_t *w, const char *name, int events, int status) {
+  (void)name, (void)events, (void)status;
+  hub *hb = w->data;
+  if (!hb->finished) attach_scan(hb);
+}
+
+/* A safety net for the directory watch (events can be coalesced or lost): a rescan each second. */
+static void scan_cb(uv_timer_t *t) {
+  hub *hb = t->data;
+  if (!hb->finished) attach_scan(hb);
+}
+
+static void stop_watch(hub *hb) {
+  if (hb->watch_init && !uv_is_closing((uv_handle_t *)&hb->watch))
+    uv_close((uv_handle_t *)&hb->watch, NULL);
+  if (hb->scan_init && !uv_is_closing((uv_handle_t *)&hb->scan_timer))
+    uv_close((uv_handle_t *)&hb->scan_timer, NULL);
+}
+
+/* Starts --attach: the named pids, or `all` and the watch for new ones. */
+static void attach_start(hub *hb) {
+  if (!hb->attach_all) {
+    /* The directory's stale sockets go first, as --list would remove them. */
+    int none[1];
+    cm__attach_scan(hb->adir, none, 0);
+    for (int i = 0; i < hb->ntargets; i++)
+      if (attach_pid(hb, hb->targets[i]) != 0) hb->attach_failed = 1;
+    if (!hb->conns) finish(hb);
+    return;
+  }
+  if (uv_fs_event_init(hb->loop, &hb->watch) == 0) {
+    hb->watch_init = 1;
+    hb->watch.data = hb;
+    if (uv_fs_event_start(&hb->watch, watch_cb, hb->adir, 0) != 0)
+      fprintf(stderr, "cuptimon-lua: cannot watch %s; looking for new processes every second\n",
+              hb->adir);
+  }
+  /* Referenced: with `all` the run goes on until Control-C, with or without processes. */
+  if (uv_timer_init(hb->loop, &hb->scan_timer) == 0) {
+    hb->scan_init = 1;
+    hb->scan_timer.data = hb;
+    uv_timer_start(&hb->scan_timer, scan_cb, 1000, 1000);
+  }
+  attach_scan(hb);
+}
+
+/* The detach flush of connection `ud` completed (its pending flushes complete before the
+ * connection is freed, so `ud` is still valid here). */
+static void detach_done(void *ud, int status) {
+  conn *c = ud;
+  if (status == 0 && c->w.end == CM__END_NONE) c->w.end = CM__END_DETACHED;
+  if (g_hub && g_hub->detach_pending > 0) g_hub->detach_pending--;
+}
+
+static void detach_timeout(uv_timer_t *t) {
+  hub *hb = t->data;
+  fprintf(stderr, "cuptimon-lua: %d agent%s did not answer the detach within 10 s\n",
+          hb->detach_pending, hb->detach_pending == 1 ? "" : "s");
+  hb->detach_pending = 0;
+}
+
+void cm__hub_detach(void) {
+  hub *hb = g_hub;
+  if (!hb || !hb->attach) return;
+  hb->finished = 1;
+  stop_watch(hb);
+  for (conn *c = hb->conns; c; c = c->next) {
+    if (c->state != CONN_ACTIVE || !c->w.attached || c->detaching) continue;
+    cm_wire_buf b;
+    cm_wire_buf_init(&b);
+    if (cm_wire_write_select(&b, "") == 0) conn_send(c, &b, 0);
+    cm_wire_buf_free(&b);
+    hb->detach_pending++;
+    conn_flush(&c->w, CM_FLUSH_SYNC, 5000, detach_done, c);
+    c->detaching = 1;
+  }
+  if (hb->detach_pending <= 0) return;
+  uv_timer_start(&hb->drain_timer, detach_timeout, 10000, 0);
+  while (hb->detach_pending > 0)
+    if (uv_run(hb->loop, UV_RUN_ONCE) == 0 && !uv_loop_alive(hb->loop)) break;
+  uv_timer_stop(&hb->drain_timer);
+}
+
 /* The kinds --record traces when no script selects anything and --select is not given. */
 static const char default_record_select[] =
     "kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data";
@@ -974,6 +1188,34 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   hb->spawn_timer.data = hb->drain_timer.data = hb->tick_timer.data = hb;
   cm__proc_init(&hb->proc, loop, proc_exit, hb);
   hb->timers_init = 1;
+  if (req->attach) {
+    if (req->cmd || req->nreplay || req->record || req->select) {
+      fprintf(stderr, "cuptimon-lua: --attach cannot be combined with `-- cmd`, --replay, --record "
+              "or --select\n");
+      return CM_EINVAL;
+    }
+    int all = cm__attach_parse(req->attach, hb->targets, 256, &hb->ntargets);
+    if (all < 0) return CM_EINVAL;
+    int rc = cm__attach_dir(hb->adir, sizeof hb->adir);
+    if (rc == CM_ENOENT) {
+      if (!all) {
+        fprintf(stderr, "cuptimon-lua: no dormant cuptimon agent of this user (no directory %s); "
+                "start the processes with CUPTIMON_LISTEN=1\n", hb->adir);
+        return CM_ENOENT;
+      }
+      /* `all` waits for the first process: the directory is made as an agent would. */
+      char err[512];
+      rc = cm_wire_listen_dir(hb->adir, sizeof hb->adir, CM_WIRE_LISTEN_CREATE, err, sizeof err);
+      if (rc) fprintf(stderr, "cuptimon-lua: %s\n", err);
+    }
+    if (rc) return rc;
+    hb->attach = 1;
+    hb->attach_all = all;
+    signal(SIGPIPE, SIG_IGN);
+    uv_timer_start(&hb->tick_timer, tick_cb, 100, 100);
+    uv_unref((uv_handle_t *)&hb->tick_timer);
+    return 0;
+  }
   if (req->nreplay) {
     if (req->cmd || req->record) {
       fprintf(stderr, "cuptimon-lua: --replay cannot be combined with `-- cmd` or --record\n");
@@ -1016,6 +1258,10 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
 
 void cm__hub_start(void) {
   hub *hb = g_hub;
+  if (hb && hb->attach && !hb->ntried && !hb->finished) {
+    attach_start(hb);
+    return;
+  }
   /* The command starts on the loop's first turn, after the script has registered its observers,
    * so the first SELECT already holds them; a script that fails to load never starts it. */
   if (!hb || !hb->live || hb->proc.started || hb->proc_done || hb->gate) return;
@@ -1052,6 +1298,12 @@ int cm__hub_signal(int signum) {
   hub *hb = g_hub;
   if (!hb) return 0;
   hb->signals++;
+  if (hb->attach) {
+    if (hb->signals > 1) return 0; /* again: the caller leaves at once */
+    /* Control-C is how --attach ends: the windows close (cm__hub_detach) and the status is 0. */
+    finish(hb);
+    return 1;
+  }
   if (hb->replay) {
     hb->status = 128 + signum;
     cm__replay_free();
@@ -1081,6 +1333,11 @@ int cm__hub_signal(int signum) {
 
 int cm__hub_finished(int *status) {
   hub *hb = g_hub;
+  if (hb && hb->attach) {
+    /* A named pid that could not be attached fails the run. */
+    if (status) *status = hb->attach_failed ? 1 : 0;
+    return 1;
+  }
   if (!hb || !hb->finished) return 0;
   if (status) *status = !hb->live ? hb->status : hb->proc_done ? hb->cmd_status : hb->bye_status;
   /* A capture that could not be written fails a run that otherwise succeeded. */
@@ -1131,6 +1388,7 @@ void cm__hub_free(void) {
   for (conn *c = hb->conns; c; c = c->next)
     if (!uv_is_closing((uv_handle_t *)&c->pipe)) conn_close(c);
   if (hb->async_init) close_if_open((uv_handle_t *)&hb->admit_async);
+  stop_watch(hb);
   if (hb->timers_init) {
     close_if_open((uv_handle_t *)&hb->spawn_timer);
     close_if_open((uv_handle_t *)&hb->drain_timer);
@@ -1145,6 +1403,7 @@ void cm__hub_free(void) {
   if (hb->sock[0]) unlink(hb->sock);
   if (hb->dir[0]) rmdir(hb->dir);
   cm_selection_free(hb->extra);
+  free(hb->tried);
   cm__host_set_live_ops(hb->host, NULL);
   free(hb);
   g_hub = NULL;

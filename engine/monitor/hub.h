@@ -34,6 +34,7 @@ typedef struct cm__main_request {
   int force;            /* --force: --record may replace existing regular files */
   const char *select;   /* --select SPEC: kinds traced in addition to the script's */
   int has_script;       /* 0 for --record with no script */
+  const char *attach;   /* --attach PID[,PID...] or "all": dormant agents (attach.c) */
 } cm__main_request;
 
 /* Attaches the sources that serve `req` (a socket and the command, or the captures). Prints its
@@ -52,6 +53,13 @@ int cm__hub_finished(int *status);
  * supervisor has reaped it, so that cm__hub_finished gives the real status. Forwarded signals
  * and the kill grace timer work meanwhile. The script's handles must be closed by then. */
 void cm__hub_wait_command(void);
+
+/* --attach: ends the attach window of every attached agent before the script's exit hooks run:
+ * it sends SELECT "" (the agent disables every kind, delivering what it holds) and a sync FLUSH,
+ * and runs the loop until each answered, went away, or 10 s passed; later flushes of those
+ * agents complete at once. The agents go back to dormant when the connections close
+ * (cm__hub_free). No-op in the other modes. */
+void cm__hub_detach(void);
 /* Prints the --record summaries, removes the socket directory, frees the hub. Idempotent;
  * safe when cm__main_attach was never called. */
 void cm__hub_free(void);
@@ -61,7 +69,8 @@ void cm__hub_free(void);
 typedef struct cm__wsrc cm__wsrc;
 
 /* How a process ended, for the process_exit event. */
-enum { CM__END_NONE = 0, CM__END_BYE, CM__END_EOF, CM__END_ERROR, CM__END_TIMEOUT };
+/* CM__END_DETACHED: --attach ended the window and the process goes on (its counts are final). */
+enum { CM__END_NONE = 0, CM__END_BYE, CM__END_EOF, CM__END_ERROR, CM__END_TIMEOUT, CM__END_DETACHED };
 
 /* Callbacks of the owner (an agent connection or a replay stream). */
 typedef struct cm__wsrc_ops {

@@ -355,6 +355,7 @@ static const char *end_name(int end) {
   case CM__END_EOF: return "disconnected";
   case CM__END_ERROR: return "error";
   case CM__END_TIMEOUT: return "timeout";
+  case CM__END_DETACHED: return "detached";
   default: return "running";
   }
 }
@@ -853,7 +854,8 @@ void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
   out->produced = out->received + out->dropped;
   /* A process still running is not incomplete yet; one that ended without BYE (killed, cut off,
    * a corrupt or truncated stream) never sent its final counts. */
-  out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE) || gaps_after > 0;
+  out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE &&
+                     w->end != CM__END_DETACHED) || gaps_after > 0;
   out->last_number = w->last_number;
 }
 

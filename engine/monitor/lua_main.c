@@ -28,6 +28,7 @@
 #include "cuptimon.h"
 #include "cuptimon_host.h"
 
+#include "attach.h"
 #include "hub.h"
 
 #define EXIT_USAGE 2
@@ -38,6 +39,8 @@ static void usage(FILE *out) {
 "Usage: cuptimon-lua [options] script.lua [script args...] [-- cmd args...]\n"
 "       cuptimon-lua [options] --replay CAPTURE [--replay CAPTURE...] script.lua [script args...]\n"
 "       cuptimon-lua --record CAPTURE [--select SPEC] [script.lua [args...]] -- cmd args...\n"
+"       cuptimon-lua [options] --attach PID[,PID...] | --attach all  script.lua [script args...]\n"
+"       cuptimon-lua --list\n"
 "       cuptimon-lua [options] -e 'lua chunk' [-e ...] [-- cmd args...]\n"
 "       cuptimon-lua --check script.lua\n"
 "\n"
@@ -57,6 +60,17 @@ static void usage(FILE *out) {
 "                    becomes the pid (without %%p the pid goes before the extension:\n"
 "                    run.cmcap -> run.<pid>.cmcap), with or without a script, and prints a\n"
 "                    summary line per capture. Existing files are refused (see --force).\n"
+"  --attach PID,...  attaches the script to running processes whose agent is dormant (started\n"
+"                    with CUDA_INJECTION64_PATH=.../libcuptimon-agent.so CUPTIMON_LISTEN=1: no\n"
+"                    kind is traced until a script attaches). The script sees the same events\n"
+"                    and batches as with `-- cmd`; when it ends (or at Control-C, status 0) each\n"
+"                    process delivers what it holds, disables every kind and is dormant again,\n"
+"                    ready for the next attach. `--attach all` takes every dormant process of\n"
+"                    this user and new ones as they start, until Control-C. A process already\n"
+"                    attached to another monitor refuses, naming that monitor's pid.\n"
+"  --list            lists the dormant processes of this user: pid, start time, the monitor\n"
+"                    attached (if any), CUDA_VISIBLE_DEVICES and the command line; removes the\n"
+"                    sockets of processes that died without cleaning up.\n"
 "Without `-- cmd` or --replay, the script observes this process through the in-process engine\n"
 "(embedding, tests with the fake CUPTI); a script whose observers saw nothing at all there\n"
 "fails with a hint. A script runs unchanged in all three modes.\n"
@@ -70,6 +84,8 @@ static void usage(FILE *out) {
 "  --replay FILE     replay a capture (repeatable)\n"
 "  --record FILE     record what the command's agents send to a capture FILE\n"
 "  --force           let --record replace existing regular files\n"
+"  --attach PIDS     attach to dormant processes (PID[,PID...] or all)\n"
+"  --list            list the dormant processes and exit\n"
 "  --select SPEC     also trace SPEC (\"kernel:name,start,stop;memcpy\") in the command; the\n"
 "                    default for --record with no script is\n"
 "                    kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data\n"
@@ -119,6 +135,8 @@ static void usage(FILE *out) {
 "  cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/timeline.lua\n"
 "  cuptimon-lua -e 'local cm = require \"cuptimon\"; print(cm.version)'\n"
 "  cuptimon-lua --check my_script.lua\n"
+"  CUDA_INJECTION64_PATH=$PWD/libcuptimon-agent.so CUPTIMON_LISTEN=1 python train.py &\n"
+"  cuptimon-lua --list; cuptimon-lua --attach all scripts/top.lua    # Control-C to detach\n"
 "\n"
 "Environment:\n"
 "  CUPTIMON_AGENT      the agent library to inject (default: libcuptimon-agent.so next to this\n"
@@ -134,6 +152,9 @@ static void usage(FILE *out) {
 "  CUPTIMON_LIBCUDA    path of the libcuda the fence uses (tests use the fake CUPTI here)\n"
 "  CUDA_HOME           CUDA toolkit root, searched for libcupti\n"
 "  CUPTIMON_LUA_PATH   a directory of cuptimon modules to use instead of the embedded ones\n"
+"  XDG_RUNTIME_DIR     dormant agents listen in $XDG_RUNTIME_DIR/cuptimon (else in\n"
+"                      $TMPDIR/cuptimon-<uid>, or /tmp/cuptimon-<uid>), as --list and --attach\n"
+"                      look for them\n"
 "  CUPTIMON_LOG        engine log level printed on stderr: 0 errors, 1 warnings (default),\n"
 "                      2 info, 3 debug\n"
 "  The command gets CUDA_INJECTION64_PATH, NVTX_INJECTION64_PATH, CUPTIMON_SOCKET and\n"
@@ -289,8 +310,15 @@ int main(int argc, char **argv) {
       req.force = 1;
     } else if (strcmp(a, "--allow-loss") == 0) {
       allow_loss = 1;
+    } else if (strcmp(a, "--list") == 0) {
+      if (i + 1 < argc) {
+        fprintf(stderr, "cuptimon-lua: --list takes no other argument\n");
+        return EXIT_USAGE;
+      }
+      return cm__attach_list(stdout);
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--replay") == 0 || strcmp(a, "--record") == 0 ||
-               strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0) {
+               strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0 ||
+               strcmp(a, "--attach") == 0) {
       if (i + 1 >= argc) {
         fprintf(stderr, "cuptimon-lua: %s needs an argument (see --help)\n", a);
         return EXIT_USAGE;
@@ -312,6 +340,8 @@ int main(int argc, char **argv) {
         req.replay = replays;
       } else if (strcmp(a, "--select") == 0) {
         req.select = v;
+      } else if (strcmp(a, "--attach") == 0) {
+        req.attach = v;
       } else if (strcmp(a, "--record") == 0) {
         req.record = v;
       } else {
@@ -351,6 +381,10 @@ int main(int argc, char **argv) {
     fprintf(stderr, "cuptimon-lua: --select applies to a command: it needs `-- cmd`\n");
     return EXIT_USAGE;
   }
+  if (req.attach && !script && nchunks == 0) {
+    fprintf(stderr, "cuptimon-lua: --attach needs a script: cuptimon-lua --attach PID script.lua\n");
+    return EXIT_USAGE;
+  }
   if (!script && nchunks == 0 && !(req.record && !check)) {
     fprintf(stderr, "cuptimon-lua: no script given\n\n");
     usage(stderr);
@@ -364,8 +398,10 @@ int main(int argc, char **argv) {
   uv_loop_t loop;
   uv_loop_init(&loop);
   cm_host_options opts = {.lua_path = lua_path, .flags = check ? CM_HOST_CHECK : 0};
-  int wants_hub = req.cmd || req.nreplay || req.record;
+  int wants_hub = req.cmd || req.nreplay || req.record || req.attach;
   if (wants_hub) opts.flags |= CM_HOST_NO_INPROC;
+  /* --attach closes its windows after the loop and before the exit hooks (cm__hub_detach). */
+  if (req.attach) opts.flags |= CM_HOST_STOP_ON_EXIT;
   cm_host *h;
   int rc = cm_host_new(&h, &loop, &opts);
   if (rc) {
@@ -425,6 +461,7 @@ int main(int argc, char **argv) {
   int nothing_traced = !failed && !check && !wants_hub && !requested &&
                        cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
                        inproc.records_decoded == 0 && inproc.records_delivered == 0;
+  if (!failed && !check) cm__hub_detach();
   int shut = cm_host_shutdown(h);
   /* The exit hooks' tables go out now: the command's process may still be tearing down. */
   fflush(stdout);

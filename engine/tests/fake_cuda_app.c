@@ -16,8 +16,14 @@
  * is not written and not counted). --rounds repeats the workload with --pause-ms between rounds,
  * so that a monitor can act in the middle of a run.
  *
+ * With --control PATH it runs windows on request instead, for the dormant agent's attach tests:
+ * it takes each request N of the control file PATH (window_control.h), writes N records (as one
+ * round of --records N), and acknowledges with "written=W total=T" (W records written in this
+ * window, T since the start).
+ *
  * Options: --records N (total per round, split over the threads) --threads T --kinds k1,k2
  *          --rounds R --pause-ms P --linger-ms L (sleep after printing the line, before exiting)
+ *          --control PATH (windows on request, above)
  *          --crash (abort() after the workload: no atexit handlers run)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
@@ -52,6 +58,7 @@
 #include <unistd.h>
 
 #include "fake_cupti.h"
+#include "window_control.h"
 
 static const struct {
   const char *name;
@@ -128,6 +135,58 @@ static void teardown(void) {
   if (g_teardown_abort) abort();
 }
 
+/* One round: `records` records over `threads` producers (paced at `rate` records per second in
+ * all, 0 for no pacing), with `slow_kernel` (NULL: none) made
+ * slow_factor times longer; adds what was written to per_kind and *total. Returns 0, or 3 (the
+ * app's failure status). */
+static int run_round(uint64_t records, int threads, double rate, const int *kinds, int nkinds,
+                     const char *slow_kernel, uint64_t slow_factor, uint64_t *per_kind,
+                     uint64_t *total) {
+  producer *ps = calloc((size_t)threads, sizeof *ps);
+  if (!ps) return 3;
+  for (int t = 0; t < threads; t++) {
+    ps[t].thread = (uint32_t)t;
+    ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
+    ps[t].kinds = kinds;
+    ps[t].nkinds = nkinds;
+    ps[t].rate = rate / threads;
+    ps[t].slow_kernel = slow_kernel;
+    ps[t].slow_factor = slow_factor;
+    if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
+      fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
+      return 3;
+    }
+  }
+  int rc = 0;
+  for (int t = 0; t < threads; t++) {
+    pthread_join(ps[t].tid, NULL);
+    if (ps[t].failed) rc = 3;
+    for (int k = 0; k < 64; k++) {
+      per_kind[k] += ps[t].written[k];
+      *total += ps[t].written[k];
+    }
+  }
+  free(ps);
+  if (rc) fprintf(stderr, "fake_cuda_app: the generator does not know a kind\n");
+  return rc;
+}
+
+/* Serves windows on request through the file `path` (window_control.h). Returns 0 on "quit". */
+static int serve_windows(const char *path, int threads, const int *kinds, int nkinds,
+                         uint64_t *per_kind, uint64_t *total) {
+  long long n;
+  while ((n = cm_window_next(path)) >= 0) {
+    uint64_t before = *total;
+    int rc = run_round((uint64_t)n, threads, 0, kinds, nkinds, NULL, 0, per_kind, total);
+    if (rc) return rc;
+    char line[96];
+    snprintf(line, sizeof line, "written=%llu total=%llu\n", (unsigned long long)(*total - before),
+             (unsigned long long)*total);
+    if (cm_window_ack(path, line) != 0) return 3;
+  }
+  return 0;
+}
+
 static double now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -140,7 +199,8 @@ static void usage(void) {
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
-                  "[--device D] [--pause-ms P]\n");
+                  "[--device D] [--pause-ms P]\n"
+                  "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
 }
 
@@ -181,6 +241,7 @@ int main(int argc, char **argv) {
   const char *slow_kernel = "vectorAdd";
   int pm = 0;
   int kinds[64], nkinds = 0;
+  const char *control = NULL;
   int steps = 0, device = 0;
   uint64_t step_us = 2000, extra_us = 0, wait_us = 0;
   for (int i = 1; i < argc; i++) {
@@ -214,6 +275,8 @@ int main(int argc, char **argv) {
       rate = strtod(v, NULL);
     } else if (strcmp(a, "--teardown-ms") == 0) {
       g_teardown_ms = (unsigned)atoi(v);
+    } else if (strcmp(a, "--control") == 0) {
+      control = v;
     } else if (strcmp(a, "--slow-round") == 0) {
       slow_round = atoi(v);
     } else if (strcmp(a, "--slow-factor") == 0) {
@@ -294,36 +357,15 @@ int main(int argc, char **argv) {
 
   uint64_t per_kind[64] = {0}, total = 0;
   double t0 = now_ms();
-  for (int r = 0; r < rounds; r++) {
+  if (control) {
+    int rc = serve_windows(control, threads, kinds, nkinds, per_kind, &total);
+    if (rc) return rc;
+  }
+  for (int r = 0; r < rounds && !control; r++) {
     if (r && pause_ms) usleep((useconds_t)pause_ms * 1000);
-    producer *ps = calloc((size_t)threads, sizeof *ps);
-    for (int t = 0; t < threads; t++) {
-      ps[t].thread = (uint32_t)t;
-      ps[t].n = records / (uint64_t)threads + ((uint64_t)t < records % (uint64_t)threads);
-      ps[t].kinds = kinds;
-      ps[t].nkinds = nkinds;
-      ps[t].rate = rate / threads;
-      if (r + 1 == slow_round) {
-        ps[t].slow_kernel = slow_kernel;
-        ps[t].slow_factor = slow_factor;
-      }
-      if (pthread_create(&ps[t].tid, NULL, produce, &ps[t]) != 0) {
-        fprintf(stderr, "fake_cuda_app: pthread_create failed\n");
-        return 3;
-      }
-    }
-    for (int t = 0; t < threads; t++) {
-      pthread_join(ps[t].tid, NULL);
-      if (ps[t].failed) {
-        fprintf(stderr, "fake_cuda_app: the generator does not know a kind\n");
-        return 3;
-      }
-      for (int k = 0; k < 64; k++) {
-        per_kind[k] += ps[t].written[k];
-        total += ps[t].written[k];
-      }
-    }
-    free(ps);
+    int rc = run_round(records, threads, rate, kinds, nkinds, r + 1 == slow_round ? slow_kernel : NULL,
+                       slow_factor, per_kind, &total);
+    if (rc) return rc;
     if (pm > 0) {
       uint64_t t = fake_now();
       fake_pm_emit(0, (uint32_t)pm, t, 1000000);
