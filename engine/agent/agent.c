@@ -1486,7 +1486,7 @@ off:
 
 bool cm__agent_attached(void) { return atomic_load(&A.active); }
 
-void cm__agent_exit(void) { agent_atexit(); }
+void cm__agent_exit(int exit_code) { agent_exit_work(exit_code); }
 
 /* Restores the state of a fresh connection: an empty live queue, zero counters, no strings sent,
  * BATCH numbers from 1, and the engine's counters as the new baseline. Listener thread, between

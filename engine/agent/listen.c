@@ -218,7 +218,7 @@ static void *listener_main(void *arg) {
  * BYE, within the exit budget); the socket and the marker are removed either way. The session
  * lock is awaited for at most EXIT_WAIT_MS (a handshake or a session end in progress), so the
  * exit never hangs on the listener. Not in a forked child. */
-static void listen_atexit(void) {
+static void listen_exit_work(int exit_code) {
   if (getpid() != L.pid || !atomic_load(&L.on)) return;
   atomic_store(&L.exiting, true);
   unlink(L.sock);
@@ -232,7 +232,7 @@ static void listen_atexit(void) {
     ts.tv_nsec -= 1000000000L;
   }
   if (pthread_mutex_timedlock(&L.sess_mu, &ts) == 0) {
-    if (cm__agent_attached()) cm__agent_exit();
+    if (cm__agent_attached()) cm__agent_exit(exit_code);
     pthread_mutex_unlock(&L.sess_mu);
   } else {
     cm__alog(L_WARN, "dormant: a session change was in progress at exit; leaving without the "
@@ -240,6 +240,18 @@ static void listen_atexit(void) {
   }
   unlink(L.marker);
 }
+
+#ifdef __GLIBC__
+/* glibc's on_exit handlers receive the status given to exit(), which BYE carries. */
+static void listen_on_exit(int status, void *arg) {
+  (void)arg;
+  listen_exit_work(status & 0xff);
+}
+#define REGISTER_LISTEN_EXIT() on_exit(listen_on_exit, NULL)
+#else
+static void listen_atexit(void) { listen_exit_work(-1); }
+#define REGISTER_LISTEN_EXIT() atexit(listen_atexit)
+#endif
 
 /* In a forked child the listener thread does not exist and the socket is the parent's. */
 static void listen_atfork_child(void) {
@@ -303,7 +315,7 @@ bool cm__listen_start(void) {
   pthread_detach(L.thread);
   atomic_store(&L.on, true);
   pthread_atfork(NULL, NULL, listen_atfork_child);
-  atexit(listen_atexit);
+  REGISTER_LISTEN_EXIT();
   cm__alog(L_INFO, "dormant: listening on %s", L.sock);
   return true;
 }

@@ -37,8 +37,9 @@ int cm__agent_session_begin(int fd, uint64_t deadline);
 bool cm__agent_session_end(uint64_t deadline);
 /* Whether a session is running. */
 bool cm__agent_attached(void);
-/* The agent's exit work (the final fence, STATS and BYE) for a session in progress. */
-void cm__agent_exit(void);
+/* The agent's exit work (the final fence, STATS and BYE) for a session in progress; `exit_code` is
+ * the status given to exit(), or -1 when it is not known. */
+void cm__agent_exit(int exit_code);
 
 /* ---- listen.c ---- */
 
