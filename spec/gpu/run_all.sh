@@ -80,13 +80,35 @@ step nvtx_trace_check "$LUA" -e "package.path='spec/?.lua;'..package.path
   if not r then print('trace invalid: ' .. tostring(e)); os.exit(1) end
   print('trace valid'); for k, v in pairs(r) do if type(v) ~= 'table' then print(k, v) end end"
 
+# 7. On demand, PM sampling, windows and ranks (issues 11, 12, 14), and the pipeline's rate on the
+# fake CUPTI with this machine's cores (issue 13): each script checks its own results and exits
+# non-zero when one fails.
+mkdir -p "$OUT/dormant"
+step dormant env OUT="$OUT/dormant" bash spec/gpu/dormant.sh "$B"
+mkdir -p "$OUT/pm_sampling"
+step pm_sampling env OUT="$OUT/pm_sampling" bash spec/gpu/pm_sampling.sh "$B"
+mkdir -p "$OUT/windows"
+step windows env OUT="$OUT/windows" bash spec/gpu/windows.sh "$B"
+mkdir -p "$OUT/ranks_one_gpu"
+step ranks_one_gpu env OUT="$OUT/ranks_one_gpu" bash spec/gpu/ranks_one_gpu.sh "$B"
+step pipeline_rate sh bench/pipeline_rate.sh "$B" 2 8
+
+# The logs come back (without the captures and the trace, which are large) when $OUT was set.
+save_logs() {
+  if [ -n "$RESULTS" ]; then
+    tar czf "$RESULTS/gpu_logs.tgz" --exclude='*.cmcap' --exclude='torch_trace.json' -C "$OUT" .
+    cp "$OUT"/demo.*.cmcap "$RESULTS/" 2>/dev/null
+  fi
+}
+
 if [ -n "${QUICK:-}" ]; then
   echo "=== summary (QUICK: correctness steps only)"
   printf '%s\n' "${summary[@]}"
+  save_logs
   exit 0
 fi
 
-# 7. The CPU benchmarks on this machine's CPU, at the build's type (printed with the figures).
+# 8. The CPU benchmarks on this machine's CPU, at the build's type (printed with the figures).
 # The GPU benchmarks are separate commands, each within one device call (README, "Benchmarks"):
 # bench/overhead.sh, bench/thread_sweep.sh, bench/time_to_table.sh, bench/long_run.sh.
 F=$B/engine/tests/libfake_cupti.so
@@ -96,8 +118,4 @@ step lua_vs_c env CUPTIMON_LIBCUPTI="$F" CUPTIMON_LIBCUDA="$F" LUA_VS_C_LIB="$B/
 
 echo "=== summary"
 printf '%s\n' "${summary[@]}"
-if [ -n "$RESULTS" ]; then
-  tar czf "$RESULTS/gpu_logs.tgz" -C "$OUT" $(cd "$OUT" && ls *.log)
-  cp "$OUT"/demo.*.cmcap "$RESULTS/" 2>/dev/null
-  cp "$OUT/plain.cmcap" "$RESULTS/" 2>/dev/null
-fi
+save_logs
