@@ -82,7 +82,8 @@ local function rank_of(b, t0)
   local p = b:process() or {}
   local env = p.env or {}
   r = { source = b.source, pid = p.pid or 0, rank = tonumber(env.RANK),
-    local_rank = tonumber(env.LOCAL_RANK), world = tonumber(env.WORLD_SIZE), base = t0,
+    local_rank = tonumber(env.LOCAL_RANK), world = tonumber(env.WORLD_SIZE),
+    local_world = tonumber(env.LOCAL_WORLD_SIZE) or tonumber(env.WORLD_SIZE), base = t0,
     devices = {}, steps = {}, open = {}, ended = {}, begun = 0, done = 0,
     nended = 0, dur = agg.sketch(), last = nil, cover = nil, busy = 0, span_lo = nil,
     span_hi = nil, comm = 0, wait = 0, ncoll = 0, credits = {}, streak = 0, streak_from = 0,
@@ -323,8 +324,15 @@ local function waits_known(k)
 end
 
 -- Judges every step that all ranks have passed by LAG steps and whose waiting is known (at exit:
--- every step).
+-- every step), once every rank of the node has connected.
 local function evaluate(final)
+  -- A rank that has not connected yet (a slower start) would miss the steps judged without it:
+  -- while fewer processes than LOCAL_WORLD_SIZE (else WORLD_SIZE) are here, nothing is judged.
+  local here_expected = 0
+  for _, r in ipairs(order) do
+    if r.local_world and r.local_world > here_expected then here_expected = r.local_world end
+  end
+  if not final and #order < here_expected then return end
   local upto = math.huge
   for _, r in ipairs(order) do
     if r.begun > 0 then upto = math.min(upto, final and r.begun or r.begun - LAG) end

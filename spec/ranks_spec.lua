@@ -127,6 +127,25 @@ describe("ranks.lua", function()
     assert.matches("stragglers: rank 1 %(pid %d+, device 1%) 1 time\n$", out)
   end)
 
+  it("waits for every rank of the node before judging: a late slow rank without NCCL", function()
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
+      return
+    end
+    -- Independent processes (no collectives), as on one GPU: ranks 0 and 2 are done before
+    -- rank 1, the slow one, starts; WORLD_SIZE says three ranks are coming.
+    local cmd = ("sh -c 'export WORLD_SIZE=3; RANK=0 LOCAL_RANK=0 %s --steps 30 --no-comm & "
+      .. "RANK=2 LOCAL_RANK=2 %s --steps 30 --no-comm & wait; sleep 0.5; RANK=1 LOCAL_RANK=1 %s --steps 30 "
+      .. "--no-comm --extra-us 2000'"):format(app, app, app)
+    -- The live table is judged every 100 ms, several times before rank 1 connects.
+    local rc, out = helpers.sh(("%s %s --interval 100 -- %s"):format(bin, recipe, cmd))
+    assert.are.equal(0, rc, out)
+    local lines = straggler_lines(out)
+    assert.are.equal(1, #lines, out)
+    assert.matches("^straggler: rank 1 %(pid %d+, device 0%) steps 1%-3: ", lines[1])
+  end)
+
   it("flags a rank whose steps are longer, with --step-kernel instead of NVTX", function()
     local app, why = helpers.agent_app()
     if not app then

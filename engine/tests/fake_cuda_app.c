@@ -44,7 +44,8 @@
  * "ncclDevKernel_AllReduce_Sum_f32_RING_LL", on device --device D. A step lasts --step-us U
  * (default 2000) plus --extra-us E (the process's own slowness, added to the compute kernel) plus
  * --wait-us W (time spent waiting for the other ranks, added to the communication kernel), with
- * timestamps from the fake clock; --pause-ms P sleeps between steps. The line then reports
+ * timestamps from the fake clock; --pause-ms P sleeps between steps; --no-comm leaves the
+ * communication kernel out (a job of independent processes, as on one GPU without NCCL). The line then reports
  * steps=N and the kernels written.
  */
 #include <dlfcn.h>
@@ -199,7 +200,7 @@ static void usage(void) {
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
-                  "[--device D] [--pause-ms P]\n"
+                  "[--device D] [--pause-ms P] [--no-comm]\n"
                   "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
 }
@@ -212,7 +213,7 @@ static void emit(const void *rec, size_t size, uint64_t *written) {
 /* The --steps workload (see the header); returns the kernels written. The compute kernel takes
  * half of the step's base length plus `extra`, the communication kernel a fifth plus `wait`. */
 static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64_t wait_ns,
-                          uint32_t device, int pause_ms, uint64_t *markers) {
+                          uint32_t device, int pause_ms, int no_comm, uint64_t *markers) {
   uint64_t buf[32], kernels = 0;
   uint64_t t = fake_now();
   const uint32_t tid = 100;
@@ -224,8 +225,9 @@ static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64
     uint32_t id = (uint32_t)i + 1, corr = 2 * (uint32_t)i + 1;
     emit(buf, fake_make_marker(buf, 1, t, id, tid, "step"), markers);
     emit(buf, fake_make_kernel(buf, "fake_train_kernel", device, 7, k0, k1, corr), &kernels);
-    emit(buf, fake_make_kernel(buf, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", device, 13, c0, c1,
-                               corr + 1), &kernels);
+    if (!no_comm)
+      emit(buf, fake_make_kernel(buf, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", device, 13, c0, c1,
+                                 corr + 1), &kernels);
     emit(buf, fake_make_marker(buf, 0, end, id, tid, NULL), markers);
     t = end + step_ns / 100;
   }
@@ -242,13 +244,17 @@ int main(int argc, char **argv) {
   int pm = 0;
   int kinds[64], nkinds = 0;
   const char *control = NULL;
-  int steps = 0, device = 0;
+  int steps = 0, device = 0, no_comm = 0;
   uint64_t step_us = 2000, extra_us = 0, wait_us = 0;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--crash") == 0) {
       crash = 1;
+      continue;
+    }
+    if (strcmp(a, "--no-comm") == 0) {
+      no_comm = 1;
       continue;
     }
     if (strcmp(a, "--teardown-abort") == 0) {
@@ -347,7 +353,7 @@ int main(int argc, char **argv) {
   if (steps > 0) {
     uint64_t markers = 0;
     uint64_t kernels = run_steps(steps, step_us * 1000, extra_us * 1000, wait_us * 1000,
-                                 (uint32_t)device, pause_ms, &markers);
+                                 (uint32_t)device, pause_ms, no_comm, &markers);
     printf("fake_cuda_app: pid=%d init=%d steps=%d concurrent_kernel=%llu marker=%llu\n",
            (int)getpid(), init, steps, (unsigned long long)kernels, (unsigned long long)markers);
     fflush(stdout);
