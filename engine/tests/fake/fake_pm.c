@@ -52,16 +52,21 @@ typedef struct fsample {
 } fsample;
 
 struct CUpti_Profiler_Host_Object {
+  struct CUpti_Profiler_Host_Object *next_released; /* the list of released objects */
   int alive;
   int nmetrics;
   int metrics[FAKE_PM_METRICS]; /* indices into known[] */
 };
 
+static struct CUpti_Profiler_Host_Object *g_released_hosts; /* guarded by mu */
+
 struct CUpti_PmSampling_Object {
+  struct CUpti_PmSampling_Object *next_released; /* the list of released objects */
   int alive;
   int device;
   int configured, started;
 };
+static struct CUpti_PmSampling_Object *g_released_pm; /* guarded by mu */
 
 typedef struct image_header {
   uint32_t magic, max_samples;
@@ -206,7 +211,11 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiProfilerHostDeinitialize(CUpti_Profiler_Ho
     pthread_mutex_unlock(&mu);
     return CUPTI_ERROR_INVALID_OPERATION;
   }
-  p->pHostObject->alive = 0; /* kept (leaked) so a second release is detected, not a crash */
+  /* A released object is kept, on a list that keeps it reachable (so leak checkers stay quiet),
+   * so that a second release is detected instead of crashing. */
+  p->pHostObject->alive = 0;
+  p->pHostObject->next_released = g_released_hosts;
+  g_released_hosts = p->pHostObject;
   st.host_deinits++;
   pthread_mutex_unlock(&mu);
   return CUPTI_SUCCESS;
@@ -359,6 +368,8 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiPmSamplingDisable(CUpti_PmSampling_Disable
     return CUPTI_ERROR_INVALID_OPERATION;
   }
   o->alive = 0;
+  o->next_released = g_released_pm; /* kept reachable, as released host objects are */
+  g_released_pm = o;
   dev[o->device].obj = NULL;
   st.disables++;
   pthread_mutex_unlock(&mu);
