@@ -221,7 +221,7 @@ FLOOR_OF = {"untraced": "floor_k", "floor_kr": "floor_k", "cm_count": "floor_kr"
             "prof_cuda": "floor_kr", "prof_cpu_cuda": "floor_kr"}
 SHORT = {"untraced": "untraced", "floor_k": "floor (k)", "floor_kr": "floor (k+rt)",
          "prof_cuda": "torch.profiler CUDA"}
-WORD = {"below": "below", "above": "above", "overlaps": "not told apart from"}
+WORD = {"below": "below it", "above": "above it", "overlaps": "not told apart from it"}
 
 
 def ratio_summary(by, c, ref, key):
