@@ -448,6 +448,12 @@ int cm__pm_remove(cm__pm *pm, uint32_t id, uint32_t poll_ms);
 void cm__pm_drain(cm__pm *pm, cm__decoder *dec);
 /* Copies the counters. Any thread. */
 void cm__pm_stats(cm__pm *pm, cm_pm_stats *out);
+/* The PM call trace: level 1 when CUPTIMON_PM_TRACE=1 or CUPTIMON_AGENT_LOG=debug, 2 (every
+ * per-sample call too) when CUPTIMON_PM_TRACE=2, else 0. At a non-zero level cm__pm_trace writes
+ * one line to stderr with a single write(2) (nothing is buffered, so the last line before a
+ * crash is on the terminal), else it does nothing. Any thread. */
+int cm__pm_trace_level(void);
+void cm__pm_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Converts the samples of a counter data image to columns (the decode path, exposed for the
  * tests): for each completed sample, its timestamps and the evaluated metrics. Samples whose
  * timestamps are not on the record clock (0, reversed, or outside [lo_ns, hi_ns] after the

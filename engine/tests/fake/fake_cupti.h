@@ -108,6 +108,9 @@ int fake_kind_enabled(int kind);
 void fake_set_foreign_subscriber(const char *name);
 /* Makes cuCtxGetCurrent report no context and cuDeviceGetCount report zero devices. */
 void fake_set_no_context(int on);
+/* cuDevicePrimaryCtxGetState reports device 0's primary context as not active (no context yet,
+ * or gone), as before the application's first CUDA call or after its teardown. */
+void fake_set_primary_inactive(int on);
 /* Delays each completion callback delivery by `us` microseconds (a slow CUPTI worker). */
 void fake_set_completion_delay_us(uint32_t us);
 /* Makes device syncs produce no SYNCHRONIZATION record (a fence that can only time out). */
