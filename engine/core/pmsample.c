@@ -22,7 +22,12 @@
  * refused with CM_ENOSYS; cuptiProfilerInitialize is called once per process and
  * cuptiProfilerDeInitialize never (a second deinitialization crashes CUPTI, and the activity API
  * keeps running beside it anyway); every host and sampling object is released exactly once (the
- * pointer is cleared as it is released); sample timestamps are on cuptiGetTimestamp's clock and
+ * pointer is cleared as it is released); every input a CUPTI object was given a pointer to (the
+ * chip name and counter availability image of the host object, the config image of the sampling
+ * object, the metric list of both) lives in the session until both objects are released, since
+ * CUPTI may keep those pointers (freeing them right after setup, as this module first did, is a
+ * use after free on the GPU); a session starts only on a device whose CUDA context exists, and
+ * no CUPTI call touches it once that context is gone; sample timestamps are on cuptiGetTimestamp's clock and
  * are converted with the engine's clock offset, and samples whose timestamps fall outside the
  * session's window on that clock (another clock domain, or garbage) are dropped and counted in
  * `filtered`.
@@ -68,7 +73,12 @@ typedef struct session {
   bool on;
   CUpti_PmSampling_Object *obj;      /* released (and cleared) exactly once */
   CUpti_Profiler_Host_Object *host;  /* likewise */
-  const char **metrics;
+  /* What the CUPTI objects were made from, kept until they are released: CUPTI may keep the
+   * pointers it was given (NVIDIA's sample and XLA keep every one alive for the objects' life). */
+  char chip[64];      /* pChipName of the host object */
+  uint8_t *avail;     /* pCounterAvailabilityImage of the host object */
+  uint8_t *config;    /* pConfig of the sampling object */
+  const char **metrics; /* ppMetricNames / pMetricNames of every call (names owned by the module) */
   uint32_t nmetrics;
   uint32_t interval_us;
   uint8_t *image;
@@ -351,8 +361,11 @@ static void release(const cm__cupti *c, session *s) {
             (void *)p.pHostObject);
     (void)r;
   }
+  /* Only now that both objects are gone: they may point into these. */
   free(s->image);
   free(s->metrics);
+  free(s->avail);
+  free(s->config);
   memset(s, 0, sizeof *s);
 }
 
@@ -483,7 +496,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   const cm__cupti *c = pm->c;
   session *s = &pm->dev[device];
   int rc = 0, r;
-  uint8_t *avail = NULL, *config = NULL;
+  uint8_t *avail, *config;
   memset(s, 0, sizeof *s);
   cm__pm_trace("start: device %d, %u metrics, interval %u us, poll %u ms", device, n, interval_us,
                poll_ms);
@@ -509,8 +522,12 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   PM_CALL(r, "cuptiDeviceGetChipName", c->DeviceGetChipName, cp, "device=%d", device);
   if (r != CUPTI_SUCCESS) return device_err(c, r, "cuptiDeviceGetChipName");
   cm__pm_trace("  chip=%s", cp.pChipName ? cp.pChipName : "(null)");
-  char chip[64];
-  snprintf(chip, sizeof chip, "%s", cp.pChipName ? cp.pChipName : "?");
+  char *chip = s->chip;
+  snprintf(chip, sizeof s->chip, "%s", cp.pChipName ? cp.pChipName : "?");
+  s->metrics = malloc(n * sizeof *s->metrics);
+  if (!s->metrics) return cm__seterr(CM_ENOMEM, "no memory for the metric list");
+  memcpy(s->metrics, m, n * sizeof *m);
+  s->nmetrics = n;
 
   CUpti_PmSampling_GetCounterAvailability_Params ap = {
       .structSize = CUpti_PmSampling_GetCounterAvailability_Params_STRUCT_SIZE,
@@ -519,8 +536,11 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
           "device=%d, image=NULL", device);
   if (r != CUPTI_SUCCESS) return device_err(c, r, "cuptiPmSamplingGetCounterAvailability");
   cm__pm_trace("  availability size=%zu", ap.counterAvailabilityImageSize);
-  avail = malloc(ap.counterAvailabilityImageSize ? ap.counterAvailabilityImageSize : 1);
-  if (!avail) return cm__seterr(CM_ENOMEM, "no memory for the counter availability image");
+  avail = s->avail = malloc(ap.counterAvailabilityImageSize ? ap.counterAvailabilityImageSize : 1);
+  if (!avail) {
+    rc = cm__seterr(CM_ENOMEM, "no memory for the counter availability image");
+    goto fail;
+  }
   ap.pCounterAvailabilityImage = avail;
   PM_CALL(r, "cuptiPmSamplingGetCounterAvailability", c->PmGetCounterAvailability, ap,
           "device=%d, image=%p, size=%zu", device, (void *)avail, ap.counterAvailabilityImageSize);
@@ -530,7 +550,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   }
 
   if ((rc = host_new(c, chip, avail, &s->host))) goto fail;
-  r = add_metrics(c, s->host, m, n);
+  r = add_metrics(c, s->host, s->metrics, n);
   if (r != CUPTI_SUCCESS) {
     rc = name_bad_metric(c, chip, avail, device, m, n, r);
     goto fail;
@@ -544,7 +564,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
     rc = cm__cupti_err(c, r, "cuptiProfilerHostGetConfigImageSize");
     goto fail;
   }
-  config = malloc(sp.configImageSize ? sp.configImageSize : 1);
+  config = s->config = malloc(sp.configImageSize ? sp.configImageSize : 1);
   if (!config) {
     rc = cm__seterr(CM_ENOMEM, "no memory for the config image");
     goto fail;
@@ -619,7 +639,7 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   CUpti_PmSampling_GetCounterDataSize_Params dp = {
       .structSize = CUpti_PmSampling_GetCounterDataSize_Params_STRUCT_SIZE,
       .pPmSamplingObject = s->obj,
-      .pMetricNames = m,
+      .pMetricNames = s->metrics,
       .numMetrics = n,
       .maxSamples = (uint32_t)max_samples};
   PM_CALL(r, "cuptiPmSamplingGetCounterDataSize", c->PmGetCounterDataSize, dp,
@@ -631,13 +651,10 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   }
   s->image_size = dp.counterDataSize;
   s->image = malloc(s->image_size ? s->image_size : 1);
-  s->metrics = malloc(n * sizeof *s->metrics);
-  if (!s->image || !s->metrics) {
+  if (!s->image) {
     rc = cm__seterr(CM_ENOMEM, "no memory for the counter data image (%zu bytes)", s->image_size);
     goto fail;
   }
-  memcpy(s->metrics, m, n * sizeof *m);
-  s->nmetrics = n;
   s->interval_us = interval_us;
   if ((rc = init_image(c, s))) goto fail;
   CUpti_PmSampling_Start_Params st = {.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE,
@@ -650,13 +667,9 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   s->started_ns = cm__realtime_ns();
   s->on = true;
   PADD(pm, st_sessions, 1);
-  free(avail);
-  free(config);
   return 0;
 fail:
   release(c, s);
-  free(avail);
-  free(config);
   return rc;
 }
 

@@ -185,6 +185,9 @@ typedef struct fake_pm_stats {
   uint64_t host_inits, host_deinits;  /* cuptiProfilerHostInitialize / Deinitialize */
   uint64_t enables, disables, starts, stops, decodes;
   uint64_t double_releases;           /* a host or sampling object released twice: must stay 0 */
+  uint64_t stale_inputs;              /* a later call found an input the object keeps a pointer
+                                       * to (availability image, metric list, config image)
+                                       * changed, as when it was freed: must stay 0 */
   uint64_t samples_lost;              /* emitted into a full hardware buffer */
   uint64_t profiler_initialize_calls, profiler_deinitialize_calls;
   uint64_t last_interval, last_hw_buffer; /* of the last cuptiPmSamplingSetConfig */
