@@ -199,19 +199,13 @@ static const char *level_names[] = {"error", "warn", "info", "debug"};
  * processes sharing the terminal) do not interleave. Thread-safe; never allocates. */
 void alog(int level, const char *fmt, ...) {
   if (level > A.level) return;
-  char line[1536];
-  int n = snprintf(line, sizeof line, "cuptimon-agent[%d]: %s: ", (int)getpid(),
-                   level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
-  if (n < 0) return;
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "cuptimon-agent[%d]: %s: ", (int)getpid(),
+           level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  cm__stderr_linev(prefix, fmt, ap);
   va_end(ap);
-  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-  if (len > sizeof line - 2) len = sizeof line - 2;
-  line[len++] = '\n';
-  ssize_t w = write(STDERR_FILENO, line, len);
-  (void)w;
 }
 
 /* The engine's log callback: the same stderr line, at the engine's level. */

@@ -18,6 +18,7 @@
 #define CM_INTERNAL_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,6 +32,11 @@
  * function can `return cm__seterr(CM_EINVAL, "bad size %u", n);`. */
 int cm__seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cm__clearerr(void);
+/* Writes `prefix`, `fmt` formatted with `ap` and a newline to stderr in a single write(2) (at
+ * most 1.5 KiB, longer lines are cut), so lines of several threads (and of several processes
+ * sharing the terminal) do not interleave and nothing stays buffered if the process dies next.
+ * Thread-safe; never allocates. */
+void cm__stderr_linev(const char *prefix, const char *fmt, va_list ap);
 
 /* ---- clock.c ------------------------------------------------------------------------------ */
 

@@ -136,18 +136,13 @@ int cm__pm_trace_level(void) {
 
 void cm__pm_trace(const char *fmt, ...) {
   if (!cm__pm_trace_level()) return;
-  char line[1024];
-  int n = snprintf(line, sizeof line, "cuptimon pm [pid %d tid %ld]: ", (int)getpid(),
-                   (long)syscall(SYS_gettid));
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "cuptimon pm [pid %d tid %ld]: ", (int)getpid(),
+           (long)syscall(SYS_gettid));
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  cm__stderr_linev(prefix, fmt, ap);
   va_end(ap);
-  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-  if (len > sizeof line - 2) len = sizeof line - 2;
-  line[len++] = '\n';
-  ssize_t w = write(2, line, len);
-  (void)w;
 }
 
 /* Calls `fn(&p)` into `r`, between two trace lines when `traced`: the call with p's structSize
