@@ -129,9 +129,17 @@ static struct agent {
   cm_config cfg;
   cm__control ctl;
   uint32_t obs_ids[MAX_OBSERVERS];
-  /* The PM sampling consumers the monitor asked for (control thread only). */
+  /* The PM sampling consumers the monitor asked for (control thread only), and the entries that
+   * wait for their device's CUDA context (pm_retry), with a copy of their names, until
+   * pm_wait_end (mono ms). */
   uint32_t pm_ids[CM__CTL_PM_ENTRIES];
   uint32_t npm;
+  struct pm_wait {
+    cm__pm_entry e;
+    char *names;
+  } pm_wait[CM__CTL_PM_ENTRIES];
+  uint32_t npm_wait;
+  uint64_t pm_wait_end;
   int nobs;
   uint32_t next_gen;
 
@@ -191,19 +199,13 @@ static const char *level_names[] = {"error", "warn", "info", "debug"};
  * processes sharing the terminal) do not interleave. Thread-safe; never allocates. */
 void alog(int level, const char *fmt, ...) {
   if (level > A.level) return;
-  char line[1536];
-  int n = snprintf(line, sizeof line, "cuptimon-agent[%d]: %s: ", (int)getpid(),
-                   level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
-  if (n < 0) return;
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "cuptimon-agent[%d]: %s: ", (int)getpid(),
+           level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
   va_list ap;
   va_start(ap, fmt);
-  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  cm__stderr_linev(prefix, fmt, ap);
   va_end(ap);
-  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
-  if (len > sizeof line - 2) len = sizeof line - 2;
-  line[len++] = '\n';
-  ssize_t w = write(STDERR_FILENO, line, len);
-  (void)w;
 }
 
 /* The engine's log callback: the same stderr line, at the engine's level. */
@@ -859,15 +861,86 @@ static void ops_log(void *ud, int level, const char *msg) {
   alog(level, "%s", msg);
 }
 
-#define PM_READY_MS 2000
+/* An entry whose device is not ready (CM_EAGAIN: the driver still initializing, or no CUDA
+ * context on the device yet, and CUPTI's PM sampling needs one) waits for it: the control thread
+ * tries it again every PM_RETRY_MS between frames, never blocking on it, and answers its
+ * PM_STATUS once it starts, fails otherwise, or PM_READY_MS pass. */
+#define PM_READY_MS 60000
+#define PM_RETRY_MS 50
 
-/* Replaces the PM consumers with the monitor's request and answers each entry with PM_STATUS.
- * The old consumers go first, so a device whose metrics change restarts once. Control thread. */
-static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
-  (void)ud;
+/* Starts one entry's consumer; its id joins A.pm_ids. Control thread. */
+static int pm_try(const cm__pm_entry *en) {
+  uint32_t id = 0;
+  int rc = cm_pm_sample_add(A.eng, en->device, en->metrics, en->nmetrics, en->interval_us, &id);
+  if (rc == 0) A.pm_ids[A.npm++] = id;
+  return rc;
+}
+
+/* Answers one entry with PM_STATUS (and logs a failure); `msg` overrides cm_errmsg(). */
+static void pm_answer(int rc, int device, const char *msg) {
+  const char *text = rc ? (msg ? msg : cm_errmsg()) : "";
+  if (rc) alog(CM_LOG_ERROR, "PM sampling on device %d: %s", device, text);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
+  if (cm_wire_write_pm_status(&b, rc, (uint32_t)device, text) == 0) q_push_buf(&b, false, 0);
+  cm_wire_buf_free(&b);
+}
+
+/* Keeps a copy of `en` (its names included) among the waiting entries; false without memory. */
+static bool pm_wait_add(const cm__pm_entry *en) {
+  size_t len = 1;
+  for (uint32_t i = 0; i < en->nmetrics; i++) len += strlen(en->metrics[i]) + 1;
+  struct pm_wait *w = &A.pm_wait[A.npm_wait];
+  w->names = malloc(len);
+  if (!w->names) return false;
+  w->e = *en;
+  char *p = w->names;
+  for (uint32_t i = 0; i < en->nmetrics; i++) {
+    size_t l = strlen(en->metrics[i]) + 1;
+    memcpy(p, en->metrics[i], l);
+    w->e.metrics[i] = p;
+    p += l;
+  }
+  A.npm_wait++;
+  return true;
+}
+
+static void pm_wait_clear(void) {
+  for (uint32_t i = 0; i < A.npm_wait; i++) free(A.pm_wait[i].names);
+  A.npm_wait = 0;
+}
+
+/* Tries the waiting entries again; those that start or fail are answered, and past
+ * pm_wait_end (or at exit) the rest fail with what the engine said. Control thread. */
+static void pm_retry(void) {
+  if (!A.npm_wait) return;
+  bool late = cm__mono_ms() >= A.pm_wait_end || atomic_load(&A.exiting);
+  uint32_t k = 0;
+  for (uint32_t i = 0; i < A.npm_wait; i++) {
+    struct pm_wait w = A.pm_wait[i];
+    int rc = pm_try(&w.e);
+    if (rc == CM_EAGAIN && !late) {
+      A.pm_wait[k++] = w;
+      continue;
+    }
+    char msg[4200];
+    if (rc == CM_EAGAIN)
+      snprintf(msg, sizeof msg, "still not ready after %d s: %.4000s", PM_READY_MS / 1000,
+               cm_errmsg());
+    pm_answer(rc, w.e.device, rc == CM_EAGAIN ? msg : NULL);
+    free(w.names);
+  }
+  A.npm_wait = k;
+}
+
+/* Replaces the PM consumers with the monitor's request and answers each entry with PM_STATUS
+ * (an entry whose device is not ready yet later, from pm_retry). The old consumers go first, so
+ * a device whose metrics change restarts once. Control thread. */
+static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal) {
+  (void)ud;
   if (n < 0) {
+    cm_wire_buf b;
+    cm_wire_buf_init(&b);
     if (cm_wire_write_pm_status(&b, n, UINT32_MAX, refusal) == 0) q_push_buf(&b, false, 0);
     cm_wire_buf_free(&b);
     return;
@@ -877,24 +950,17 @@ static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal)
     if (rc) alog(CM_LOG_WARN, "PM sampling: %s", cm_errmsg());
   }
   A.npm = 0;
-  for (int i = 0; i < n && A.npm < CM__CTL_PM_ENTRIES; i++) {
-    uint32_t id = 0;
-    int rc = cm_pm_sample_add(A.eng, en[i].device, en[i].metrics, en[i].nmetrics,
-                              en[i].interval_us, &id);
-    /* The request can arrive while the application's cuInit is still initializing the device:
-     * retried for up to PM_READY_MS, so the control thread is held that long at most. */
-    for (int t = 0; rc == CM_EAGAIN && t < PM_READY_MS / 50 && !atomic_load(&A.exiting); t++) {
-      usleep(50000);
-      rc = cm_pm_sample_add(A.eng, en[i].device, en[i].metrics, en[i].nmetrics,
-                            en[i].interval_us, &id);
+  pm_wait_clear();
+  A.pm_wait_end = cm__mono_ms() + PM_READY_MS;
+  for (int i = 0; i < n && A.npm + A.npm_wait < CM__CTL_PM_ENTRIES; i++) {
+    int rc = pm_try(&en[i]);
+    if (rc == CM_EAGAIN && !atomic_load(&A.exiting) && pm_wait_add(&en[i])) {
+      alog(CM_LOG_INFO, "PM sampling on device %d waits (up to %d s): %s", en[i].device,
+           PM_READY_MS / 1000, cm_errmsg());
+      continue;
     }
-    if (rc == 0) A.pm_ids[A.npm++] = id;
-    else alog(CM_LOG_ERROR, "PM sampling on device %d: %s", en[i].device, cm_errmsg());
-    cm_wire_buf_clear(&b);
-    if (cm_wire_write_pm_status(&b, rc, (uint32_t)en[i].device, rc ? cm_errmsg() : "") == 0)
-      q_push_buf(&b, false, 0);
+    pm_answer(rc, en[i].device, NULL);
   }
-  cm_wire_buf_free(&b);
 }
 
 static const cm__control_ops control_ops = {
@@ -943,7 +1009,8 @@ static void *control_main(void *arg) {
     }
     struct pollfd pf[2] = {{.fd = A.wake[0], .events = POLLIN},
                            {.fd = reading ? A.fd : -1, .events = POLLIN}};
-    int pr = poll(pf, 2, -1);
+    int pr = poll(pf, 2, A.npm_wait ? PM_RETRY_MS : -1);
+    pm_retry();
     if (pr < 0) {
       if (errno == EINTR) continue;
       alog(CM_LOG_ERROR, "control thread: poll failed: %s", strerror(errno));
@@ -970,6 +1037,7 @@ static void *control_main(void *arg) {
       }
     }
   }
+  pm_wait_clear();
   return NULL;
 }
 

@@ -18,6 +18,7 @@
 #define CM_INTERNAL_H
 
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -31,6 +32,11 @@
  * function can `return cm__seterr(CM_EINVAL, "bad size %u", n);`. */
 int cm__seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cm__clearerr(void);
+/* Writes `prefix`, `fmt` formatted with `ap` and a newline to stderr in a single write(2) (at
+ * most 1.5 KiB, longer lines are cut), so lines of several threads (and of several processes
+ * sharing the terminal) do not interleave and nothing stays buffered if the process dies next.
+ * Thread-safe; never allocates. */
+void cm__stderr_linev(const char *prefix, const char *fmt, va_list ap);
 
 /* ---- clock.c ------------------------------------------------------------------------------ */
 
@@ -448,6 +454,12 @@ int cm__pm_remove(cm__pm *pm, uint32_t id, uint32_t poll_ms);
 void cm__pm_drain(cm__pm *pm, cm__decoder *dec);
 /* Copies the counters. Any thread. */
 void cm__pm_stats(cm__pm *pm, cm_pm_stats *out);
+/* The PM call trace: level 1 when CUPTIMON_PM_TRACE=1 or CUPTIMON_AGENT_LOG=debug, 2 (every
+ * per-sample call too) when CUPTIMON_PM_TRACE=2, else 0. At a non-zero level cm__pm_trace writes
+ * one line to stderr with a single write(2) (nothing is buffered, so the last line before a
+ * crash is on the terminal), else it does nothing. Any thread. */
+int cm__pm_trace_level(void);
+void cm__pm_trace(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Converts the samples of a counter data image to columns (the decode path, exposed for the
  * tests): for each completed sample, its timestamps and the evaluated metrics. Samples whose
  * timestamps are not on the record clock (0, reversed, or outside [lo_ns, hi_ns] after the

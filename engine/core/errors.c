@@ -11,6 +11,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cm_internal.h"
 
@@ -79,4 +80,17 @@ void cm__clearerr(void) { errmsg_buf[0] = '\0'; }
 
 const char *cm_version(void) {
   return CM__XSTR(CM_VERSION_MAJOR) "." CM__XSTR(CM_VERSION_MINOR) "." CM__XSTR(CM_VERSION_PATCH);
+}
+
+void cm__stderr_linev(const char *prefix, const char *fmt, va_list ap) {
+  char line[1536];
+  int n = snprintf(line, sizeof line, "%s", prefix);
+  if (n < 0) return;
+  if ((size_t)n > sizeof line - 2) n = (int)sizeof line - 2;
+  int m = vsnprintf(line + n, sizeof line - (size_t)n - 1, fmt, ap);
+  size_t len = (size_t)n + (m < 0 ? 0 : (size_t)m);
+  if (len > sizeof line - 2) len = sizeof line - 2;
+  line[len++] = '\n';
+  ssize_t w = write(STDERR_FILENO, line, len);
+  (void)w;
 }

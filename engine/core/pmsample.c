@@ -22,7 +22,12 @@
  * refused with CM_ENOSYS; cuptiProfilerInitialize is called once per process and
  * cuptiProfilerDeInitialize never (a second deinitialization crashes CUPTI, and the activity API
  * keeps running beside it anyway); every host and sampling object is released exactly once (the
- * pointer is cleared as it is released); sample timestamps are on cuptiGetTimestamp's clock and
+ * pointer is cleared as it is released); every input a CUPTI object was given a pointer to (the
+ * chip name and counter availability image of the host object, the config image of the sampling
+ * object, the metric list of both) lives in the session until both objects are released, since
+ * CUPTI may keep those pointers (freeing them right after setup, as this module first did, is a
+ * use after free on the GPU); a session starts only on a device whose CUDA context exists, and
+ * no CUPTI call touches it once that context is gone; sample timestamps are on cuptiGetTimestamp's clock and
  * are converted with the engine's clock offset, and samples whose timestamps fall outside the
  * session's window on that clock (another clock domain, or garbage) are dropped and counted in
  * `filtered`.
@@ -33,9 +38,12 @@
  * g_profiler_mu is taken (docs/architecture.md, "Locks"). The counters are relaxed atomics, so
  * cm__pm_stats reads them from any thread without the lock (the agent does, under its send lock).
  */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "cm_internal.h"
 
@@ -65,12 +73,18 @@ typedef struct session {
   bool on;
   CUpti_PmSampling_Object *obj;      /* released (and cleared) exactly once */
   CUpti_Profiler_Host_Object *host;  /* likewise */
-  const char **metrics;
+  /* What the CUPTI objects were made from, kept until they are released: CUPTI may keep the
+   * pointers it was given (NVIDIA's sample and XLA keep every one alive for the objects' life). */
+  char chip[64];      /* pChipName of the host object */
+  uint8_t *avail;     /* pCounterAvailabilityImage of the host object */
+  uint8_t *config;    /* pConfig of the sampling object */
+  const char **metrics; /* ppMetricNames / pMetricNames of every call (names owned by the module) */
   uint32_t nmetrics;
   uint32_t interval_us;
   uint8_t *image;
   size_t image_size;
   uint32_t emitted;  /* samples of the current image already turned into records */
+  bool ctx_gone;     /* the device's context went away while sampling: no more CUPTI calls on obj */
   uint64_t started_ns; /* CLOCK_REALTIME when the session started */
 } session;
 
@@ -96,6 +110,52 @@ struct cm__pm {
 
 static pthread_mutex_t g_profiler_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool g_profiler_initialized; /* guarded by g_profiler_mu; never reset */
+
+/* ---- the call trace ------------------------------------------------------------------------- */
+
+/* With CUPTIMON_PM_TRACE=1 (or CUPTIMON_AGENT_LOG=debug) every CUPTI PM sampling and profiler
+ * host call is written to stderr before it is made and after it returns, with its key arguments
+ * and results, so that a crash inside CUPTI is pinpointed by the last line even without a
+ * debugger; the per-sample calls of a decode round are traced for its first PM_TRACE_SAMPLES
+ * samples only, all of them with CUPTIMON_PM_TRACE=2. Each line is one write(2), so nothing stays
+ * in a buffer when the process dies. */
+#define PM_TRACE_SAMPLES 3
+static pthread_once_t g_trace_once = PTHREAD_ONCE_INIT;
+static int g_trace_level;
+
+static void trace_init(void) {
+  const char *t = getenv("CUPTIMON_PM_TRACE"), *l = getenv("CUPTIMON_AGENT_LOG");
+  if (t && *t && strcmp(t, "0") != 0) g_trace_level = atoi(t) >= 2 ? 2 : 1;
+  else if (l && !strcmp(l, "debug")) g_trace_level = 1;
+}
+
+int cm__pm_trace_level(void) {
+  pthread_once(&g_trace_once, trace_init);
+  return g_trace_level;
+}
+
+void cm__pm_trace(const char *fmt, ...) {
+  if (!cm__pm_trace_level()) return;
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "cuptimon pm [pid %d tid %ld]: ", (int)getpid(),
+           (long)syscall(SYS_gettid));
+  va_list ap;
+  va_start(ap, fmt);
+  cm__stderr_linev(prefix, fmt, ap);
+  va_end(ap);
+}
+
+/* Calls `fn(&p)` into `r`, between two trace lines when `traced`: the call with p's structSize
+ * and the arguments `fmt` formats, then its result. */
+#define PM_CALL_T(traced, r, sym, fn, p, fmt, ...)                                             \
+  do {                                                                                         \
+    bool tr_ = (traced);                                                                       \
+    if (tr_) cm__pm_trace("> %s(structSize=%zu, " fmt ")", sym, (size_t)(p).structSize,        \
+                          __VA_ARGS__);                                                        \
+    (r) = (fn)(&(p));                                                                          \
+    if (tr_) cm__pm_trace("< %s = %d", sym, (int)(r));                                         \
+  } while (0)
+#define PM_CALL(r, sym, fn, p, fmt, ...) PM_CALL_T(true, r, sym, fn, p, fmt, __VA_ARGS__)
 
 /* ---- names ----------------------------------------------------------------------------------- */
 
@@ -169,8 +229,12 @@ static int decode_range(const cm__cupti *c, CUpti_PmSampling_Object *obj,
       .structSize = CUpti_PmSampling_GetCounterDataInfo_Params_STRUCT_SIZE,
       .pCounterDataImage = image,
       .counterDataImageSize = image_size};
-  int r = c->PmGetCounterDataInfo(&info);
+  int r;
+  PM_CALL(r, "cuptiPmSamplingGetCounterDataInfo", c->PmGetCounterDataInfo, info,
+          "image=%p, size=%zu", (const void *)image, image_size);
   if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiPmSamplingGetCounterDataInfo");
+  cm__pm_trace("  total=%zu populated=%zu completed=%zu", info.numTotalSamples,
+               info.numPopulatedSamples, info.numCompletedSamples);
   uint32_t done = info.numCompletedSamples > UINT32_MAX ? UINT32_MAX : (uint32_t)info.numCompletedSamples;
   *next = done > first ? done : first;
   if (done <= first) return 0;
@@ -184,7 +248,9 @@ static int decode_range(const cm__cupti *c, CUpti_PmSampling_Object *obj,
         .pCounterDataImage = image,
         .counterDataImageSize = image_size,
         .sampleIndex = i};
-    r = c->PmCounterDataGetSampleInfo(&si);
+    bool tr = cm__pm_trace_level() >= 2 || i < first + PM_TRACE_SAMPLES;
+    PM_CALL_T(tr, r, "cuptiPmSamplingCounterDataGetSampleInfo", c->PmCounterDataGetSampleInfo, si,
+            "obj=%p, image=%p, size=%zu, sample=%u", (void *)obj, (const void *)image, image_size, i);
     if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiPmSamplingCounterDataGetSampleInfo");
     uint64_t start = si.startTimestamp - (uint64_t)clock_offset_ns;
     uint64_t stop = si.endTimestamp - (uint64_t)clock_offset_ns;
@@ -202,7 +268,9 @@ static int decode_range(const cm__cupti *c, CUpti_PmSampling_Object *obj,
         .ppMetricNames = (const char **)metrics,
         .numMetrics = nmetrics,
         .pMetricValues = vals};
-    r = c->HostEvaluateToGpuValues(&ev);
+    PM_CALL_T(tr, r, "cuptiProfilerHostEvaluateToGpuValues", c->HostEvaluateToGpuValues, ev,
+            "host=%p, image=%p, size=%zu, range=%u, metrics=%u, values=%p", (void *)host,
+            (const void *)image, image_size, i, nmetrics, (void *)vals);
     if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiProfilerHostEvaluateToGpuValues");
     uint32_t k = cols->n++;
     cols->start[k] = start;
@@ -238,13 +306,33 @@ static int device_err(const cm__cupti *c, int r, const char *what) {
   return cm__cupti_err(c, r, what);
 }
 
+/* Whether `device` holds the application's CUDA context: 1 when its primary context is active,
+ * 0 when it is not (or the driver is not initialized yet), -1 when unknown (no libcuda, or an
+ * error such as an ordinal the driver does not know, which CUPTI then reports itself). CUPTI's
+ * PM sampling programs the device and allocates its hardware buffer in device-visible memory;
+ * NVIDIA's sample and the known users enable it only on a device whose context exists, and a
+ * poll or a stop after the context is gone (a device reset, or the runtime's teardown at exit)
+ * would touch a buffer that no longer exists. */
+static int device_ctx(const cm__cupti *c, int device) {
+  if (!c->cuDevicePrimaryCtxGetState) return -1;
+  unsigned flags = 0;
+  int active = 0;
+  int r = c->cuDevicePrimaryCtxGetState(device, &flags, &active);
+  cm__pm_trace("  cuDevicePrimaryCtxGetState(device=%d) = %d, active=%d", device, r, active);
+  if (r == 3 /* CUDA_ERROR_NOT_INITIALIZED */) return 0;
+  if (r != 0) return -1;
+  return active ? 1 : 0;
+}
+
 static int init_image(const cm__cupti *c, session *s) {
   CUpti_PmSampling_CounterDataImage_Initialize_Params p = {
       .structSize = CUpti_PmSampling_CounterDataImage_Initialize_Params_STRUCT_SIZE,
       .pPmSamplingObject = s->obj,
       .counterDataSize = s->image_size,
       .pCounterData = s->image};
-  int r = c->PmCounterDataImageInitialize(&p);
+  int r;
+  PM_CALL(r, "cuptiPmSamplingCounterDataImageInitialize", c->PmCounterDataImageInitialize, p,
+          "obj=%p, image=%p, size=%zu", (void *)s->obj, (void *)s->image, s->image_size);
   s->emitted = 0;
   return r == CUPTI_SUCCESS ? 0 : cm__cupti_err(c, r, "cuptiPmSamplingCounterDataImageInitialize");
 }
@@ -255,16 +343,24 @@ static void release(const cm__cupti *c, session *s) {
     CUpti_PmSampling_Disable_Params p = {.structSize = CUpti_PmSampling_Disable_Params_STRUCT_SIZE,
                                          .pPmSamplingObject = s->obj};
     s->obj = NULL;
-    c->PmDisable(&p);
+    int r;
+    PM_CALL(r, "cuptiPmSamplingDisable", c->PmDisable, p, "obj=%p", (void *)p.pPmSamplingObject);
+    (void)r;
   }
   if (s->host) {
     CUpti_Profiler_Host_Deinitialize_Params p = {
         .structSize = CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE, .pHostObject = s->host};
     s->host = NULL;
-    c->HostDeinitialize(&p);
+    int r;
+    PM_CALL(r, "cuptiProfilerHostDeinitialize", c->HostDeinitialize, p, "host=%p",
+            (void *)p.pHostObject);
+    (void)r;
   }
+  /* Only now that both objects are gone: they may point into these. */
   free(s->image);
   free(s->metrics);
+  free(s->avail);
+  free(s->config);
   memset(s, 0, sizeof *s);
 }
 
@@ -275,8 +371,11 @@ static int host_new(const cm__cupti *c, const char *chip, uint8_t *avail,
       .profilerType = CUPTI_PROFILER_TYPE_PM_SAMPLING,
       .pChipName = chip,
       .pCounterAvailabilityImage = avail};
-  int r = c->HostInitialize(&p);
+  int r;
+  PM_CALL(r, "cuptiProfilerHostInitialize", c->HostInitialize, p,
+          "type=PM_SAMPLING, chip=%s, availability=%p", chip, (void *)avail);
   if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiProfilerHostInitialize");
+  cm__pm_trace("  host=%p", (void *)p.pHostObject);
   *out = p.pHostObject;
   return 0;
 }
@@ -284,7 +383,9 @@ static int host_new(const cm__cupti *c, const char *chip, uint8_t *avail,
 static void host_free(const cm__cupti *c, CUpti_Profiler_Host_Object *h) {
   CUpti_Profiler_Host_Deinitialize_Params p = {
       .structSize = CUpti_Profiler_Host_Deinitialize_Params_STRUCT_SIZE, .pHostObject = h};
-  c->HostDeinitialize(&p);
+  int r;
+  PM_CALL(r, "cuptiProfilerHostDeinitialize", c->HostDeinitialize, p, "host=%p", (void *)h);
+  (void)r;
 }
 
 static int add_metrics(const cm__cupti *c, CUpti_Profiler_Host_Object *h, const char **m,
@@ -294,7 +395,11 @@ static int add_metrics(const cm__cupti *c, CUpti_Profiler_Host_Object *h, const 
       .pHostObject = h,
       .ppMetricNames = m,
       .numMetrics = n};
-  return c->HostConfigAddMetrics(&p);
+  int r;
+  PM_CALL(r, "cuptiProfilerHostConfigAddMetrics", c->HostConfigAddMetrics, p,
+          "host=%p, metrics=%u, first=%s", (void *)h, n, n ? m[0] : "");
+  for (uint32_t i = 1; i < n; i++) cm__pm_trace("  metric %u: %s", i, m[i]);
+  return r;
 }
 
 /* Appends to `b` (`cap` bytes) what the chip offers near a refused metric: the sub-metrics of
@@ -314,13 +419,18 @@ static void suggest(const cm__cupti *c, const char *chip, uint8_t *avail, const 
       .structSize = CUpti_Profiler_Host_GetMetricProperties_Params_STRUCT_SIZE,
       .pHostObject = h,
       .pMetricName = base};
-  if (c->HostGetMetricProperties(&mp) == CUPTI_SUCCESS) {
+  int r;
+  PM_CALL(r, "cuptiProfilerHostGetMetricProperties", c->HostGetMetricProperties, mp,
+          "host=%p, metric=%s", (void *)h, base);
+  if (r == CUPTI_SUCCESS) {
     CUpti_Profiler_Host_GetSubMetrics_Params sp = {
         .structSize = CUpti_Profiler_Host_GetSubMetrics_Params_STRUCT_SIZE,
         .pHostObject = h,
         .metricType = mp.metricType,
         .pMetricName = base};
-    if (c->HostGetSubMetrics(&sp) == CUPTI_SUCCESS && sp.ppSubMetrics) {
+    PM_CALL(r, "cuptiProfilerHostGetSubMetrics", c->HostGetSubMetrics, sp,
+            "host=%p, type=%d, metric=%s", (void *)h, (int)sp.metricType, base);
+    if (r == CUPTI_SUCCESS && sp.ppSubMetrics) {
       used += (size_t)snprintf(b + used, used < cap ? cap - used : 0,
                                ". This chip offers %s with:", base);
       for (size_t i = 0; i < sp.numOfSubmetrics && shown < 16 && used < cap; i++, shown++)
@@ -334,7 +444,9 @@ static void suggest(const cm__cupti *c, const char *chip, uint8_t *avail, const 
           .structSize = CUpti_Profiler_Host_GetBaseMetrics_Params_STRUCT_SIZE,
           .pHostObject = h,
           .metricType = (CUpti_MetricType)t};
-      if (c->HostGetBaseMetrics(&bp) != CUPTI_SUCCESS || !bp.ppMetricNames) continue;
+      PM_CALL(r, "cuptiProfilerHostGetBaseMetrics", c->HostGetBaseMetrics, bp, "host=%p, type=%d",
+              (void *)h, t);
+      if (r != CUPTI_SUCCESS || !bp.ppMetricNames) continue;
       for (size_t i = 0; i < bp.numMetrics && shown < 16 && used < cap; i++) {
         if (strncmp(bp.ppMetricNames[i], bad, unit) != 0) continue;
         used += (size_t)snprintf(b + used, cap - used, "%s %s",
@@ -379,13 +491,21 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   const cm__cupti *c = pm->c;
   session *s = &pm->dev[device];
   int rc = 0, r;
-  uint8_t *avail = NULL, *config = NULL;
+  uint8_t *avail, *config;
   memset(s, 0, sizeof *s);
+  cm__pm_trace("start: device %d, %u metrics, interval %u us, poll %u ms", device, n, interval_us,
+               poll_ms);
+  if (device_ctx(c, device) == 0)
+    return cm__seterr(CM_EAGAIN,
+                      "device %d has no CUDA context yet: PM sampling starts on a device once the "
+                      "application has created its context there (cudaSetDevice, the first "
+                      "allocation or launch); try again",
+                      device);
 
   pthread_mutex_lock(&g_profiler_mu);
   if (!g_profiler_initialized) {
     CUpti_Profiler_Initialize_Params ip = {.structSize = CUpti_Profiler_Initialize_Params_STRUCT_SIZE};
-    r = c->ProfilerInitialize(&ip);
+    PM_CALL(r, "cuptiProfilerInitialize", c->ProfilerInitialize, ip, "pPriv=%p", ip.pPriv);
     if (r == CUPTI_SUCCESS) g_profiler_initialized = true;
     else rc = cm__cupti_err(c, r, "cuptiProfilerInitialize");
   }
@@ -394,39 +514,52 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
 
   CUpti_Device_GetChipName_Params cp = {.structSize = CUpti_Device_GetChipName_Params_STRUCT_SIZE,
                                         .deviceIndex = (size_t)device};
-  r = c->DeviceGetChipName(&cp);
+  PM_CALL(r, "cuptiDeviceGetChipName", c->DeviceGetChipName, cp, "device=%d", device);
   if (r != CUPTI_SUCCESS) return device_err(c, r, "cuptiDeviceGetChipName");
-  char chip[64];
-  snprintf(chip, sizeof chip, "%s", cp.pChipName ? cp.pChipName : "?");
+  cm__pm_trace("  chip=%s", cp.pChipName ? cp.pChipName : "(null)");
+  char *chip = s->chip;
+  snprintf(chip, sizeof s->chip, "%s", cp.pChipName ? cp.pChipName : "?");
+  s->metrics = malloc(n * sizeof *s->metrics);
+  if (!s->metrics) return cm__seterr(CM_ENOMEM, "no memory for the metric list");
+  memcpy(s->metrics, m, n * sizeof *m);
+  s->nmetrics = n;
 
   CUpti_PmSampling_GetCounterAvailability_Params ap = {
       .structSize = CUpti_PmSampling_GetCounterAvailability_Params_STRUCT_SIZE,
       .deviceIndex = (size_t)device};
-  r = c->PmGetCounterAvailability(&ap);
+  PM_CALL(r, "cuptiPmSamplingGetCounterAvailability", c->PmGetCounterAvailability, ap,
+          "device=%d, image=NULL", device);
   if (r != CUPTI_SUCCESS) return device_err(c, r, "cuptiPmSamplingGetCounterAvailability");
-  avail = malloc(ap.counterAvailabilityImageSize ? ap.counterAvailabilityImageSize : 1);
-  if (!avail) return cm__seterr(CM_ENOMEM, "no memory for the counter availability image");
+  cm__pm_trace("  availability size=%zu", ap.counterAvailabilityImageSize);
+  avail = s->avail = malloc(ap.counterAvailabilityImageSize ? ap.counterAvailabilityImageSize : 1);
+  if (!avail) {
+    rc = cm__seterr(CM_ENOMEM, "no memory for the counter availability image");
+    goto fail;
+  }
   ap.pCounterAvailabilityImage = avail;
-  r = c->PmGetCounterAvailability(&ap);
+  PM_CALL(r, "cuptiPmSamplingGetCounterAvailability", c->PmGetCounterAvailability, ap,
+          "device=%d, image=%p, size=%zu", device, (void *)avail, ap.counterAvailabilityImageSize);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiPmSamplingGetCounterAvailability");
     goto fail;
   }
 
   if ((rc = host_new(c, chip, avail, &s->host))) goto fail;
-  r = add_metrics(c, s->host, m, n);
+  r = add_metrics(c, s->host, s->metrics, n);
   if (r != CUPTI_SUCCESS) {
     rc = name_bad_metric(c, chip, avail, device, m, n, r);
     goto fail;
   }
   CUpti_Profiler_Host_GetConfigImageSize_Params sp = {
       .structSize = CUpti_Profiler_Host_GetConfigImageSize_Params_STRUCT_SIZE, .pHostObject = s->host};
-  r = c->HostGetConfigImageSize(&sp);
+  PM_CALL(r, "cuptiProfilerHostGetConfigImageSize", c->HostGetConfigImageSize, sp, "host=%p",
+          (void *)s->host);
+  cm__pm_trace("  config size=%zu", sp.configImageSize);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiProfilerHostGetConfigImageSize");
     goto fail;
   }
-  config = malloc(sp.configImageSize ? sp.configImageSize : 1);
+  config = s->config = malloc(sp.configImageSize ? sp.configImageSize : 1);
   if (!config) {
     rc = cm__seterr(CM_ENOMEM, "no memory for the config image");
     goto fail;
@@ -436,7 +569,8 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
       .pHostObject = s->host,
       .configImageSize = sp.configImageSize,
       .pConfigImage = config};
-  r = c->HostGetConfigImage(&gp);
+  PM_CALL(r, "cuptiProfilerHostGetConfigImage", c->HostGetConfigImage, gp,
+          "host=%p, config=%p, size=%zu", (void *)s->host, (void *)config, sp.configImageSize);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiProfilerHostGetConfigImage");
     goto fail;
@@ -445,7 +579,9 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
       .structSize = CUpti_Profiler_Host_GetNumOfPasses_Params_STRUCT_SIZE,
       .configImageSize = sp.configImageSize,
       .pConfigImage = config};
-  r = c->HostGetNumOfPasses(&np);
+  PM_CALL(r, "cuptiProfilerHostGetNumOfPasses", c->HostGetNumOfPasses, np,
+          "config=%p, size=%zu", (void *)config, sp.configImageSize);
+  cm__pm_trace("  passes=%zu", np.numOfPasses);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiProfilerHostGetNumOfPasses");
     goto fail;
@@ -461,7 +597,8 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
 
   CUpti_PmSampling_Enable_Params ep = {.structSize = CUpti_PmSampling_Enable_Params_STRUCT_SIZE,
                                        .deviceIndex = (size_t)device};
-  r = c->PmEnable(&ep);
+  PM_CALL(r, "cuptiPmSamplingEnable", c->PmEnable, ep, "device=%d", device);
+  cm__pm_trace("  obj=%p", (void *)ep.pPmSamplingObject);
   if (r != CUPTI_SUCCESS) {
     rc = device_err(c, r, "cuptiPmSamplingEnable");
     goto fail;
@@ -485,7 +622,11 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
       .samplingInterval = (uint64_t)interval_us * 1000,
       .triggerMode = CUPTI_PM_SAMPLING_TRIGGER_MODE_GPU_TIME_INTERVAL,
       .hwBufferAppendMode = CUPTI_PM_SAMPLING_HARDWARE_BUFFER_APPEND_MODE_KEEP_OLDEST};
-  r = c->PmSetConfig(&cfg);
+  PM_CALL(r, "cuptiPmSamplingSetConfig", c->PmSetConfig, cfg,
+          "obj=%p, config=%p, size=%zu, hw_buffer=%zu, interval_ns=%llu, trigger=%d, append=%d",
+          (void *)s->obj, (void *)config, cfg.configSize, cfg.hardwareBufferSize,
+          (unsigned long long)cfg.samplingInterval, (int)cfg.triggerMode,
+          (int)cfg.hwBufferAppendMode);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiPmSamplingSetConfig");
     goto fail;
@@ -493,28 +634,27 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   CUpti_PmSampling_GetCounterDataSize_Params dp = {
       .structSize = CUpti_PmSampling_GetCounterDataSize_Params_STRUCT_SIZE,
       .pPmSamplingObject = s->obj,
-      .pMetricNames = m,
+      .pMetricNames = s->metrics,
       .numMetrics = n,
       .maxSamples = (uint32_t)max_samples};
-  r = c->PmGetCounterDataSize(&dp);
+  PM_CALL(r, "cuptiPmSamplingGetCounterDataSize", c->PmGetCounterDataSize, dp,
+          "obj=%p, metrics=%u, max_samples=%u", (void *)s->obj, n, dp.maxSamples);
+  cm__pm_trace("  counter data size=%zu", dp.counterDataSize);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiPmSamplingGetCounterDataSize");
     goto fail;
   }
   s->image_size = dp.counterDataSize;
   s->image = malloc(s->image_size ? s->image_size : 1);
-  s->metrics = malloc(n * sizeof *s->metrics);
-  if (!s->image || !s->metrics) {
+  if (!s->image) {
     rc = cm__seterr(CM_ENOMEM, "no memory for the counter data image (%zu bytes)", s->image_size);
     goto fail;
   }
-  memcpy(s->metrics, m, n * sizeof *m);
-  s->nmetrics = n;
   s->interval_us = interval_us;
   if ((rc = init_image(c, s))) goto fail;
   CUpti_PmSampling_Start_Params st = {.structSize = CUpti_PmSampling_Start_Params_STRUCT_SIZE,
                                       .pPmSamplingObject = s->obj};
-  r = c->PmStart(&st);
+  PM_CALL(r, "cuptiPmSamplingStart", c->PmStart, st, "obj=%p", (void *)s->obj);
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(c, r, "cuptiPmSamplingStart");
     goto fail;
@@ -522,13 +662,9 @@ static int start_session(cm__pm *pm, int device, const char **m, uint32_t n, uin
   s->started_ns = cm__realtime_ns();
   s->on = true;
   PADD(pm, st_sessions, 1);
-  free(avail);
-  free(config);
   return 0;
 fail:
   release(c, s);
-  free(avail);
-  free(config);
   return rc;
 }
 
@@ -568,7 +704,15 @@ static void pend(cm__pm *pm, int device, const session *s) {
 static void poll_session(cm__pm *pm, int device) {
   const cm__cupti *c = pm->c;
   session *s = &pm->dev[device];
-  if (!s->on) return;
+  if (!s->on || s->ctx_gone) return;
+  if (device_ctx(c, device) == 0) {
+    /* The context is gone (the application reset the device, or the runtime's teardown at exit
+     * ran): the hardware buffer went with it, so nothing is decoded, and the samples since the
+     * last poll are lost: counted as one dropped poll. */
+    PADD(pm, st_dropped, 1);
+    s->ctx_gone = true;
+    return;
+  }
   PADD(pm, st_polls, 1);
   uint64_t hi = cm__realtime_ns() + PM_CLOCK_SLACK_NS;
   uint64_t lo = s->started_ns > PM_CLOCK_SLACK_NS ? s->started_ns - PM_CLOCK_SLACK_NS : 0;
@@ -578,7 +722,10 @@ static void poll_session(cm__pm *pm, int device) {
         .pPmSamplingObject = s->obj,
         .pCounterDataImage = s->image,
         .counterDataImageSize = s->image_size};
-    int r = c->PmDecodeData(&dp);
+    int r;
+    PM_CALL(r, "cuptiPmSamplingDecodeData", c->PmDecodeData, dp, "obj=%p, image=%p, size=%zu",
+            (void *)s->obj, (void *)s->image, s->image_size);
+    cm__pm_trace("  stop_reason=%d overflow=%d", (int)dp.decodeStopReason, (int)dp.overflow);
     if (r != CUPTI_SUCCESS) {
       PADD(pm, st_dropped, 1);
       return;
@@ -589,21 +736,38 @@ static void poll_session(cm__pm *pm, int device) {
     pm->cols.n = 0;
     int rc = decode_range(c, s->obj, s->host, s->image, s->image_size, s->metrics, s->nmetrics,
                           pm->clock_offset_ns, lo, hi, s->emitted, &pm->cols, &filtered, &next);
+    cm__pm_trace("  device %d round %d: samples %u..%u read, %llu filtered, rc %d", device, round,
+                 s->emitted, next, (unsigned long long)filtered, rc);
     if (filtered) PADD(pm, st_filtered, filtered);
     if (rc) PADD(pm, st_dropped, next > s->emitted ? next - s->emitted : 1);
     else pend(pm, device, s);
     s->emitted = next;
-    if (dp.decodeStopReason != CUPTI_PM_SAMPLING_DECODE_STOP_REASON_COUNTER_DATA_FULL) break;
-    if (init_image(c, s)) return;
+    /* As NVIDIA's sample and XLA do, the image is initialized afresh once its completed samples
+     * are read, so each decode starts on an empty image rather than appending to one that holds
+     * samples already. */
+    bool full = dp.decodeStopReason == CUPTI_PM_SAMPLING_DECODE_STOP_REASON_COUNTER_DATA_FULL;
+    if ((full || s->emitted) && init_image(c, s)) return;
+    if (!full) break;
   }
 }
 
 static void stop_session(cm__pm *pm, int device) {
   session *s = &pm->dev[device];
   if (!s->on) return;
+  if (s->ctx_gone || device_ctx(pm->c, device) == 0) {
+    /* The device's context is gone, and the sampling object's buffer with it: no CUPTI call
+     * touches the object any more (it is left). The host object is host memory and is freed. */
+    cm__pm_trace("stop: device %d has no context any more; its sampling object is left", device);
+    if (!s->ctx_gone) PADD(pm, st_dropped, 1);
+    s->obj = NULL;
+    release(pm->c, s);
+    return;
+  }
   CUpti_PmSampling_Stop_Params st = {.structSize = CUpti_PmSampling_Stop_Params_STRUCT_SIZE,
                                      .pPmSamplingObject = s->obj};
-  pm->c->PmStop(&st);
+  int r;
+  PM_CALL(r, "cuptiPmSamplingStop", pm->c->PmStop, st, "obj=%p", (void *)s->obj);
+  (void)r;
   poll_session(pm, device);
   release(pm->c, s);
 }

@@ -492,8 +492,8 @@ CM_EXTERN int cm_callback_stats_get(cm_engine *e, cm_callback_stats *out);
  * Failures name what to do: CM_EPERM when the driver restricts profiling counters to admin users
  * (NVreg_RestrictProfilingToAdminUsers=1), CM_ENOENT for a metric the device cannot sample (the
  * detail names it), CM_ENOSYS when the metrics need more than one pass or this libcupti has no
- * PM sampling, CM_EAGAIN when the device is not ready yet (its driver is still initializing: try
- * again shortly), CM_ECUPTI for any other CUPTI failure (the detail carries CUPTI's own text).
+ * PM sampling, CM_EAGAIN when the device is not ready yet (its driver is still initializing, or
+ * the application has not created its CUDA context on the device yet: try again shortly), CM_ECUPTI for any other CUPTI failure (the detail carries CUPTI's own text).
  * Not thread-safe against other control calls of the same engine (they serialize on it). */
 
 /* Adds a consumer of `nmetrics` metrics on `device` at `interval_us` microseconds (at least
@@ -512,7 +512,8 @@ typedef struct cm_pm_stats {
   uint64_t samples;    /* samples decoded and handed to the observers' drain */
   uint64_t filtered;   /* samples discarded: their timestamps were not on the record clock */
   uint64_t overflows;  /* polls that found the hardware buffer had overflowed (samples lost) */
-  uint64_t dropped;    /* samples lost for want of memory or a failed evaluation */
+  uint64_t dropped;    /* samples lost for want of memory or a failed evaluation, and polls
+                        * lost because the device's context was gone (its samples with it) */
 } cm_pm_stats;
 
 /* Copies the PM sampling counters. Thread-safe. */

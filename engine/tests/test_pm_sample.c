@@ -270,6 +270,45 @@ static void test_decode_offset(void) {
   printf("decode with a clock offset: ok\n");
 }
 
+/* No CUDA context on the device yet: the start is refused with CM_EAGAIN before any PM call (the
+ * agent retries). Once the context exists the session starts; when the context goes away while
+ * sampling (the runtime's teardown at exit), no PM call touches the sampling object any more
+ * (no decode, no stop, no disable: the object is left), the host object is still freed, and the
+ * lost poll is counted in `dropped`. */
+static void test_context(void) {
+  static const char *const a[] = {"sm__cycles_active.avg"};
+  fake_pm_stats before, after;
+  fake_pm_get_stats(&before);
+  fake_set_primary_inactive(1);
+  uint32_t id = 0;
+  CMT_EQ(cm_pm_sample_add(g_e, 0, a, 1, 1000, &id), CM_EAGAIN);
+  if (!strstr(cm_errmsg(), "device 0 has no CUDA context yet"))
+    CMT_FAIL("unexpected message: %s", cm_errmsg());
+  fake_pm_get_stats(&after);
+  CMT_EQU(after.enables, before.enables);
+  CMT_EQU(after.host_inits, before.host_inits);
+  fake_set_primary_inactive(0);
+  CMT_OK(cm_pm_sample_add(g_e, 0, a, 1, 1000, &id));
+  cm_pm_stats ps0, ps;
+  CMT_OK(cm_pm_stats_get(g_e, &ps0));
+  fake_pm_get_stats(&before);
+  fake_set_primary_inactive(1);
+  CMT_EQ(fake_pm_emit(0, 10, fake_now(), 100000), 10);
+  CMT_OK(cm_flush(g_e, CM_FLUSH_PLAIN, 5000));
+  CMT_OK(cm_pm_sample_remove(g_e, id));
+  fake_set_primary_inactive(0);
+  fake_pm_get_stats(&after);
+  CMT_EQU(after.decodes, before.decodes);
+  CMT_EQU(after.stops, before.stops);
+  CMT_EQU(after.disables, before.disables);
+  CMT_EQU(after.host_deinits - before.host_deinits, 1);
+  CMT_EQU(after.double_releases, 0);
+  CMT_OK(cm_pm_stats_get(g_e, &ps));
+  CMT_EQU(ps.dropped - ps0.dropped, 1);
+  CMT_EQU(ps.polls, ps0.polls);
+  printf("no context yet, and a context gone: ok\n");
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   cm_config cfg;
@@ -285,6 +324,7 @@ int main(void) {
   test_full_and_overflow();
   test_refusals();
   test_decode_offset();
+  test_context();
   /* A consumer left at exit is stopped by cm_engine_free, once. */
   static const char *const a[] = {"sm__cycles_active.avg"};
   uint32_t id;
@@ -292,10 +332,13 @@ int main(void) {
   cm_engine_free(g_e);
   fake_pm_stats fs;
   fake_pm_get_stats(&fs);
-  CMT_EQU(fs.enables, fs.disables);
+  /* test_context left the one sampling object whose context was gone. */
+  CMT_EQU(fs.enables, fs.disables + 1);
   CMT_EQU(fs.host_inits, fs.host_deinits);
   CMT_EQU(fs.double_releases, 0);
   CMT_EQU(fs.profiler_deinitialize_calls, 0);
+  /* Every input CUPTI may keep a pointer to lived as long as the object that got it. */
+  CMT_EQU(fs.stale_inputs, 0);
   printf("ok\n");
   return 0;
 }

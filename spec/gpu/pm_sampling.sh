@@ -10,7 +10,12 @@
 #    under pm_check.lua --mode trace (kernels and runtime traced) and --mode pm (the same plus PM
 #    sampling), and prints the median of the per-round time ratios.
 # When profiling counters are not permitted, it prints BLOCKED with CUPTI's exact error and exits
-# 3. Logs go to $OUT (the device tool's output folder) when set, else /tmp/cuptimon-pm.
+# 3. When the traced application crashes (a signal), it runs the same attempt once more with the
+# PM call trace (CUPTIMON_PM_TRACE=1, CUPTIMON_AGENT_LOG=debug) and prints its tail, whose last
+# "cuptimon pm" line is the CUPTI call that crashed; then once more with the application under
+# gdb (else cuda-gdb-minimal), which prints the backtrace of the crash; then it fails, skipping
+# step 2. All of it stays within about 120 s.
+# Logs go to $OUT (the device tool's output folder) when set, else /tmp/cuptimon-pm.
 # Exit status: 0 when the checks pass, 1 when one fails, 2 on a setup problem, 3 when blocked.
 set -u
 B=$(cd "${1:-build}" && pwd) || exit 2
@@ -36,6 +41,44 @@ metric_args() {
   for r in "${roles[@]}"; do
     printf -- '--%s %s ' "$r" "$(echo "${cand[$r]}" | cut -d' ' -f"${idx[$r]}")"
   done
+}
+
+# A crash of the traced application: rc 128 + the signal from cuptimon-lua (124 is timeout's).
+crashed() { [ "$1" -ge 128 ] && [ "$1" != 124 ]; }
+
+# The application crashed under the metrics $1 (with pm_check.lua's extra options $2 and the
+# application's arguments $3): the same run once more with the PM call trace, then under a
+# debugger for the backtrace. Each is bounded.
+crash_report() {
+  local ma=$1 extra=$2 aa=$3 trc dbg
+  echo "=== the traced application crashed: once more with the PM call trace"
+  # shellcheck disable=SC2086
+  CUPTIMON_PM_TRACE=1 CUPTIMON_AGENT_LOG=debug timeout -k 5 30 "$LUA" "$CHECK" $extra $ma -- "$APP" $aa \
+    >"$LOGS/pm_trace.log" 2>&1
+  trc=$?
+  echo "rc=$trc; the last 50 lines of $LOGS/pm_trace.log:"
+  tail -n 50 "$LOGS/pm_trace.log"
+  echo "the last PM call traced: $(grep 'cuptimon pm' "$LOGS/pm_trace.log" | tail -n 1)"
+  dbg=$(command -v gdb || { [ -x /usr/local/cuda/bin/cuda-gdb-minimal ] && echo /usr/local/cuda/bin/cuda-gdb-minimal; })
+  if [ -z "$dbg" ]; then
+    echo "no gdb nor cuda-gdb-minimal here: no backtrace"
+    return
+  fi
+  # The debugger is the monitored command and runs the application itself: the agent loads in
+  # the application only (CUDA_INJECTION64_PATH acts in cuInit), so the run is the same one.
+  echo "=== the same run with the application under $dbg (at most 60 s)"
+  # shellcheck disable=SC2086
+  CUPTIMON_PM_TRACE=1 timeout -k 5 60 "$LUA" "$CHECK" $extra $ma -- "$dbg" -q -nx -batch \
+    -ex "set pagination off" -ex "set confirm off" -ex "set follow-fork-mode child" \
+    -ex "handle SIGPIPE nostop noprint pass" -ex run -ex "bt 40" -ex "info threads" \
+    -ex "thread apply all bt 12" --args "$APP" $aa >"$LOGS/pm_gdb.log" 2>&1
+  echo "rc=$?; from $LOGS/pm_gdb.log (the signal, then the backtraces):"
+  if grep -q "received signal" "$LOGS/pm_gdb.log"; then
+    sed -n '/received signal/,$p' "$LOGS/pm_gdb.log" | grep -v '^cuptimon pm' | head -n 160
+  else
+    echo "no signal under the debugger; its last 40 lines:"
+    tail -n 40 "$LOGS/pm_gdb.log"
+  fi
 }
 
 echo "=== 1. PM sampling against known load"
@@ -71,6 +114,11 @@ for attempt in 1 2 3 4 5 6 7 8; do
 done
 cat "$log"
 echo "check rc=$rc (metrics: $margs)"
+if crashed $rc; then
+  crash_report "$margs" "" ""
+  echo "pm_sampling: FAIL (the traced application crashed, rc=$rc; step 2 skipped)"
+  exit 1
+fi
 
 echo "=== 2. overhead of PM sampling at 1 ms (10 interleaved rounds)"
 ratios=()
@@ -78,8 +126,17 @@ for round in 1 2 3 4 5 6 7 8 9 10; do
   # shellcheck disable=SC2086
   a=$(timeout 60 "$LUA" "$CHECK" --mode trace $margs -- "$APP" --bench 2>>"$LOGS/overhead.err" | sed -n 's/^bench_ms=//p')
   # shellcheck disable=SC2086
-  b=$(timeout 60 "$LUA" "$CHECK" --mode pm --interval-us 1000 $margs -- "$APP" --bench 2>>"$LOGS/overhead.err" | sed -n 's/^bench_ms=//p')
+  timeout 60 "$LUA" "$CHECK" --mode pm --interval-us 1000 $margs -- "$APP" --bench \
+    >"$LOGS/overhead.pm.out" 2>>"$LOGS/overhead.err"
+  brc=$?
+  b=$(sed -n 's/^bench_ms=//p' "$LOGS/overhead.pm.out")
   echo "round $round: traced ${a:-?} ms, traced + PM at 1 ms ${b:-?} ms" | tee -a "$LOGS/overhead.log"
+  if crashed $brc; then
+    echo "round $round: the application crashed with PM sampling (rc=$brc)"
+    crash_report "$margs" "--mode pm --interval-us 1000" --bench
+    echo "pm_sampling: FAIL (the traced application crashed in the overhead rounds)"
+    exit 1
+  fi
   [ -n "$a" ] && [ -n "$b" ] && ratios+=("$(awk -v a="$a" -v b="$b" 'BEGIN { printf "%.4f", b / a }')")
 done
 if [ ${#ratios[@]} -ge 5 ]; then

@@ -216,6 +216,7 @@ static atomic_uint_fast64_t sync_epoch;
 static atomic_uint_fast64_t drops_unreported;
 
 static atomic_int knob_no_context;
+static atomic_int knob_primary_inactive; /* device 0's primary context reads as not active */
 static atomic_uint knob_completion_delay_us;
 static atomic_int knob_suppress_sync;
 static atomic_int knob_reject_push;
@@ -909,7 +910,7 @@ FAKE_EXPORT int cuDevicePrimaryCtxGetState(int dev, unsigned *flags, int *active
   if (!flags || !active) return FAKE_CUDA_ERROR_INVALID_VALUE;
   if (!valid_device(dev)) return FAKE_CUDA_ERROR_INVALID_DEVICE;
   *flags = 0;
-  *active = 1;
+  *active = !atomic_load(&knob_primary_inactive);
   return FAKE_CUDA_SUCCESS;
 }
 
@@ -1573,6 +1574,7 @@ void fake_set_foreign_subscriber(const char *name) {
 }
 
 void fake_set_no_context(int on) { atomic_store(&knob_no_context, on ? 1 : 0); }
+void fake_set_primary_inactive(int on) { atomic_store(&knob_primary_inactive, on ? 1 : 0); }
 
 void fake_set_completion_delay_us(uint32_t us) { atomic_store(&knob_completion_delay_us, us); }
 

@@ -108,6 +108,9 @@ int fake_kind_enabled(int kind);
 void fake_set_foreign_subscriber(const char *name);
 /* Makes cuCtxGetCurrent report no context and cuDeviceGetCount report zero devices. */
 void fake_set_no_context(int on);
+/* cuDevicePrimaryCtxGetState reports device 0's primary context as not active (no context yet,
+ * or gone), as before the application's first CUDA call or after its teardown. */
+void fake_set_primary_inactive(int on);
 /* Delays each completion callback delivery by `us` microseconds (a slow CUPTI worker). */
 void fake_set_completion_delay_us(uint32_t us);
 /* Makes device syncs produce no SYNCHRONIZATION record (a fence that can only time out). */
@@ -182,6 +185,9 @@ typedef struct fake_pm_stats {
   uint64_t host_inits, host_deinits;  /* cuptiProfilerHostInitialize / Deinitialize */
   uint64_t enables, disables, starts, stops, decodes;
   uint64_t double_releases;           /* a host or sampling object released twice: must stay 0 */
+  uint64_t stale_inputs;              /* a later call found an input the object keeps a pointer
+                                       * to (availability image, metric list, config image)
+                                       * changed, as when it was freed: must stay 0 */
   uint64_t samples_lost;              /* emitted into a full hardware buffer */
   uint64_t profiler_initialize_calls, profiler_deinitialize_calls;
   uint64_t last_interval, last_hw_buffer; /* of the last cuptiPmSamplingSetConfig */

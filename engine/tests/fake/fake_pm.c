@@ -51,11 +51,30 @@ typedef struct fsample {
   uint64_t seq, start, stop;
 } fsample;
 
+/* An input CUPTI may keep a pointer to, as the real one may: the pointer and a copy of the first
+ * bytes it pointed at, compared again by later calls (kept_same), so a caller that freed or
+ * reused it while the object lives is caught (glibc's free writes into a freed block's start). */
+#define KEPT_BYTES 64
+typedef struct kept_input {
+  const void *p;
+  size_t n;
+  unsigned char copy[KEPT_BYTES];
+} kept_input;
+
+static void keep(kept_input *k, const void *p, size_t n) {
+  k->p = p;
+  k->n = p ? (n < KEPT_BYTES ? n : KEPT_BYTES) : 0;
+  if (k->n) memcpy(k->copy, p, k->n);
+}
+
+static int kept_same(const kept_input *k) { return !k->n || !memcmp(k->copy, k->p, k->n); }
+
 struct CUpti_Profiler_Host_Object {
   struct CUpti_Profiler_Host_Object *next_released; /* the list of released objects */
   int alive;
   int nmetrics;
   int metrics[FAKE_PM_METRICS]; /* indices into known[] */
+  kept_input avail, names; /* pCounterAvailabilityImage, the last ppMetricNames array */
 };
 
 static struct CUpti_Profiler_Host_Object *g_released_hosts; /* guarded by mu */
@@ -65,6 +84,7 @@ struct CUpti_PmSampling_Object {
   int alive;
   int device;
   int configured, started;
+  kept_input config; /* pConfig */
 };
 static struct CUpti_PmSampling_Object *g_released_pm; /* guarded by mu */
 
@@ -196,6 +216,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiProfilerHostInitialize(CUpti_Profiler_Host
   struct CUpti_Profiler_Host_Object *h = calloc(1, sizeof *h);
   if (!h) return CUPTI_ERROR_OUT_OF_MEMORY;
   h->alive = 1;
+  keep(&h->avail, p->pCounterAvailabilityImage, 64);
   p->pHostObject = h;
   pthread_mutex_lock(&mu);
   st.host_inits++;
@@ -229,6 +250,7 @@ cuptiProfilerHostConfigAddMetrics(CUpti_Profiler_Host_ConfigAddMetrics_Params *p
     if (metric_index(p->ppMetricNames[i]) < 0) return CUPTI_ERROR_INVALID_METRIC_NAME;
   if (h->nmetrics + p->numMetrics > FAKE_PM_METRICS) return CUPTI_ERROR_INVALID_PARAMETER;
   for (size_t i = 0; i < p->numMetrics; i++) h->metrics[h->nmetrics++] = metric_index(p->ppMetricNames[i]);
+  keep(&h->names, p->ppMetricNames, p->numMetrics * sizeof *p->ppMetricNames);
   return CUPTI_SUCCESS;
 }
 
@@ -382,6 +404,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiPmSamplingSetConfig(CUpti_PmSampling_SetCo
     return CUPTI_ERROR_INVALID_PARAMETER;
   pthread_mutex_lock(&mu);
   p->pPmSamplingObject->configured = 1;
+  keep(&p->pPmSamplingObject->config, p->pConfig, p->configSize);
   st.last_interval = p->samplingInterval;
   st.last_hw_buffer = p->hardwareBufferSize;
   st.last_trigger_mode = (uint32_t)p->triggerMode;
@@ -430,6 +453,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiPmSamplingDecodeData(CUpti_PmSampling_Deco
   image_header *h = (image_header *)p->pCounterDataImage;
   if (h->magic != FAKE_PM_MAGIC) return CUPTI_ERROR_INVALID_PARAMETER;
   pthread_mutex_lock(&mu);
+  if (!kept_same(&p->pPmSamplingObject->config)) st.stale_inputs++;
   int d = p->pPmSamplingObject->device;
   while (dev[d].n && h->populated < h->max_samples) {
     h->samples[h->populated++] = dev[d].q[dev[d].head];
@@ -472,6 +496,11 @@ cuptiProfilerHostEvaluateToGpuValues(CUpti_Profiler_Host_EvaluateToGpuValues_Par
     return CUPTI_ERROR_INVALID_PARAMETER;
   const image_header *h = (const image_header *)p->pCounterDataImage;
   if (h->magic != FAKE_PM_MAGIC || p->rangeIndex >= h->completed) return CUPTI_ERROR_INVALID_PARAMETER;
+  if (!kept_same(&p->pHostObject->avail) || !kept_same(&p->pHostObject->names)) {
+    pthread_mutex_lock(&mu);
+    st.stale_inputs++;
+    pthread_mutex_unlock(&mu);
+  }
   for (size_t i = 0; i < p->numMetrics; i++) {
     int m = metric_index(p->ppMetricNames[i]), found = 0;
     for (int j = 0; j < p->pHostObject->nmetrics; j++) found |= p->pHostObject->metrics[j] == m;
