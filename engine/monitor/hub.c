@@ -555,7 +555,8 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
   c->sent_select = NULL;
   c->handshaking = 1;
   c->state = CONN_ACTIVE;
-  rc = cm__wsrc_attach(&c->w, hb->host);
+  /* After the script's end (cm__hub_forget_host) there is no host to attach to. */
+  rc = hb->host ? cm__wsrc_attach(&c->w, hb->host) : CM_ESTATE;
   c->handshaking = 0;
   if (rc) {
     fprintf(stderr, "cuptimon-lua: cannot attach agent pid %u: %s\n", c->w.pid, cm_strerror(rc));
@@ -875,7 +876,7 @@ static char *current_union(hub *hb) {
   memset(&probe, 0, sizeof probe);
   cm__wsrc_init(&probe, &probe_ops, NULL, "agent");
   probe.extra = hb->extra;
-  cm_host_each_observer(hb->host, probe_observer, &probe);
+  if (hb->host) cm_host_each_observer(hb->host, probe_observer, &probe);
   char *u = cm__wsrc_union(&probe);
   cm__wsrc_release(&probe);
   return u;
@@ -1353,6 +1354,13 @@ static void wait_signal_cb(uv_signal_t *s, int signum) {
     cm__proc_stop(&hb->proc, signum);
   else
     cm__proc_kill(&hb->proc);
+}
+
+void cm__hub_forget_host(void) {
+  hub *hb = g_hub;
+  if (!hb) return;
+  cm__host_set_live_ops(hb->host, NULL);
+  hb->host = NULL;
 }
 
 void cm__hub_wait_command(void) {

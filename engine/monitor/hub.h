@@ -53,6 +53,10 @@ int cm__hub_finished(int *status);
  * supervisor has reaped it, so that cm__hub_finished gives the real status. Forwarded signals
  * and the kill grace timer work meanwhile. The script's handles must be closed by then. */
 void cm__hub_wait_command(void);
+/* The host is about to be freed: the hub drops its pointer (and the host's live operations), so
+ * that nothing after, cm__hub_wait_command and cm__hub_free included, reaches it; a process that
+ * connects from then on is refused. */
+void cm__hub_forget_host(void);
 
 /* --attach: ends the attach window of every attached agent before the script's exit hooks run:
  * it sends SELECT "" (the agent disables every kind, delivering what it holds) and a sync FLUSH,

@@ -468,6 +468,7 @@ int main(int argc, char **argv) {
   int errors = cm_host_error_count(h);
   char lost[2048];
   int lossy = !check && loss_line(h, lost, sizeof lost);
+  cm__hub_forget_host();
   cm_host_free(h);
   /* The run may have ended on the BYE of the command's own process: reap it now (signals are
    * forwarded to it meanwhile) for its real exit status. */
