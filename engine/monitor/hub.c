@@ -671,9 +671,12 @@ static void window_finish(conn *c, int status) {
     if (cm__record_failures(win->rec) && !win->status) win->status = CM_EIO;
     cm__record_free(win->rec, 0);
   }
+  /* The counts by kind are copied: `win` is freed before the script's callback runs. */
+  uint64_t by_kind[CM_KIND_MAX];
+  memcpy(by_kind, win->by_kind, sizeof by_kind);
   cm__window_result r = {.status = win->status, .path = path, .records = win->records,
                          .batches = win->batches, .frames = win->number,
-                         .dropped = d_cupti + d_agent + d_exit, .by_kind = win->by_kind};
+                         .dropped = d_cupti + d_agent + d_exit, .by_kind = by_kind};
   cm__window_done_fn done = win->done;
   void *ud = win->ud;
   free(win);
