@@ -74,13 +74,15 @@ struct cm__gate {
 /* ThreadSanitizer tracks descriptors as memory. libuv, when not itself built with TSan (the
  * distribution's), closes descriptors with syscall(SYS_close), which TSan never sees, so when
  * accept4 here reuses the number of a descriptor that the loop thread created and libuv closed
- * (uv_spawn's pipe, an agent's connection), TSan reports a race on the number. Such reports name
- * accept4; nothing else is suppressed. */
+ * (uv_spawn's pipe, an agent's connection), TSan reports a race on the number. The same happens
+ * when a script's luv thread starts its own loop (epoll_create1, pipe2 and eventfd in uv_loop_init)
+ * and reuses the numbers that a finished thread's loop closed (seen in lua_corr_spec under TSan).
+ * Such reports name these descriptor-creating calls; nothing else is suppressed. */
 const char *__tsan_default_suppressions(void);
 /* Default visibility: the monitor is built with hidden visibility, and the TSan runtime finds this
  * hook only when it is exported. */
 __attribute__((visibility("default"))) const char *__tsan_default_suppressions(void) {
-  return "race:accept4\n";
+  return "race:accept4\nrace:epoll_create1\nrace:pipe2\nrace:eventfd\n";
 }
 #endif
 
