@@ -51,6 +51,12 @@ struct cm__decoder {
   uint64_t unknown;
   uint64_t lost; /* records dropped because their columns could not grow */
   _Atomic uint64_t lost_pub;
+  /* Kinds whose records no observer receives any more and that CUPTI no longer produces: a record
+   * of one of them that still arrives was written while it was traced, reached nobody, and is
+   * counted in `late` (cm__decoder_watch_late). */
+  uint64_t late_mask;
+  uint64_t late;
+  _Atomic uint64_t late_pub;
   int npending;
   int pending[CM_KIND_MAX]; /* kinds with a non-empty run */
   kstate k[CM_KIND_MAX];
@@ -176,6 +182,7 @@ static void publish_counts(cm__decoder *d) {
   for (int k = 0; k < CM_KIND_MAX; k++)
     atomic_store_explicit(&d->k[k].seen_pub, d->k[k].seen, memory_order_relaxed);
   atomic_store_explicit(&d->lost_pub, d->lost, memory_order_relaxed);
+  atomic_store_explicit(&d->late_pub, d->late, memory_order_relaxed);
 }
 
 uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
@@ -201,7 +208,10 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
       memcpy(&end, (const uint8_t *)rec + sync_end_off, sizeof end);
       if (end > d->sync_end) d->sync_end = end;
     }
-    if (!ks->nsel) continue;
+    if (!ks->nsel) {
+      d->late += d->late_mask >> kind & 1;
+      continue;
+    }
     if (!ks->in_pending) {
       ks->in_pending = true;
       d->pending[d->npending++] = (int)kind;
@@ -238,6 +248,14 @@ uint64_t cm__decoder_sync_end(const cm__decoder *d) { return d->sync_end; }
 
 uint64_t cm__decoder_lost(const cm__decoder *d) {
   return atomic_load_explicit(&d->lost_pub, memory_order_relaxed);
+}
+
+void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear) {
+  d->late_mask = (d->late_mask | set) & ~clear;
+}
+
+uint64_t cm__decoder_late(const cm__decoder *d) {
+  return atomic_load_explicit(&d->late_pub, memory_order_relaxed);
 }
 
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind) {

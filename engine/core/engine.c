@@ -530,8 +530,9 @@ void cm_engine_free(cm_engine *e) {
   if (!e) return;
   pthread_mutex_lock(&e->api_mu);
   if (e->active) {
-    end_session(e);
+    /* Disabled first, as in cm_unobserve, so that nothing is written after the last flush. */
     apply_kinds(e, 0);
+    end_session(e);
     apply_toggles(e, (cm__bits[CM_KIND_MAX]){{{0}}});
     e->active = false;
   }
@@ -672,6 +673,9 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
     return rc;
   }
   apply_toggles(e, next);
+  pthread_mutex_lock(&e->dec_mu);
+  cm__decoder_watch_late(e->dec, 0, want);
+  pthread_mutex_unlock(&e->dec_mu);
   if (!e->active) {
     e->active = true;
     e->session_start_ns = cm__realtime_ns();
@@ -694,21 +698,43 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
     return cm__seterr(CM_ENOENT, "no observer with id %u", id);
   }
   bool last = e->nobs == 1;
+  cm__bits next[CM_KIND_MAX];
+  union_of(e, idx, NULL, next);
+  uint64_t want = last ? 0 : cm__sel_kinds_needed(next);
+  uint64_t leaving = e->enabled & ~want;
+  /* The kinds that leave are disabled first, so CUPTI writes no more of them and every record of
+   * them already exists; the fence then brings those records to the decoder, and the delivery
+   * below hands them to the observers as they are now, the leaving one included. Flushing first
+   * and disabling afterwards loses what the application writes in between. A buffer that CUPTI
+   * completes only later (a kernel still running holds its buffer back from a plain flush) is why
+   * a narrowing waits for the sync fence, not a plain flush. What still arrives after the fence
+   * (the fence missed its deadline, or could not synchronize during a stream capture) is counted
+   * as late and dropped (cm__decoder_watch_late), never skipped silently. */
+  if (leaving) apply_kinds(e, want);
   if (last) {
     end_session(e);
+  } else if (leaving) {
+    int why = CM__SYNC_NONE;
+    if (!cm__engine_fence(e, deadline_for(e, 0), &why))
+      cm__engine_log(e, CM_LOG_WARN,
+                     "the fence of a narrowing selection missed its deadline; records of the kinds "
+                     "it turned off that arrive later are counted as dropped");
   } else {
     cm__engine_plain_flush(e, deadline_for(e, 0), 0);
   }
-  cm__bits next[CM_KIND_MAX];
-  union_of(e, idx, NULL, next);
+  uint64_t had = 0;
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (!cm__bits_empty(&e->sel[k]) && cm__bits_empty(&next[k])) had |= 1ull << k;
   pthread_mutex_lock(&e->dec_mu);
   cm__engine_deliver(e);
   memmove(&e->obs[idx], &e->obs[idx + 1], (size_t)(e->nobs - idx - 1) * sizeof e->obs[0]);
   e->nobs--;
   memcpy(e->sel, next, sizeof next);
   cm__decoder_select(e->dec, e->sel);
+  /* SYNCHRONIZATION records keep coming from every later fence, selected or not. */
+  cm__decoder_watch_late(e->dec, had & ~want & ~(1ull << CM_KIND_SYNCHRONIZATION), 0);
   pthread_mutex_unlock(&e->dec_mu);
-  apply_kinds(e, cm__sel_kinds_needed(next));
+  if (!leaving) apply_kinds(e, want);
   apply_toggles(e, next);
   if (last) {
     e->active = false;
@@ -775,7 +801,7 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   pthread_mutex_unlock(&e->work_mu);
   /* The decoder publishes these counters atomically, so no dec_mu: an observer may call this. */
   for (int k = 0; k < CM_KIND_MAX; k++) out->records_by_kind[k] = cm__decoder_seen(e->dec, k);
-  out->records_dropped += cm__decoder_lost(e->dec);
+  out->records_dropped += cm__decoder_lost(e->dec) + cm__decoder_late(e->dec);
   return 0;
 }
 
