@@ -393,6 +393,22 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
+  -- Issue 18, item 3: the exit is bounded whatever CUPTI does. Once the workload is done every
+  -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush did under a backlog on the H200); the
+  -- agent leaves its final flush behind at the budget's deadline, and the monitor reports the
+  -- unknown tail: a LOST line and status 3.
+  it("exits within the budget when CUPTI's flush blocks at exit, and reports the tail as lost", function()
+    local t0 = os.time()
+    local rc, out = helpers.sh(("CUPTIMON_EXIT_BUDGET_MS=2000 %s %s -- %s --records 20000 --kinds kernel,memcpy --flush-block-ms 10000")
+      :format(bin, script("count.lua"), app))
+    local took = os.time() - t0
+    assert.are.equal(3, rc, out)
+    assert.matches("cuptimon%-lua: LOST [^\n]*the records CUPTI still held are unknown", out)
+    assert.matches("final flush did not return within the budget", out)
+    -- Whole seconds, generous for a loaded machine: without the bound it took over 20 s.
+    assert.is_true(took <= 7, ("the run took %d s\n%s"):format(took, out))
+  end)
+
   it("exits with the reaped status when the command fails after its agent's BYE", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --teardown-abort --exit-code 5")
       :format(bin, fixture("time_to_table.lua"), app))

@@ -33,7 +33,7 @@ describe("the process table", function()
       "exe=/usr/bin/wire_gen exit_code=0 host=testhost incomplete=0 kind=replay last_number=1 " ..
       "lost_frames=0 lost_wire=0 message= pid=111 ppid=" .. ppid .. " produced=500 received=500 " ..
       "source=1 stats={batches_queued=1 batches_received=1 records_decoded=500 records_dropped=0 " ..
-      "records_queued=500 records_received=500} status=exit}", exit)
+      "records_queued=500 records_received=500} status=exit tail_unknown=0}", exit)
   end)
 
   it("of the in-process engine comes from /proc", function()
@@ -58,6 +58,6 @@ describe("the process table", function()
     local tail2 = ("env={} exe=%s host=%s incomplete=0 kind=inproc last_number=0 lost_frames=0 lost_wire=0 " ..
       "pid=%s ppid=%s produced=%s received=%s source=1"):format(exe, host, pid, ppid, received, received)
     assert.are.equal(head .. " dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " .. tail2 ..
-      " status=detached}", exit)
+      " status=detached tail_unknown=0}", exit)
   end)
 end)

@@ -172,6 +172,11 @@ static struct agent {
   _Atomic bool ctl_stop;
   _Atomic bool tracing;    /* an observer is registered */
   _Atomic bool cut;        /* the exit deadline passed: what is still queued is dropped */
+  _Atomic bool sender_drained; /* the sender stopped with the queue empty: BYE was written */
+  /* The exit's final flush was abandoned at its deadline, or cut short, so what CUPTI and the
+   * decoder still held is not known (STATS exit_tail_unknown; the monitor reports the process as
+   * incomplete). */
+  _Atomic bool tail_unknown;
   /* Every record the observer received ends in exactly one of records_sent (or still queued),
    * records_dropped_agent (the queue was full, or the connection failed) and
    * records_dropped_exit (still queued when the exit deadline passed). */
@@ -408,7 +413,11 @@ static void *sender_main(void *arg) {
   pthread_mutex_lock(&A.send_mu);
   for (;;) {
     while (!A.head && !A.q_dead && !A.sender_stop) pthread_cond_wait(&A.q_cv, &A.send_mu);
-    if (A.q_dead || (!A.head && A.sender_stop)) break;
+    if (A.q_dead) break;
+    if (!A.head && A.sender_stop) {
+      atomic_store(&A.sender_drained, true);
+      break;
+    }
     qframe *f = A.head;
     A.head = f->next;
     if (!A.head) A.tail = NULL;
@@ -490,6 +499,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("batches_queued", A.q_batches);
   KV("strings_sent", GET(strings_sent));
   KV("bytes_sent", GET(bytes_sent));
+  KV("exit_tail_unknown", atomic_load(&A.tail_unknown) ? 1 : 0);
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -506,7 +516,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[24];
+  cm_wire_kv kv[32];
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -1109,6 +1119,100 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
   return records;
 }
 
+/* The exit's final flush runs on a helper thread, so that the exit handler can leave it at its
+ * deadline whatever CUPTI does: cuptiActivityFlushAll has no deadline of its own, and under a
+ * backlog it was seen to take 9 s on the H200 (issue 18). An abandoned flush goes on alone until
+ * the process ends; the job it shares with the handler is freed by whichever of the two leaves
+ * last, and the engine is never freed at exit, so the helper touches nothing that goes away. */
+typedef struct exit_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;  /* guarded by mu */
+  bool done; /* guarded by mu */
+  cm_engine *eng;
+  uint64_t sync_end, end;
+  cm__exit_flush ef; /* written by the helper before done */
+} exit_job;
+
+static void exit_job_release(exit_job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+static void *exit_job_main(void *arg) {
+  exit_job *j = arg;
+  cm__exit_flush ef;
+  cm__engine_exit_flush(j->eng, j->sync_end, j->end, &ef);
+  pthread_mutex_lock(&j->mu);
+  j->ef = ef;
+  j->done = true;
+  pthread_cond_signal(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  exit_job_release(j);
+  return NULL;
+}
+
+/* Runs cm__engine_exit_flush(eng, sync_end, end) and waits for it until `wait_end` at the latest.
+ * Returns false when it was abandoned there (*out is then zero); it runs inline when no helper
+ * thread can be started. Monotonic times in ms. */
+static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, uint64_t wait_end,
+                               cm__exit_flush *out) {
+  memset(out, 0, sizeof *out);
+  exit_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    cm__engine_exit_flush(eng, sync_end, end, out);
+    return true;
+  }
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&j->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  j->refs = 2;
+  j->eng = eng;
+  j->sync_end = sync_end;
+  j->end = end;
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old); /* the helper inherits a mask that blocks every signal */
+  int rc = pthread_create(&t, &a, exit_job_main, j);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&a);
+  if (rc != 0) {
+    j->refs = 1;
+    exit_job_release(j);
+    cm__engine_exit_flush(eng, sync_end, end, out);
+    return true;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = cm__mono_ms(), left = wait_end > now ? wait_end - now : 0;
+  ts.tv_sec += (time_t)(left / 1000);
+  ts.tv_nsec += (long)(left % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&j->mu);
+  while (!j->done)
+    if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) break;
+  bool done = j->done;
+  if (done) *out = j->ef;
+  pthread_mutex_unlock(&j->mu);
+  exit_job_release(j);
+  return done;
+}
+
 /* The exit handler (on_exit with glibc, atexit elsewhere): a final fence, the last batches, STATS
  * and BYE. All of it runs within one budget (CUPTIMON_EXIT_BUDGET_MS), whatever the device (a
  * kernel still running), the engine (a monitor's sync flush in progress) or the monitor (one that
@@ -1140,7 +1244,15 @@ static void agent_exit_work(int exit_code) {
     uint64_t flush_end = min_u64(t0 + A.exit_flush_ms, end - reserve);
     uint64_t sync_end = flush_end - (flush_end - t0) / 4;
     cm__exit_flush ef;
-    cm__engine_exit_flush(A.eng, sync_end, end - reserve, &ef);
+    /* The helper's own deadlines end at end - reserve; it gets a quarter of the reserve more
+     * before it is left behind. */
+    if (!exit_flush_bounded(A.eng, sync_end, end - reserve, end - reserve + reserve / 4, &ef)) {
+      atomic_store(&A.tail_unknown, true);
+      CUT("the final flush did not return within the budget (CUPTI's flush or the device was "
+          "still busy); it was left running, so records CUPTI still held were not sent (not "
+          "counted: the tail is unknown)");
+    }
+    if (ef.engine_busy || ef.decode_timed_out) atomic_store(&A.tail_unknown, true);
     if (ef.engine_busy)
       CUT("the engine stayed busy past the fence's deadline, so the records CUPTI still held "
           "were not flushed (not counted)");
@@ -1208,20 +1320,25 @@ static void agent_exit_work(int exit_code) {
   bool drained = !A.head && !A.sending;
   size_t left = A.q_frames;
   pthread_mutex_unlock(&A.send_mu);
-  if (!drained && !atomic_load(&A.gone))
-    alog(CM_LOG_WARN,
-         "the %s did not take the last %zu frames within the exit budget (%u ms); closing "
-         "without them (STATS and BYE among them)",
-         A.is_socket ? "monitor" : "capture file", left, A.exit_budget_ms);
   /* What is still queued now is lost to the exit deadline. */
   atomic_store(&A.cut, true);
   /* 4. A sender blocked in send() on a monitor that does not read is released by the shutdown;
-   * the threads get what is left of the budget to stop. */
+   * the threads get what is left of the budget to stop. Whether BYE got out is known only once
+   * the sender has stopped (a frame it was writing at the deadline may still have gone whole),
+   * so that is what the log says, and the monitor's account agrees with it: without BYE it
+   * reports the process as incomplete. */
+  bool was_gone = atomic_load(&A.gone);
   if (A.is_socket && A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
   if (!drained) monitor_gone("closed at exit");
   atomic_store(&A.ctl_stop, true);
   wake_control();
   if (A.sender_started) join_with_deadline(A.sender, "sender", end);
+  if (A.sender_started && !was_gone && !atomic_load(&A.sender_drained))
+    alog(CM_LOG_WARN,
+         "the %s did not take the last %zu frames within the exit budget (%u ms); closed "
+         "without them (STATS and BYE among them): the monitor reports this process as "
+         "incomplete",
+         A.is_socket ? "monitor" : "capture file", left, A.exit_budget_ms);
   if (A.control_started) join_with_deadline(A.control, "control", end);
   if (A.fd >= 0) close(A.fd);
   A.fd = -1;
@@ -1576,6 +1693,8 @@ static void session_reset(int fd) {
   atomic_store(&A.batches_sent, 0);
   atomic_store(&A.batches_dropped, 0);
   atomic_store(&A.records_dropped_agent, 0);
+  atomic_store(&A.sender_drained, false);
+  atomic_store(&A.tail_unknown, false);
   atomic_store(&A.records_dropped_exit, 0);
   atomic_store(&A.records_sent, 0);
   atomic_store(&A.bytes_sent, 0);

@@ -854,8 +854,9 @@ void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
   out->produced = out->received + out->dropped;
   /* A process still running is not incomplete yet; one that ended without BYE (killed, cut off,
    * a corrupt or truncated stream) never sent its final counts. */
+  out->tail_unknown = cm__wsrc_stat(w, "exit_tail_unknown") != 0;
   out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE &&
-                     w->end != CM__END_DETACHED) || gaps_after > 0;
+                     w->end != CM__END_DETACHED) || gaps_after > 0 || out->tail_unknown;
   out->last_number = w->last_number;
 }
 

@@ -264,7 +264,10 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
       break;
     }
     addf(line, cap, &n, "%s%d", sep, pid);
-    if (l.incomplete && l.last_number)
+    if (l.tail_unknown)
+      addf(line, cap, &n, " (its exit left the final flush behind at the deadline: the records "
+                          "CUPTI still held are unknown)");
+    else if (l.incomplete && l.last_number)
       addf(line, cap, &n,
            " (its final counts are missing; the last batch frame received was %llu)",
            (unsigned long long)l.last_number);
