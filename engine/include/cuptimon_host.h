@@ -197,6 +197,11 @@ typedef struct cm_source_vtable {
    * that answers later (a live agent) reports each entry's failure through the host's errors.
    * May be NULL: a replay cannot sample. */
   int (*pm)(cm_source *s, const char *spec, char *err, size_t errlen);
+  /* Takes observer `obs`'s selection out of what the source traces while it still receives the
+   * batches that arrive (a window's closing: the records written before the narrowing still
+   * reach its observer until the closing fence). unobserve ends it. May be NULL: the selection
+   * then stays until unobserve. */
+  int (*retire)(cm_source *s, uint32_t obs);
 } cm_source_vtable;
 
 struct cm_source {

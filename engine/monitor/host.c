@@ -677,6 +677,18 @@ static int core_unobserve(lua_State *L) {
   return 1;
 }
 
+/* retire(id) -> true: observer id stops counting in what the sources trace but still receives
+ * what arrives, until unobserve (a window's closing). Sources without retire keep tracing it. */
+static int core_retire(lua_State *L) {
+  cm_host *h = core_host(L);
+  uint32_t id = (uint32_t)luaL_checkinteger(L, 1);
+  if (find_obs(h, id) < 0) return push_fail(L, CM_ENOENT, "no such observer");
+  for (int i = 0; i < h->nsources; i++)
+    if (h->sources[i]->vt->retire) h->sources[i]->vt->retire(h->sources[i], id);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 typedef struct flush_wait {
   cm_host *h;
   int token;
@@ -1084,6 +1096,7 @@ static const luaL_Reg core_funcs[] = {
     {"observe", core_observe},
     {"pm", core_pm},
     {"unobserve", core_unobserve},
+    {"retire", core_retire},
     {"shed", core_shed},
     {"window_begin", core_window_begin},
     {"window_end", core_window_end},

@@ -49,6 +49,7 @@ typedef struct cm__wkind {
 typedef struct cm__wobs {
   uint32_t id;
   const cm_selection *sel;
+  int retired; /* out of the union, still delivered to (ws_retire) */
 } cm__wobs;
 
 /* One slot of the string table. */
@@ -243,9 +244,21 @@ static int ws_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const
   }
   w->obs[w->nobs].id = obs;
   w->obs[w->nobs].sel = sel;
+  w->obs[w->nobs].retired = 0;
   w->nobs++;
   if (w->ops->select) publish_union(w);
   return 0;
+}
+
+static int ws_retire(cm_source *s, uint32_t obs) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  for (int i = 0; i < w->nobs; i++) {
+    if (w->obs[i].id != obs) continue;
+    w->obs[i].retired = 1;
+    if (w->ops->select && w->attached) publish_union(w);
+    return 0;
+  }
+  return CM_ENOENT;
 }
 
 static int ws_unobserve(cm_source *s, uint32_t obs) {
@@ -429,7 +442,7 @@ static int ws_pm(cm_source *s, const char *spec, char *err, size_t errlen) {
 }
 
 static const cm_source_vtable agent_vt = {
-    .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
+    .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .retire = ws_retire, .flush = ws_flush,
     .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
     .describe = ws_describe, .loss = ws_loss, .pm = ws_pm,
 };
@@ -892,7 +905,8 @@ char *cm__wsrc_union(cm__wsrc *w) {
     int first = 1;
     for (int fid = 0; fid < nf; fid++) {
       int has = w->extra && cm_selection_has(w->extra, kind, fid);
-      for (int i = 0; i < w->nobs && !has; i++) has = cm_selection_has(w->obs[i].sel, kind, fid);
+      for (int i = 0; i < w->nobs && !has; i++)
+        has = !w->obs[i].retired && cm_selection_has(w->obs[i].sel, kind, fid);
       if (!has) continue;
       cm_field_info fi;
       if (cm_field_info_get(kind, fid, &fi)) continue;

@@ -798,16 +798,19 @@ end
 local Window = {}
 Window.__index = Window
 
--- Ends one process's part of a window: the observer goes (a narrowing SELECT), then the closing
--- fence; the "window_done" event completes it.
+-- Ends one process's part of a window: the observer leaves the selection (a narrowing SELECT,
+-- which the agent applies by delivering every record of the kinds it turns off) but keeps
+-- receiving batches until the closing fence, so `fn` sees the window's tail; the "window_done"
+-- event then closes it.
 local function window_end(part)
   if part.ending then return end
   part.ending = true
   if part.timer then part.timer:close() end
   local function finish()
-    if part.obs then part.obs:close() end
+    if part.obs and part.obs.id and not part.obs.closed then core.retire(part.obs.id) end
     local ok, err = core.window_end(part.source)
     -- The process may have ended first: its window completes (or completed) without this call.
+    if not ok and part.obs then part.obs:close() end
     if not ok and not err:find("^ENOENT") and not err:find("^ESTATE") then report("window", err) end
   end
   if core.in_dispatch() then later(finish) else finish() end
