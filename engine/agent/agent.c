@@ -97,6 +97,8 @@ typedef struct qframe {
   size_t len;
   uint32_t records; /* records in a BATCH frame, 0 otherwise */
   bool batch;
+  bool stats; /* a STATS frame: its counts describe the batches queued ahead of it */
+  uint64_t queued_ns; /* CLOCK_MONOTONIC when it was queued */
 } qframe;
 
 static struct agent {
@@ -160,7 +162,6 @@ static struct agent {
 
   /* Callback state: only on_batch touches it, and the engine serializes callbacks. */
   uint32_t cb_strings_sent; /* string ids below this were queued (id 0 is never sent) */
-  uint32_t cb_newest;       /* the newest observer generation seen in a callback */
   uint64_t cb_last_seq;
   int32_t cb_last_kind;
   uint32_t cb_number;       /* the last BATCH frame number given (docs/wire.md: BATCH) */
@@ -182,6 +183,9 @@ static struct agent {
    * records_dropped_exit (still queued when the exit deadline passed). */
   _Atomic uint64_t batches_sent, batches_dropped, records_dropped_agent, records_dropped_exit,
       records_sent, bytes_sent, frames_sent, strings_sent;
+  /* How long the last BATCH frame sent had waited in the queue, and the peak (STATS). */
+  _Atomic uint64_t send_wait_ns, send_wait_peak_ns;
+  uint64_t cb_stats_ms; /* when on_batch last queued a STATS frame (callback state) */
 } A = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .send_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -303,6 +307,7 @@ static void count_dropped(uint64_t batches, uint64_t records) {
 /* Appends f (filled in by the caller) to the queue. send_mu held. */
 static void q_link_locked(qframe *f) {
   f->next = NULL;
+  f->queued_ns = cm__mono_ms() * 1000000ull;
   if (A.tail)
     A.tail->next = f;
   else
@@ -354,6 +359,7 @@ static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
   f->data = data;
   f->len = len;
   f->batch = batch;
+  f->stats = false;
   f->records = records;
   q_link_locked(f);
   pthread_mutex_unlock(&A.send_mu);
@@ -431,6 +437,11 @@ static void *sender_main(void *arg) {
       if (f->batch) {
         INC(batches_sent, 1);
         INC(records_sent, f->records);
+        uint64_t now = cm__mono_ms() * 1000000ull;
+        uint64_t wait = now > f->queued_ns ? now - f->queued_ns : 0;
+        atomic_store_explicit(&A.send_wait_ns, wait, memory_order_relaxed);
+        if (wait > GET(send_wait_peak_ns))
+          atomic_store_explicit(&A.send_wait_peak_ns, wait, memory_order_relaxed);
       }
     } else if (f->batch) {
       count_dropped(1, f->records);
@@ -500,6 +511,12 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("strings_sent", GET(strings_sent));
   KV("bytes_sent", GET(bytes_sent));
   KV("exit_tail_unknown", atomic_load(&A.tail_unknown) ? 1 : 0);
+  KV("lag_cupti_ns", st.lag_cupti_ns);
+  KV("lag_decode_ns", st.lag_decode_ns);
+  KV("lag_decode_peak_ns", st.lag_decode_peak_ns);
+  KV("decode_wait_ns", st.decode_wait_ns);
+  KV("send_wait_ns", GET(send_wait_ns));
+  KV("send_wait_peak_ns", GET(send_wait_peak_ns));
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -516,7 +533,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[32];
+  cm_wire_kv kv[40];
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -525,6 +542,7 @@ static void q_link_stats_locked(const cm_stats *st) {
     f->data = b.data;
     f->len = b.len;
     f->batch = false;
+    f->stats = true;
     f->records = 0;
     q_link_locked(f);
   } else {
@@ -582,9 +600,13 @@ static void push_new_strings(void) {
  * older than the newest one seen is retired, and a repeat of the (seq, kind) just sent is
  * skipped. */
 static void on_batch(void *ud, const cm_batch *b) {
-  uint32_t gen = (uint32_t)(uintptr_t)ud;
-  if (gen > A.cb_newest) A.cb_newest = gen;
-  if (gen < A.cb_newest) return;
+  /* While one observer replaces another (apply_selection adds the new one first), the engine
+   * hands a drain's batch of a kind both select to the new observer and then to the old one:
+   * the second is the same records, skipped here by its seq. A kind only the old observer selects
+   * (one the new selection turns off) reaches the old observer alone, and is forwarded: those are
+   * the records written before the kind was turned off. Skipping every batch of an older
+   * observer once the newer one had received one lost them silently (issue 18, the shed race). */
+  (void)ud;
   if (b->seq == A.cb_last_seq && b->kind == A.cb_last_kind) return;
   A.cb_last_seq = b->seq;
   A.cb_last_kind = b->kind;
@@ -635,6 +657,13 @@ static void on_batch(void *ud, const cm_batch *b) {
       continue;
     }
     q_push_buf(&A.cb_buf, true, n);
+  }
+  /* While records flow, STATS goes out once a second too, so the monitor sees the lag and the
+   * backlog live, not only at flushes and at exit. */
+  uint64_t now = cm__mono_ms();
+  if (now - A.cb_stats_ms >= 1000) {
+    A.cb_stats_ms = now;
+    push_stats();
   }
 }
 
@@ -1090,7 +1119,9 @@ static void cut_add(char *cut, size_t cap, size_t *len, const char *fmt, ...) {
 }
 
 /* Removes the BATCH frames still queued (not the one being written), counting them as dropped at
- * the exit deadline (A.cut is set first), so the STATS frame queued after them reports them.
+ * the exit deadline (A.cut is set first), so the STATS frame queued after them reports them. The
+ * STATS frames still queued go too: they counted the removed batches as queued ahead of them,
+ * which is no longer true (the final STATS replaces them).
  * Returns the records; *batches receives the frames. send_mu held. */
 static uint64_t purge_batches_locked(uint64_t *batches) {
   uint64_t records = 0;
@@ -1098,7 +1129,13 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
   qframe **pp = &A.head, *last = NULL, *gone = NULL;
   while (*pp) {
     qframe *f = *pp;
-    if (f->batch) {
+    if (f->stats) {
+      *pp = f->next;
+      A.q_bytes -= f->len;
+      A.q_frames--;
+      f->next = gone;
+      gone = f;
+    } else if (f->batch) {
       *pp = f->next;
       A.q_bytes -= f->len;
       A.q_frames--;

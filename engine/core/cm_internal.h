@@ -292,6 +292,9 @@ uint64_t cm__decoder_lost(const cm__decoder *d);
  * arrive after the fence of that change (they were written while the kind was traced, and no
  * observer receives them). Called with the decoder's lock held. */
 void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear);
+/* The end (else start) timestamp of the last record of the buffer decoded last, or 0. Called
+ * with the decoder's lock held. */
+uint64_t cm__decoder_last_ts(const cm__decoder *d);
 /* Late records counted since creation; any thread, like cm__decoder_lost. */
 uint64_t cm__decoder_late(const cm__decoder *d);
 /* Records seen per kind since creation. */

@@ -129,6 +129,7 @@ static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_
   it->next = NULL;
   it->buf = buffer;
   it->valid = valid;
+  it->completed_ns = cm__realtime_ns();
   pthread_mutex_lock(&e->work_mu);
   if (e->q_tail)
     e->q_tail->next = it;
@@ -216,6 +217,23 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 
 /* ---- the decode worker ---------------------------------------------------------------------- */
 
+/* Stores the stage lags of one decoded buffer whose last record has timestamp `newest` (0:
+ * none). A timestamp that is not on the realtime clock of this run (a test double's fixed
+ * dates, a clock more than an hour off) is no measure of lag and is ignored. */
+static void note_lag(cm_engine *e, uint64_t newest, uint64_t completed, uint64_t started) {
+  uint64_t now = cm__realtime_ns();
+  const uint64_t hour = 3600ull * 1000000000ull;
+  if (!newest || newest > now + 1000000000ull || now - newest > hour) return;
+  uint64_t lag = now > newest ? now - newest : 0;
+  atomic_store_explicit(&e->lag_cupti_ns, completed > newest ? completed - newest : 0,
+                        memory_order_relaxed);
+  atomic_store_explicit(&e->lag_decode_ns, lag, memory_order_relaxed);
+  atomic_store_explicit(&e->decode_wait_ns, started > completed ? started - completed : 0,
+                        memory_order_relaxed);
+  if (lag > atomic_load_explicit(&e->lag_decode_peak_ns, memory_order_relaxed))
+    atomic_store_explicit(&e->lag_decode_peak_ns, lag, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg) {
   cm_engine *e = arg;
   uint64_t next_flush = 0, next_deliver = 0;
@@ -249,9 +267,12 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&e->work_mu);
 
       pthread_mutex_lock(&e->dec_mu);
+      uint64_t started = cm__realtime_ns();
       uint64_t n = cm__decoder_decode(e->dec, it->buf, it->valid);
+      uint64_t newest = cm__decoder_last_ts(e->dec);
       if (limit && held_over(e, limit)) cm__engine_deliver(e);
       pthread_mutex_unlock(&e->dec_mu);
+      note_lag(e, newest, it->completed_ns, started);
       ADD(e, st_records_decoded, n);
       ADD(e, st_buffers_decoded, 1);
       ADD(e, st_bytes_decoded, it->valid);
@@ -788,6 +809,10 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->buffers_decoded = LOAD(e, st_buffers_decoded);
   out->bytes_decoded = LOAD(e, st_bytes_decoded);
   out->records_decoded = LOAD(e, st_records_decoded);
+  out->lag_cupti_ns = LOAD(e, lag_cupti_ns);
+  out->lag_decode_ns = LOAD(e, lag_decode_ns);
+  out->lag_decode_peak_ns = LOAD(e, lag_decode_peak_ns);
+  out->decode_wait_ns = LOAD(e, decode_wait_ns);
   out->records_delivered = LOAD(e, st_records_delivered);
   out->records_dropped = LOAD(e, st_records_dropped);
   out->drains = LOAD(e, st_drains);

@@ -467,6 +467,25 @@ const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *l
   return NULL;
 }
 
+/* Adds one source's counters to a sum; the lags take the largest instead (a run is as far behind
+ * as its slowest process). */
+static void add_stats(cm_stats *sum, const cm_stats *one) {
+  cm_stats keep = *sum;
+  uint64_t *dst = (uint64_t *)sum;
+  const uint64_t *src = (const uint64_t *)one;
+  for (size_t k = 0; k < sizeof *one / sizeof(uint64_t); k++) dst[k] += src[k];
+#define MAX_(f) sum->f = keep.f > one->f ? keep.f : one->f
+  MAX_(lag_cupti_ns);
+  MAX_(lag_decode_ns);
+  MAX_(lag_decode_peak_ns);
+  MAX_(decode_wait_ns);
+  MAX_(lag_recv_ns);
+  MAX_(lag_recv_peak_ns);
+  MAX_(send_wait_ns);
+  MAX_(send_wait_peak_ns);
+#undef MAX_
+}
+
 int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
   if (!h || !out) return CM_EINVAL;
   memset(out, 0, sizeof *out);
@@ -477,14 +496,16 @@ int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
     cm_stats one;
     if (s->vt->stats(s, &one)) continue;
     found = 1;
-    uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&one;
-    for (size_t k = 0; k < sizeof one / sizeof(uint64_t); k++) dst[k] += src[k];
+    add_stats(out, &one);
   }
   for (int i = 0; i < h->ngone; i++) {
     if (source && h->gone[i].id != source) continue;
     found = 1;
-    uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&h->gone[i].st;
-    for (size_t k = 0; k < sizeof(cm_stats) / sizeof(uint64_t); k++) dst[k] += src[k];
+    /* A process that ended is behind by nothing any more; its peaks stay. */
+    cm_stats g = h->gone[i].st;
+    g.lag_cupti_ns = g.lag_decode_ns = g.decode_wait_ns = g.lag_recv_ns = g.send_wait_ns = 0;
+    g.backlog_records = 0;
+    add_stats(out, &g);
   }
   return source && !found ? CM_ENOENT : 0;
 }

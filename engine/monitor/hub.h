@@ -149,6 +149,9 @@ struct cm__wsrc {
   /* Counters of what reached us. */
   uint64_t frames, batches, records, bytes;
   uint64_t records_by_kind[CM_KIND_MAX];
+  /* A live agent's lag as the monitor sees it: CLOCK_REALTIME at a BATCH's arrival less the
+   * newest start of its records, for the last batch that had a start column, and the peak. */
+  uint64_t lag_ns, lag_peak_ns;
   uint64_t seq;
   int warned_missing;
 

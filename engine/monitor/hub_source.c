@@ -325,6 +325,12 @@ static const struct {
     {"buffers_refused", offsetof(cm_stats, buffers_refused)},
     {"records_decoded", offsetof(cm_stats, records_decoded)},
     {"records_dropped", offsetof(cm_stats, records_dropped)},
+    {"lag_cupti_ns", offsetof(cm_stats, lag_cupti_ns)},
+    {"lag_decode_ns", offsetof(cm_stats, lag_decode_ns)},
+    {"lag_decode_peak_ns", offsetof(cm_stats, lag_decode_peak_ns)},
+    {"decode_wait_ns", offsetof(cm_stats, decode_wait_ns)},
+    {"send_wait_ns", offsetof(cm_stats, send_wait_ns)},
+    {"send_wait_peak_ns", offsetof(cm_stats, send_wait_peak_ns)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {
@@ -340,6 +346,11 @@ static int ws_stats(cm_source *s, cm_stats *out) {
   out->records_delivered = w->records;
   out->strings = w->nstr;
   memcpy(out->records_by_kind, w->records_by_kind, sizeof out->records_by_kind);
+  /* The agent's send queue at its last STATS: records queued so far less those it had sent. */
+  uint64_t queued = cm__wsrc_stat(w, "records_queued"), sent = cm__wsrc_stat(w, "records_sent");
+  out->backlog_records = queued > sent ? queued - sent : 0;
+  out->lag_recv_ns = w->lag_ns;
+  out->lag_recv_peak_ns = w->lag_peak_ns;
   return 0;
 }
 
@@ -693,6 +704,30 @@ static const char *field_name(const cm__wkind *k, int32_t field) {
   return lo < (k ? k->nfields : 0) && (int64_t)k->fields[lo].id == (int64_t)field ? k->fields[lo].name : NULL;
 }
 
+/* The lag of a live agent's batch: now less the newest start timestamp among its records, when
+ * the batch carries its kind's start column. Timestamps off this run's realtime clock by more
+ * than an hour (a test double's fixed dates) measure nothing and are ignored. */
+static void note_lag(cm__wsrc *w, const cm_wire_batch *wb) {
+  const cm__wkind *k = kind_find(w, (uint32_t)wb->batch.kind);
+  if (!k || k->start < 0) return;
+  int32_t field = (int32_t)k->fields[k->start].id;
+  for (uint32_t i = 0; i < wb->batch.ncols; i++) {
+    if (wb->cols[i].field != field || wb->cols[i].type != CM_TYPE_U64) continue;
+    const uint64_t *v = wb->cols[i].data;
+    uint64_t newest = 0;
+    for (uint32_t r = 0; r < wb->batch.n; r++)
+      if (v[r] > newest) newest = v[r];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    const uint64_t hour = 3600ull * 1000000000ull;
+    if (!newest || newest > now + 1000000000ull || now - newest > hour) return;
+    w->lag_ns = now > newest ? now - newest : 0;
+    if (w->lag_ns > w->lag_peak_ns) w->lag_peak_ns = w->lag_ns;
+    return;
+  }
+}
+
 static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
   static cm_wire_batch wb; /* large (128 columns); loop thread only, never re-entered */
   int rc = cm_wire_decode_batch(f, NULL, &wb);
@@ -705,6 +740,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   w->batches++;
   w->records += wb.batch.n;
   if (kind >= 0 && kind < CM_KIND_MAX) w->records_by_kind[kind] += wb.batch.n;
+  if (w->ops->select) note_lag(w, &wb);
   if (!w->attached || wb.batch.n == 0) return 0;
   /* A column of a type this version does not know is skipped (docs/wire.md): no consumer could
    * read it. The others are named by the schema, else by the registry, else a placeholder, so

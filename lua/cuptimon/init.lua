@@ -346,15 +346,22 @@ local stat_names = {
   "buffers_allocated", "buffers_outstanding", "buffers_free", "buffers_decoded",
   "buffers_refused", "bytes_decoded", "records_decoded", "records_delivered", "records_dropped",
   "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
-  "strings",
+  "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
+  "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
 --- processes that already exited included), as a table of numbers with records_by_kind keyed by
 --- kind name, and the losses in records: dropped (every record lost, also records_dropped) =
 --- dropped_cupti + dropped_agent + dropped_exit + lost_wire, received, produced, lost_frames,
---- incomplete (sources whose final counts never arrived), last_number. Returns nil, err for an
---- unknown source.
+--- incomplete (sources whose final counts never arrived), last_number. The lag: lag_s and
+--- lag_peak_s (how far behind the records the script's view is: a batch's arrival less its newest
+--- record start, now and at its peak; the largest over sources for the sum), backlog_records (the
+--- records the agent had decoded and not yet sent at its last STATS), and by stage, in ns:
+--- lag_cupti_ns (a record's timestamp to CUPTI completing its buffer), lag_decode_ns and
+--- lag_decode_peak_ns (to the agent's decoder), decode_wait_ns, send_wait_ns and
+--- send_wait_peak_ns (the agent's decode and send queues), lag_recv_ns and lag_recv_peak_ns (to
+--- the monitor). Returns nil, err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)
@@ -367,6 +374,7 @@ function M.stats(source)
   local t = { records_by_kind = {} }
   for _, k in ipairs(stat_names) do t[k] = tonumber(stats_cell[k]) end
   for k, v in pairs(core.loss(source or 0) or {}) do t[k] = v end
+  t.lag_s, t.lag_peak_s = t.lag_recv_ns / 1e9, t.lag_recv_peak_ns / 1e9
   for _, name in ipairs(registry.kind_names()) do
     local n = tonumber(stats_cell.records_by_kind[registry.kind(name).id])
     if n > 0 then t.records_by_kind[name] = n end
@@ -1153,6 +1161,9 @@ local function event(name, a, b)
     run_hooks(hooks.process_start, "process_start hook", a)
   elseif name == "process_exit" then
     batch.forget(a.source)
+    -- The peak lag of the process's life, next to its losses.
+    local st = M.stats(a.source)
+    if st then a.lag_peak_s, a.lag_decode_peak_ns = st.lag_peak_s, st.lag_decode_peak_ns end
     -- The exit table carries the start fields too (describe fills both), so it replaces them.
     batch.processes[a.source] = a
     run_hooks(hooks.process_exit, "process_exit hook", a)

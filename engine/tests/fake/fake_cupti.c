@@ -57,6 +57,7 @@
 #include "fake_cupti.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -516,19 +517,33 @@ static void emit_external_correlation(const void *api_record) {
   }
 }
 
+/* cuptiActivityDisable returns only once every record of the kind that a producer had begun to
+ * write (it saw the kind enabled) is in a buffer, as CUPTI's own disable does for the calls in
+ * progress: emitters count themselves in under one of two phases, and the disable flips the phase
+ * and waits for the old one to drain. So a record the fake counts as written is always in a
+ * buffer that the flush after the disable takes. */
+static atomic_uint emit_phase;
+static atomic_uint emit_inflight[2];
+
 int fake_emit(const void *record, size_t size, int pending) {
   uint32_t kind;
   if (!record || size < sizeof kind || size % 8 != 0) return -1;
   memcpy(&kind, record, sizeof kind);
   if (kind == 0 || kind >= (uint32_t)FAKE_NKINDS) return -1;
   if (kind_size(kind) && kind_size(kind) != size) return -1;
+  unsigned ph = atomic_load(&emit_phase) & 1;
+  atomic_fetch_add(&emit_inflight[ph], 1);
+  int rc;
   if (!atomic_load(&kind_on[kind])) {
     BUMP(st.records_disabled);
-    return 2;
+    rc = 2;
+  } else {
+    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER)
+      emit_external_correlation(record);
+    rc = write_record(record, size, pending);
   }
-  if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER)
-    emit_external_correlation(record);
-  return write_record(record, size, pending);
+  atomic_fetch_sub(&emit_inflight[ph], 1);
+  return rc;
 }
 
 /* Takes every current buffer that may go: non-empty and complete, or non-empty when forced. */
@@ -731,6 +746,10 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityDisable(CUpti_ActivityKind kind) {
   if (!valid_kind(kind)) return CUPTI_ERROR_INVALID_KIND;
   atomic_store(&kind_on[kind], 0);
   BUMP(st.disable_calls[kind]);
+  /* Waits for the emitters that may have seen the kind enabled (see fake_emit). A producer calls
+   * disable only through the engine, never from inside fake_emit, so this cannot wait on itself. */
+  unsigned old = atomic_fetch_add(&emit_phase, 1) & 1;
+  while (atomic_load(&emit_inflight[old]) != 0) sched_yield();
   return CUPTI_SUCCESS;
 }
 
