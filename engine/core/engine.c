@@ -223,13 +223,13 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 static void note_lag(cm_engine *e, uint64_t newest, uint64_t completed, uint64_t started) {
   uint64_t now = cm__realtime_ns();
   const uint64_t hour = 3600ull * 1000000000ull;
+  atomic_store_explicit(&e->decode_wait_ns, started > completed ? started - completed : 0,
+                        memory_order_relaxed);
   if (!newest || newest > now + 1000000000ull || now - newest > hour) return;
   uint64_t lag = now > newest ? now - newest : 0;
   atomic_store_explicit(&e->lag_cupti_ns, completed > newest ? completed - newest : 0,
                         memory_order_relaxed);
   atomic_store_explicit(&e->lag_decode_ns, lag, memory_order_relaxed);
-  atomic_store_explicit(&e->decode_wait_ns, started > completed ? started - completed : 0,
-                        memory_order_relaxed);
   if (lag > atomic_load_explicit(&e->lag_decode_peak_ns, memory_order_relaxed))
     atomic_store_explicit(&e->lag_decode_peak_ns, lag, memory_order_relaxed);
 }
