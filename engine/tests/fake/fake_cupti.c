@@ -1028,7 +1028,16 @@ int fake_stretch_kernel(void *record, const char *name, uint64_t factor) {
 size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out) {
   if (!out) return 0;
   gen g = {mix64(mix64(mix64((uint64_t)(uint32_t)kind) ^ thread) ^ seq), 0};
-  const uint64_t start = 1700000000000000000ull + seq * 1000u + (uint64_t)thread * 7u;
+  /* FAKE_CUPTI_NOW_STAMPS=1 stamps records with the time they are made (less 1 us), so that the
+   * pipeline's lag is measurable (spec/window_spec.lua); by default the values depend only on
+   * (kind, thread, seq), so tests can regenerate them. */
+  static int now_stamps = -1;
+  if (now_stamps < 0) {
+    const char *e = getenv("FAKE_CUPTI_NOW_STAMPS");
+    now_stamps = e && *e == '1';
+  }
+  const uint64_t start = now_stamps ? fake_now() - 1000u
+                                    : 1700000000000000000ull + seq * 1000u + (uint64_t)thread * 7u;
   const uint64_t end = start + 100u + seq % 50u;
   const uint32_t corr = (uint32_t)(thread * 1000003u + seq + 1u);
   union {
