@@ -251,6 +251,19 @@ local function must(ok, err) if not ok then fail(err) end return ok end
 
 local function prepare(name, sql) ins[name] = must(db:prepare(sql)) end
 
+-- The activity tables take MULTI rows per statement (one sqlite3_step for MULTI rows, which
+-- halves the cost per row against one row per step), and one row at a time for a batch's last
+-- rows: writers[name] = { ncol =, h1 = the one-row statement, hk = the MULTI-row one }.
+local MULTI = 32
+local writers = {}
+local function writer(name, head, ncol)
+  local one = "(" .. ("?, "):rep(ncol - 1) .. "?)"
+  local many = {}
+  for i = 1, MULTI do many[i] = one end
+  writers[name] = { ncol = ncol, name = name, h1 = must(db:prepare(head .. one)).h,
+    hk = must(db:prepare(head .. table.concat(many, ", "))).h }
+end
+
 if not cm.checking() then
   local err
   lib, err = sqlite.library()
@@ -277,25 +290,21 @@ if not cm.checking() then
   must(db:exec("COMMIT; BEGIN"))
   prepare("string", "INSERT INTO StringIds (id, value) VALUES (?, ?)")
   prepare("raw", "INSERT INTO CUPTIMON_STRINGS_RAW (id, bytes) VALUES (?, ?)")
-  prepare("kernel", [[INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId,
+  writer("kernel", [[INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, contextId,
     streamId, correlationId, globalPid, demangledName, shortName, mangledName, launchType,
     cacheConfig, registersPerThread, gridX, gridY, gridZ, blockX, blockY, blockZ,
     staticSharedMemory, dynamicSharedMemory, localMemoryPerThread, localMemoryTotal, gridId,
     sharedMemoryExecuted, graphNodeId, sharedMemoryLimitConfig, graphId, clusterX, clusterY,
-    clusterZ, clusterSchedulingPolicy, maxPotentialClusterSize, maxActiveClusters)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,
-    ?, ?, ?, ?, ?)]])
-  prepare("runtime", [[INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid,
-    correlationId, nameId, returnValue) VALUES (?, ?, ?, ?, ?, ?, ?)]])
-  prepare("memcpy", [[INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId,
+    clusterZ, clusterSchedulingPolicy, maxPotentialClusterSize, maxActiveClusters) VALUES ]], 34)
+  writer("runtime", [[INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (start, end, eventClass, globalTid,
+    correlationId, nameId, returnValue) VALUES ]], 7)
+  writer("memcpy", [[INSERT INTO CUPTI_ACTIVITY_KIND_MEMCPY (start, end, deviceId, contextId,
     streamId, correlationId, globalPid, bytes, copyKind, srcKind, dstKind, graphNodeId, copyCount)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)]])
-  prepare("memset", [[INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET (start, end, deviceId, contextId,
-    streamId, correlationId, globalPid, value, bytes, graphNodeId, memKind)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)]])
-  prepare("sync", [[INSERT INTO CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start, end, deviceId,
-    contextId, streamId, correlationId, globalPid, syncType, eventId)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)]])
+    VALUES ]], 13)
+  writer("memset", [[INSERT INTO CUPTI_ACTIVITY_KIND_MEMSET (start, end, deviceId, contextId,
+    streamId, correlationId, globalPid, value, bytes, graphNodeId, memKind) VALUES ]], 11)
+  writer("synchronization", [[INSERT INTO CUPTI_ACTIVITY_KIND_SYNCHRONIZATION (start, end,
+    deviceId, contextId, streamId, correlationId, globalPid, syncType, eventId) VALUES ]], 9)
   prepare("nvtx", [[INSERT INTO NVTX_EVENTS (start, end, eventType, rangeId, text, globalTid,
     endGlobalTid, domainId) VALUES (?, ?, ?, ?, ?, ?, ?, ?)]])
   prepare("process", "INSERT INTO PROCESSES (globalPid, pid, name) VALUES (?, ?, ?)")
@@ -328,6 +337,23 @@ local function step(h, what)
     error(("sqlite.lua: writing %s to %s: %s"):format(what, opts.output, msg), 0)
   end
   lib.sqlite3_reset(h)
+end
+
+-- Writes rows 0 .. n - 1 through writer w: bind(h, o, i) binds row i to the parameters o + 1 ..
+-- o + w.ncol of statement h.
+local function write_rows(w, n, bind)
+  local nc, hk, h1 = w.ncol, w.hk, w.h1
+  local i = 0
+  while i + MULTI <= n do
+    for j = 0, MULTI - 1 do bind(hk, j * nc, i + j) end
+    step(hk, w.name)
+    i = i + MULTI
+  end
+  while i < n do
+    bind(h1, 0, i)
+    step(h1, w.name)
+    i = i + 1
+  end
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -568,7 +594,7 @@ cm.observe({ kernel = { "start", "stop", "device", "context", "stream", "correla
   "graph", "cluster_x", "cluster_y", "cluster_z", "cluster_scheduling_policy",
   "max_potential_cluster_size", "max_active_clusters" } }, function(b)
   local s = proc_of(b.source)
-  local h, L = ins.kernel.h, lib
+  local L = lib
   local start, stop, dev, ctx, strm, corr, name = b.start, b.stop, b.device, b.context, b.stream,
     b.correlation, b.name
   local lt, cc, reg, gx, gy, gz, bx, by, bz = b.launch_type, b.cache_config, b.registers, b.grid_x,
@@ -579,37 +605,36 @@ cm.observe({ kernel = { "start", "stop", "device", "context", "stream", "correla
     b.cluster_x, b.cluster_y, b.cluster_z, b.cluster_scheduling_policy,
     b.max_potential_cluster_size, b.max_active_clusters
   local gpid, ctxdev, knames = s.gpid, s.ctxdev, s.knames
-  for i = 0, b.n - 1 do
+  write_rows(writers.kernel, b.n, function(h, o, i)
     local d, c = dev[i], ctx[i]
     if ctxdev[c] ~= d then
       ctxdev[c] = d
       gpu(s, d) -- a device seen in the records gets its TARGET_INFO_GPU row
     end
     local k = knames[name[i]] or kernel_names(s, b, i, name[i])
-    L.sqlite3_bind_int64(h, 1, start[i]); L.sqlite3_bind_int64(h, 2, stop[i])
-    L.sqlite3_bind_int64(h, 3, d); L.sqlite3_bind_int64(h, 4, c)
-    L.sqlite3_bind_int64(h, 5, strm[i]); L.sqlite3_bind_int64(h, 6, corr[i])
-    L.sqlite3_bind_int64(h, 7, gpid)
-    L.sqlite3_bind_int64(h, 8, k[1]); L.sqlite3_bind_int64(h, 9, k[2])
-    L.sqlite3_bind_int64(h, 10, k[3])
-    L.sqlite3_bind_int64(h, 11, lt[i] + 1) -- CUPTI's REGULAR is 0, nsys's 1
-    L.sqlite3_bind_int64(h, 12, bit.rshift(cc[i], 4)) -- the executed half of CUPTI's byte
-    L.sqlite3_bind_int64(h, 13, reg[i])
-    L.sqlite3_bind_int64(h, 14, gx[i]); L.sqlite3_bind_int64(h, 15, gy[i])
-    L.sqlite3_bind_int64(h, 16, gz[i]); L.sqlite3_bind_int64(h, 17, bx[i])
-    L.sqlite3_bind_int64(h, 18, by[i]); L.sqlite3_bind_int64(h, 19, bz[i])
-    L.sqlite3_bind_int64(h, 20, ssm[i]); L.sqlite3_bind_int64(h, 21, dsm[i])
-    L.sqlite3_bind_int64(h, 22, lmt[i])
+    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
+    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
+    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
+    L.sqlite3_bind_int64(h, o + 7, gpid)
+    L.sqlite3_bind_int64(h, o + 8, k[1]); L.sqlite3_bind_int64(h, o + 9, k[2])
+    L.sqlite3_bind_int64(h, o + 10, k[3])
+    L.sqlite3_bind_int64(h, o + 11, lt[i] + 1) -- CUPTI's REGULAR is 0, nsys's 1
+    L.sqlite3_bind_int64(h, o + 12, bit.rshift(cc[i], 4)) -- the executed half of CUPTI's byte
+    L.sqlite3_bind_int64(h, o + 13, reg[i])
+    L.sqlite3_bind_int64(h, o + 14, gx[i]); L.sqlite3_bind_int64(h, o + 15, gy[i])
+    L.sqlite3_bind_int64(h, o + 16, gz[i]); L.sqlite3_bind_int64(h, o + 17, bx[i])
+    L.sqlite3_bind_int64(h, o + 18, by[i]); L.sqlite3_bind_int64(h, o + 19, bz[i])
+    L.sqlite3_bind_int64(h, o + 20, ssm[i]); L.sqlite3_bind_int64(h, o + 21, dsm[i])
+    L.sqlite3_bind_int64(h, o + 22, lmt[i])
     local lm2 = lmtot2[i]
-    if lm2 ~= 0 then L.sqlite3_bind_int64(h, 23, lm2) else L.sqlite3_bind_int64(h, 23, lmtot[i]) end
-    L.sqlite3_bind_int64(h, 24, gid[i]); L.sqlite3_bind_int64(h, 25, sme[i])
-    L.sqlite3_bind_int64(h, 26, gn[i]); L.sqlite3_bind_int64(h, 27, slc[i])
-    L.sqlite3_bind_int64(h, 28, gr[i]); L.sqlite3_bind_int64(h, 29, cx[i])
-    L.sqlite3_bind_int64(h, 30, cy[i]); L.sqlite3_bind_int64(h, 31, cz[i])
-    L.sqlite3_bind_int64(h, 32, csp[i]); L.sqlite3_bind_int64(h, 33, mpc[i])
-    L.sqlite3_bind_int64(h, 34, mac[i])
-    step(h, "a kernel")
-  end
+    L.sqlite3_bind_int64(h, o + 23, lm2 ~= 0 and lm2 or lmtot[i])
+    L.sqlite3_bind_int64(h, o + 24, gid[i]); L.sqlite3_bind_int64(h, o + 25, sme[i])
+    L.sqlite3_bind_int64(h, o + 26, gn[i]); L.sqlite3_bind_int64(h, o + 27, slc[i])
+    L.sqlite3_bind_int64(h, o + 28, gr[i]); L.sqlite3_bind_int64(h, o + 29, cx[i])
+    L.sqlite3_bind_int64(h, o + 30, cy[i]); L.sqlite3_bind_int64(h, o + 31, cz[i])
+    L.sqlite3_bind_int64(h, o + 32, csp[i]); L.sqlite3_bind_int64(h, o + 33, mpc[i])
+    L.sqlite3_bind_int64(h, o + 34, mac[i])
+  end)
   counted("kernel", b.n)
 end)
 
@@ -618,11 +643,11 @@ local api_names = { [0] = {}, [1] = {} } -- eventClass -> cbid -> StringIds id
 local function api_observer(kind, class, name_of)
   return function(b)
     local s = proc_of(b.source)
-    local h, L = ins.runtime.h, lib
+    local L = lib
     local start, stop, tid, corr, id, ret = b.start, b.stop, b.tid, b.correlation, b.cbid,
       b.return_value
     local names, tids = api_names[class], s.tids
-    for i = 0, b.n - 1 do
+    write_rows(writers.runtime, b.n, function(h, o, i)
       local c = id[i]
       local nid = names[c]
       if not nid then
@@ -630,13 +655,11 @@ local function api_observer(kind, class, name_of)
         names[c] = nid
       end
       local t = tid[i]
-      local g = tids[t] or global_tid(s, t)
-      L.sqlite3_bind_int64(h, 1, start[i]); L.sqlite3_bind_int64(h, 2, stop[i])
-      L.sqlite3_bind_int64(h, 3, class); L.sqlite3_bind_int64(h, 4, g)
-      L.sqlite3_bind_int64(h, 5, corr[i]); L.sqlite3_bind_int64(h, 6, nid)
-      L.sqlite3_bind_int64(h, 7, ret[i])
-      step(h, "an API call")
-    end
+      L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
+      L.sqlite3_bind_int64(h, o + 3, class); L.sqlite3_bind_int64(h, o + 4, tids[t] or global_tid(s, t))
+      L.sqlite3_bind_int64(h, o + 5, corr[i]); L.sqlite3_bind_int64(h, o + 6, nid)
+      L.sqlite3_bind_int64(h, o + 7, ret[i])
+    end)
     counted(kind, b.n)
   end
 end
@@ -650,71 +673,69 @@ end
 cm.observe({ memcpy = { "start", "stop", "device", "context", "stream", "correlation", "bytes",
   "copy_kind", "src_kind", "dst_kind", "graph_node", "copy_count" } }, function(b)
   local s = proc_of(b.source)
-  local h, L = ins.memcpy.h, lib
+  local L = lib
   local start, stop, dev, ctx, strm, corr = b.start, b.stop, b.device, b.context, b.stream,
     b.correlation
   local bytes, ck, sk, dk, gn, cnt = b.bytes, b.copy_kind, b.src_kind, b.dst_kind, b.graph_node,
     b.copy_count
   local gpid, ctxdev = s.gpid, s.ctxdev
-  for i = 0, b.n - 1 do
+  write_rows(writers.memcpy, b.n, function(h, o, i)
     local d, c = dev[i], ctx[i]
     if ctxdev[c] ~= d then
       ctxdev[c] = d
-      gpu(s, d) -- a device seen in the records gets its TARGET_INFO_GPU row
+      gpu(s, d)
     end
-    L.sqlite3_bind_int64(h, 1, start[i]); L.sqlite3_bind_int64(h, 2, stop[i])
-    L.sqlite3_bind_int64(h, 3, d); L.sqlite3_bind_int64(h, 4, c)
-    L.sqlite3_bind_int64(h, 5, strm[i]); L.sqlite3_bind_int64(h, 6, corr[i])
-    L.sqlite3_bind_int64(h, 7, gpid); L.sqlite3_bind_int64(h, 8, bytes[i])
-    L.sqlite3_bind_int64(h, 9, ck[i])
-    L.sqlite3_bind_int64(h, 10, MEM_KIND[sk[i]] or 7); L.sqlite3_bind_int64(h, 11, MEM_KIND[dk[i]] or 7)
-    L.sqlite3_bind_int64(h, 12, gn[i]); L.sqlite3_bind_int64(h, 13, cnt[i])
-    step(h, "a copy")
-  end
+    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
+    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
+    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
+    L.sqlite3_bind_int64(h, o + 7, gpid); L.sqlite3_bind_int64(h, o + 8, bytes[i])
+    L.sqlite3_bind_int64(h, o + 9, ck[i])
+    L.sqlite3_bind_int64(h, o + 10, MEM_KIND[sk[i]] or 7)
+    L.sqlite3_bind_int64(h, o + 11, MEM_KIND[dk[i]] or 7)
+    L.sqlite3_bind_int64(h, o + 12, gn[i]); L.sqlite3_bind_int64(h, o + 13, cnt[i])
+  end)
   counted("memcpy", b.n)
 end)
 
 cm.observe({ memset = { "start", "stop", "device", "context", "stream", "correlation", "value",
   "bytes", "graph_node", "memory_kind" } }, function(b)
   local s = proc_of(b.source)
-  local h, L = ins.memset.h, lib
+  local L = lib
   local start, stop, dev, ctx, strm, corr = b.start, b.stop, b.device, b.context, b.stream,
     b.correlation
   local val, bytes, gn, mk = b.value, b.bytes, b.graph_node, b.memory_kind
   local gpid, ctxdev = s.gpid, s.ctxdev
-  for i = 0, b.n - 1 do
+  write_rows(writers.memset, b.n, function(h, o, i)
     local d, c = dev[i], ctx[i]
     if ctxdev[c] ~= d then
       ctxdev[c] = d
-      gpu(s, d) -- a device seen in the records gets its TARGET_INFO_GPU row
+      gpu(s, d)
     end
-    L.sqlite3_bind_int64(h, 1, start[i]); L.sqlite3_bind_int64(h, 2, stop[i])
-    L.sqlite3_bind_int64(h, 3, d); L.sqlite3_bind_int64(h, 4, c)
-    L.sqlite3_bind_int64(h, 5, strm[i]); L.sqlite3_bind_int64(h, 6, corr[i])
-    L.sqlite3_bind_int64(h, 7, gpid); L.sqlite3_bind_int64(h, 8, val[i])
-    L.sqlite3_bind_int64(h, 9, bytes[i]); L.sqlite3_bind_int64(h, 10, gn[i])
-    L.sqlite3_bind_int64(h, 11, MEM_KIND[mk[i]] or 7)
-    step(h, "a memset")
-  end
+    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
+    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
+    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
+    L.sqlite3_bind_int64(h, o + 7, gpid); L.sqlite3_bind_int64(h, o + 8, val[i])
+    L.sqlite3_bind_int64(h, o + 9, bytes[i]); L.sqlite3_bind_int64(h, o + 10, gn[i])
+    L.sqlite3_bind_int64(h, o + 11, MEM_KIND[mk[i]] or 7)
+  end)
   counted("memset", b.n)
 end)
 
 cm.observe({ synchronization = { "start", "stop", "context", "stream", "correlation",
   "sync_type", "event" } }, function(b)
   local s = proc_of(b.source)
-  local h, L = ins.sync.h, lib
+  local L = lib
   local start, stop, ctx, strm, corr, ty, ev = b.start, b.stop, b.context, b.stream,
     b.correlation, b.sync_type, b.event
   local gpid, ctxdev = s.gpid, s.ctxdev
-  for i = 0, b.n - 1 do
+  write_rows(writers.synchronization, b.n, function(h, o, i)
     local d = ctxdev[ctx[i]]
-    L.sqlite3_bind_int64(h, 1, start[i]); L.sqlite3_bind_int64(h, 2, stop[i])
-    if d then L.sqlite3_bind_int64(h, 3, d) else L.sqlite3_bind_null(h, 3) end
-    L.sqlite3_bind_int64(h, 4, ctx[i]); L.sqlite3_bind_int64(h, 5, strm[i])
-    L.sqlite3_bind_int64(h, 6, corr[i]); L.sqlite3_bind_int64(h, 7, gpid)
-    L.sqlite3_bind_int64(h, 8, ty[i]); L.sqlite3_bind_int64(h, 9, ev[i])
-    step(h, "a synchronization")
-  end
+    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
+    if d then L.sqlite3_bind_int64(h, o + 3, d) else L.sqlite3_bind_null(h, o + 3) end
+    L.sqlite3_bind_int64(h, o + 4, ctx[i]); L.sqlite3_bind_int64(h, o + 5, strm[i])
+    L.sqlite3_bind_int64(h, o + 6, corr[i]); L.sqlite3_bind_int64(h, o + 7, gpid)
+    L.sqlite3_bind_int64(h, o + 8, ty[i]); L.sqlite3_bind_int64(h, o + 9, ev[i])
+  end)
   counted("synchronization", b.n)
 end)
 

@@ -48,7 +48,7 @@ const unsigned char *sqlite3_column_text(sqlite3_stmt *st, int i);
 int sqlite3_column_bytes(sqlite3_stmt *st, int i);
 ]]
 
-local OPEN_READWRITE, OPEN_CREATE, OPEN_NOFOLLOW = 0x2, 0x4, 0x01000000
+local OPEN_READWRITE, OPEN_CREATE, OPEN_NOMUTEX, OPEN_NOFOLLOW = 0x2, 0x4, 0x8000, 0x01000000
 local ROW, DONE = 100, 101
 local TRANSIENT = -1 -- SQLITE_TRANSIENT: SQLite copies the bytes before the bind returns
 
@@ -93,11 +93,13 @@ local stmt_cell = ffi.new("sqlite3_stmt *[1]")
 local err_cell = ffi.new("char *[1]")
 
 --- Opens (creating it when `create`) the database at `path`, never through a symbolic link
---- (SQLITE_OPEN_NOFOLLOW). Returns a connection, or nil, err.
+--- (SQLITE_OPEN_NOFOLLOW), without SQLite's per-connection mutex (SQLITE_OPEN_NOMUTEX: the
+--- connection belongs to one thread, and the mutex cost 8% of a bulk insert). Returns a
+--- connection, or nil, err.
 function M.open(path, create)
   local l, err = M.library()
   if not l then return nil, err end
-  local flags = OPEN_READWRITE + OPEN_NOFOLLOW + (create and OPEN_CREATE or 0)
+  local flags = OPEN_READWRITE + OPEN_NOMUTEX + OPEN_NOFOLLOW + (create and OPEN_CREATE or 0)
   local rc = l.sqlite3_open_v2(path, db_cell, flags, nil)
   local h = db_cell[0]
   if rc ~= 0 then
