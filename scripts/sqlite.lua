@@ -273,7 +273,10 @@ if not cm.checking() then
   -- A rollback journal (not WAL) keeps the result one file; synchronous off because durability
   -- against power loss is not the point, while a killed process still leaves every committed
   -- transaction (the OS has the writes) and a hot journal that rolls the rest back.
-  must(db:exec("PRAGMA journal_mode = DELETE; PRAGMA synchronous = OFF; PRAGMA cache_size = -16384"))
+  -- A reader of the database during the run holds a shared lock that a commit waits for (up to
+  -- 10 s) instead of failing.
+  must(db:exec("PRAGMA journal_mode = DELETE; PRAGMA synchronous = OFF; PRAGMA cache_size = -16384; "
+    .. "PRAGMA busy_timeout = 10000"))
   must(db:exec("BEGIN; " .. SCHEMA))
   local st = must(db:prepare("INSERT INTO CUPTIMON_META (name, value) VALUES (?, ?)"))
   for _, kv in ipairs { { "tool", "cuptimon " .. cm.version }, { "sqlite", sqlite.version() },

@@ -399,8 +399,11 @@ describe("sqlite.lua on the fake CUDA application", function()
     local db = fresh("killed.sqlite")
     local log = db .. ".log"
     local rc, out = helpers.sh(("sh -c '%s %s -o %s --commit-ms 50 -- %s --records 20000 --rounds 60 "
-      .. "--pause-ms 50 --kinds kernel,runtime >%s 2>&1 & m=$!; sleep 1.5; kill -KILL $m; wait $m; "
-      .. "echo status=$?'"):format(bin, script, db, app, log))
+      .. "--pause-ms 50 --kinds kernel,runtime >%s 2>&1 & m=$!; i=0; "
+      -- Rows are being written (the file grows) and a few commits have passed: kill it.
+      .. "while [ $(stat -c %%s %s 2>/dev/null || echo 0) -lt 100000 ] && [ $i -lt 400 ]; do "
+      .. "sleep 0.05; i=$((i+1)); done; sleep 0.3; kill -KILL $m; wait $m; "
+      .. "echo status=$?'"):format(bin, script, db, app, log, db))
     assert.are.equal(0, rc, out)
     assert.matches("status=137", out)
     assert.are.same({ { "ok" } }, query(db, "PRAGMA integrity_check"))
