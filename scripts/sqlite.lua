@@ -514,14 +514,18 @@ end
 ---------------------------------------------------------------------------------------------------
 -- GPUs
 
-local gpus = {} -- "host:device" -> { vmId, id, name, ... } (written at the end: a few rows)
+local gpus = {} -- host index -> device -> { vmId, id, name, ... } (written at the end: a few rows)
 
 local function gpu(s, device)
-  local key = s.host .. ":" .. device
-  local g = gpus[key]
+  local by_dev = gpus[s.host]
+  if not by_dev then
+    by_dev = {}
+    gpus[s.host] = by_dev
+  end
+  local g = by_dev[device]
   if not g then
     g = { vmId = s.host, id = device }
-    gpus[key] = g
+    by_dev[device] = g
   end
   return g
 end
@@ -572,11 +576,15 @@ local function write_gpus()
   for i = 1, #GPU_COLUMNS do marks[i] = "?" end
   local st = must(db:prepare(("INSERT INTO TARGET_INFO_GPU (%s) VALUES (%s)")
     :format(table.concat(GPU_COLUMNS, ", "), table.concat(marks, ", "))))
-  local keys = {}
-  for k in pairs(gpus) do keys[#keys + 1] = k end
-  table.sort(keys)
-  for _, k in ipairs(keys) do
-    local g = gpus[k]
+  local list = {}
+  for _, by_dev in pairs(gpus) do
+    for _, g in pairs(by_dev) do list[#list + 1] = g end
+  end
+  table.sort(list, function(a, b)
+    if a.vmId ~= b.vmId then return a.vmId < b.vmId end
+    return a.id < b.id
+  end)
+  for _, g in ipairs(list) do
     for i, c in ipairs(GPU_COLUMNS) do
       local v = g[c]
       if type(v) == "string" then st:text(i, v) elseif v == nil then st:null(i) else st:int(i, v) end
