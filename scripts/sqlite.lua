@@ -44,7 +44,11 @@
 -- cuptimon's own tables (no nsys table starts with CUPTIMON_): CUPTIMON_META (tool, version,
 -- clock, complete: 0 until the run ended cleanly), CUPTIMON_LOSS (per process: received,
 -- produced, dropped and where, incomplete), CUPTIMON_PROCESSES (host, exe, ppid, source),
--- CUPTIMON_PROCESS_ARGS and _ENV, CUPTIMON_THREADS, CUPTIMON_STRINGS_RAW (the exact bytes of
+-- CUPTIMON_PROCESS_ARGS and _ENV, CUPTIMON_THREADS, CUPTIMON_PM_SAMPLES (PM sampling's samples,
+-- one row per sample and metric, metricId in StringIds, from a capture or run that has them),
+-- CUPTIMON_UNWRITTEN (records of batches that lacked fields the tables need, per kind: a capture
+-- recorded under a script with a narrower selection; the run then exits 3 with a LOST line),
+-- CUPTIMON_STRINGS_RAW (the exact bytes of
 -- a name that was not valid UTF-8: StringIds and NVTX text hold it with U+FFFD in place of each
 -- bad byte, so every reader decodes it).
 --
@@ -165,6 +169,10 @@ CREATE TABLE CUPTIMON_THREADS (globalTid INTEGER NOT NULL, globalPid INTEGER NOT
   cuptiThreadId INTEGER NOT NULL);
 CREATE TABLE CUPTIMON_STRINGS_RAW (id INTEGER NOT NULL PRIMARY KEY REFERENCES StringIds(id),
   bytes BLOB NOT NULL);
+CREATE TABLE CUPTIMON_PM_SAMPLES (globalPid INTEGER NOT NULL, deviceId INTEGER NOT NULL,
+  start INTEGER NOT NULL, end INTEGER NOT NULL, metricId INTEGER NOT NULL REFERENCES StringIds(id),
+  sample INTEGER NOT NULL, value REAL);
+CREATE TABLE CUPTIMON_UNWRITTEN (kind TEXT NOT NULL, records INTEGER NOT NULL, reason TEXT);
 CREATE TABLE CUPTIMON_LOSS (globalPid INTEGER, pid INTEGER, status TEXT, received INTEGER,
   produced INTEGER, dropped INTEGER, dropped_cupti INTEGER, dropped_agent INTEGER,
   dropped_exit INTEGER, lost_wire INTEGER, lost_frames INTEGER, incomplete INTEGER,
@@ -243,7 +251,7 @@ end
 local db, lib -- the connection and the loaded library (lib.sqlite3_* in the row loops)
 local ins = {} -- prepared INSERT statements by name
 local rows = { kernel = 0, runtime = 0, driver = 0, memcpy = 0, memset = 0, synchronization = 0,
-  nvtx = 0 }
+  nvtx = 0, pm = 0 }
 local txn_rows = 0
 local DONE = 101
 
@@ -310,6 +318,8 @@ if not cm.checking() then
     deviceId, contextId, streamId, correlationId, globalPid, syncType, eventId) VALUES ]], 9)
   prepare("nvtx", [[INSERT INTO NVTX_EVENTS (start, end, eventType, rangeId, text, globalTid,
     endGlobalTid, domainId) VALUES (?, ?, ?, ?, ?, ?, ?, ?)]])
+  prepare("pm", [[INSERT INTO CUPTIMON_PM_SAMPLES (globalPid, deviceId, start, end, metricId,
+    sample, value) VALUES (?, ?, ?, ?, ?, ?, ?)]])
   prepare("process", "INSERT INTO PROCESSES (globalPid, pid, name) VALUES (?, ?, ?)")
   prepare("cm_process", [[INSERT INTO CUPTIMON_PROCESSES (globalPid, pid, ppid, host, exe, source,
     kind) VALUES (?, ?, ?, ?, ?, ?, ?)]])
@@ -511,6 +521,26 @@ local function kernel_names(s, b, i, id)
   return k
 end
 
+-- A batch that lacks a field an observer selected is not delivered to that observer (a capture
+-- recorded with a script's narrower selection, say top.lua's). Such records would be missing
+-- from the database without a word: each activity observer is followed by a probe of one field
+-- ("start"; a marker's "timestamp", a device's "device") that sees the same batch (same source and seq, delivered
+-- after it) and counts the records the full observer did not get. The exit hook writes them to
+-- CUPTIMON_UNWRITTEN, prints a LOST line, and the run exits 3.
+local unwritten = {} -- kind name -> records not written
+local function observe(sel, fn)
+  local kname = next(sel)
+  local seen = {} -- source -> the seq of the last batch the full observer took
+  cm.observe(sel, function(b)
+    seen[b.source] = b.seq
+    return fn(b)
+  end)
+  local probe = kname == "marker" and "timestamp" or kname == "device" and "device" or "start"
+  cm.observe({ [kname] = { probe } }, function(b)
+    if seen[b.source] ~= b.seq then unwritten[b.kind] = (unwritten[b.kind] or 0) + b.n end
+  end)
+end
+
 ---------------------------------------------------------------------------------------------------
 -- GPUs
 
@@ -539,7 +569,7 @@ cm.on("process_start", function(p)
   end
 end)
 
-cm.observe({ device = { "device", "name", "global_mem_bandwidth", "global_mem_size",
+observe({ device = { "device", "name", "global_mem_bandwidth", "global_mem_size",
   "l2_cache_size", "threads_per_warp", "core_clock_rate", "memcpy_engines", "multiprocessors",
   "max_warps_per_sm", "max_blocks_per_sm", "max_smem_per_sm", "max_regs_per_sm",
   "max_regs_per_block", "max_smem_per_block", "max_threads_per_block", "max_block_x",
@@ -598,7 +628,7 @@ end
 
 local MEM_KIND = { [0] = 7, 0, 1, 2, 3, 4, 5, 6 } -- CUPTI's memory kind -> nsys's
 
-cm.observe({ kernel = { "start", "stop", "device", "context", "stream", "correlation", "name",
+observe({ kernel = { "start", "stop", "device", "context", "stream", "correlation", "name",
   "launch_type", "cache_config", "registers", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
   "block_z", "static_smem", "dynamic_smem", "local_mem_per_thread", "local_mem_total",
   "local_mem_total_v2", "grid_id", "shared_mem_executed", "graph_node", "shmem_limit_config",
@@ -675,13 +705,13 @@ local function api_observer(kind, class, name_of)
   end
 end
 local API_FIELDS = { "cbid", "start", "stop", "tid", "correlation", "return_value" }
-cm.observe({ runtime = API_FIELDS }, api_observer("runtime", 0, cbid.name))
+observe({ runtime = API_FIELDS }, api_observer("runtime", 0, cbid.name))
 if opts.driver then
-  cm.observe({ driver = API_FIELDS }, api_observer("driver", 1,
+  observe({ driver = API_FIELDS }, api_observer("driver", 1,
     function(c) return "driver cbid " .. c end))
 end
 
-cm.observe({ memcpy = { "start", "stop", "device", "context", "stream", "correlation", "bytes",
+observe({ memcpy = { "start", "stop", "device", "context", "stream", "correlation", "bytes",
   "copy_kind", "src_kind", "dst_kind", "graph_node", "copy_count" } }, function(b)
   local s = proc_of(b.source)
   local L = lib
@@ -708,7 +738,7 @@ cm.observe({ memcpy = { "start", "stop", "device", "context", "stream", "correla
   counted("memcpy", b.n)
 end)
 
-cm.observe({ memset = { "start", "stop", "device", "context", "stream", "correlation", "value",
+observe({ memset = { "start", "stop", "device", "context", "stream", "correlation", "value",
   "bytes", "graph_node", "memory_kind" } }, function(b)
   local s = proc_of(b.source)
   local L = lib
@@ -732,7 +762,7 @@ cm.observe({ memset = { "start", "stop", "device", "context", "stream", "correla
   counted("memset", b.n)
 end)
 
-cm.observe({ synchronization = { "start", "stop", "context", "stream", "correlation",
+observe({ synchronization = { "start", "stop", "context", "stream", "correlation",
   "sync_type", "event" } }, function(b)
   local s = proc_of(b.source)
   local L = lib
@@ -748,6 +778,19 @@ cm.observe({ synchronization = { "start", "stop", "context", "stream", "correlat
     L.sqlite3_bind_int64(h, o + 8, ty[i]); L.sqlite3_bind_int64(h, o + 9, ev[i])
   end)
   counted("synchronization", b.n)
+end)
+
+-- PM samples (cm.pm_sample, in a capture that has them): one row per sample and metric.
+observe({ pm_sample = { "device", "start", "stop", "metric", "sample", "value" } }, function(b)
+  local s = proc_of(b.source)
+  local st = ins.pm
+  local dev, start, stop, smp, val = b.device, b.start, b.stop, b.sample, b.value
+  for i = 0, b.n - 1 do
+    st:int(1, s.gpid); st:int(2, dev[i]); st:int(3, start[i]); st:int(4, stop[i])
+    st:int(5, string_id(b:str("metric", i) or "?")); st:int(6, smp[i]); st:double(7, val[i])
+    st:insert()
+  end
+  counted("pm", b.n)
 end)
 
 ---------------------------------------------------------------------------------------------------
@@ -786,7 +829,7 @@ local function nvtx_row(r)
   counted("nvtx", 1)
 end
 
-cm.observe({ marker = { "flags", "timestamp", "id", "object_kind", "tid", "name", "domain" } },
+observe({ marker = { "flags", "timestamp", "id", "object_kind", "tid", "name", "domain" } },
   function(b)
   local s = proc_of(b.source)
   local flags, ts, id, ok, tid = b.flags, b.timestamp, b.id, b.object_kind, b.tid
@@ -856,6 +899,18 @@ cm.on("exit", function()
     lost = lost + (t.dropped or 0)
   end
   write_gpus()
+  local not_written, parts = 0, {}
+  local ust = must(db:prepare("INSERT INTO CUPTIMON_UNWRITTEN (kind, records, reason) VALUES (?, ?, ?)"))
+  for _, k in ipairs(cm.registry.kind_names()) do
+    local n = unwritten[k]
+    if n then
+      ust:text(1, k); ust:int(2, n)
+      ust:text(3, "the batches lack fields this script's tables need (a narrower selection)")
+      ust:insert()
+      not_written = not_written + n
+      parts[#parts + 1] = ("%s %d"):format(k, n)
+    end
+  end
   must(db:exec("COMMIT; BEGIN; " .. INDEXES
     .. "UPDATE CUPTIMON_META SET value = '1' WHERE name = 'complete'; COMMIT"))
   must(db:close())
@@ -863,8 +918,18 @@ cm.on("exit", function()
   for _, n in pairs(rows) do total = total + n end
   local incomplete = (cm.stats() or {}).incomplete or 0
   print(("sqlite.lua: wrote %s: %d rows (%d kernel, %d runtime, %d memcpy, %d memset, %d "
-    .. "synchronization, %d driver, %d nvtx), %d strings, %d process%s, %d records lost%s")
+    .. "synchronization, %d driver, %d nvtx%s), %d strings, %d process%s, %d records lost%s")
     :format(opts.output, total, rows.kernel, rows.runtime, rows.memcpy, rows.memset,
-      rows.synchronization, rows.driver, rows.nvtx, nstrings, nprocs, nprocs == 1 and "" or "es",
+      rows.synchronization, rows.driver, rows.nvtx, rows.pm > 0 and (", %d pm"):format(rows.pm) or "",
+      nstrings, nprocs, nprocs == 1 and "" or "es",
       lost, incomplete > 0 and " (and an unknown number: a process's final counts are missing)" or ""))
+  if not_written > 0 then
+    io.stderr:write(("sqlite.lua: LOST %d records not written to %s (%s): their batches lack "
+      .. "fields the tables need, as a capture recorded under a script with a narrower selection "
+      .. "does; record with `cuptimon-lua --record FILE -- cmd` (no script) for a whole export\n")
+      :format(not_written, opts.output, table.concat(parts, ", ")))
+    io.stderr:flush()
+    io.stdout:flush()
+    os.exit(3)
+  end
 end)

@@ -417,6 +417,22 @@ describe("sqlite.lua on the fake CUDA application", function()
   end)
 end)
 
+describe("sqlite.lua on a capture recorded with a narrower selection", function()
+  -- spec/fixtures/pm_fake.cmcap: the fake CUDA app under gpu_util.lua, whose kernel selection is
+  -- four fields; its PM samples are whole.
+  it("writes the PM samples, counts the kernels it could not write, says so and exits 3", function()
+    local rc, out, db = export("--replay " .. root .. "/spec/fixtures/pm_fake.cmcap")
+    assert.are.equal(3, rc, out)
+    assert.matches("0 nvtx, 200 pm%)", out)
+    assert.matches("sqlite.lua: LOST 40 records not written to [^\n]* %(concurrent_kernel 40%): their "
+      .. "batches lack fields the tables need", out)
+    assert.are.same({ { "concurrent_kernel", "40" } }, query(db, "SELECT kind, records FROM CUPTIMON_UNWRITTEN"))
+    assert.are.same({ { "200", "5" } }, query(db, [[SELECT count(*), count(DISTINCT s.value)
+      FROM CUPTIMON_PM_SAMPLES p JOIN StringIds s ON s.id = p.metricId]]))
+    assert.are.same({ { "ok" } }, query(db, "PRAGMA integrity_check"))
+  end)
+end)
+
 describe("sqlite.lua on synthetic captures (wire_gen)", function()
   it("stores names with quotes, NULs and invalid UTF-8 as data, never as SQL", function()
     assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
