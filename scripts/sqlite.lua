@@ -628,6 +628,28 @@ end
 
 local MEM_KIND = { [0] = 7, 0, 1, 2, 3, 4, 5, 6 } -- CUPTI's memory kind -> nsys's
 
+-- The binder of the columns kernels, copies and memsets share, in the same places of their
+-- tables (start, end, deviceId, contextId, streamId, correlationId, globalPid): it binds row i
+-- of batch b (of process state s) to the parameters o + 1 .. o + 7, and notes each device seen
+-- (its TARGET_INFO_GPU row) and each context's device (for the synchronization rows).
+local function gpu_columns(s, b)
+  local L = lib
+  local start, stop, dev, ctx, strm, corr = b.start, b.stop, b.device, b.context, b.stream,
+    b.correlation
+  local gpid, ctxdev = s.gpid, s.ctxdev
+  return function(h, o, i)
+    local d, c = dev[i], ctx[i]
+    if ctxdev[c] ~= d then
+      ctxdev[c] = d
+      gpu(s, d)
+    end
+    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
+    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
+    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
+    L.sqlite3_bind_int64(h, o + 7, gpid)
+  end
+end
+
 observe({ kernel = { "start", "stop", "device", "context", "stream", "correlation", "name",
   "launch_type", "cache_config", "registers", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
   "block_z", "static_smem", "dynamic_smem", "local_mem_per_thread", "local_mem_total",
@@ -636,8 +658,7 @@ observe({ kernel = { "start", "stop", "device", "context", "stream", "correlatio
   "max_potential_cluster_size", "max_active_clusters" } }, function(b)
   local s = proc_of(b.source)
   local L = lib
-  local start, stop, dev, ctx, strm, corr, name = b.start, b.stop, b.device, b.context, b.stream,
-    b.correlation, b.name
+  local common, name = gpu_columns(s, b), b.name
   local lt, cc, reg, gx, gy, gz, bx, by, bz = b.launch_type, b.cache_config, b.registers, b.grid_x,
     b.grid_y, b.grid_z, b.block_x, b.block_y, b.block_z
   local ssm, dsm, lmt, lmtot, lmtot2, gid, sme = b.static_smem, b.dynamic_smem,
@@ -645,18 +666,10 @@ observe({ kernel = { "start", "stop", "device", "context", "stream", "correlatio
   local gn, slc, gr, cx, cy, cz, csp, mpc, mac = b.graph_node, b.shmem_limit_config, b.graph,
     b.cluster_x, b.cluster_y, b.cluster_z, b.cluster_scheduling_policy,
     b.max_potential_cluster_size, b.max_active_clusters
-  local gpid, ctxdev, knames = s.gpid, s.ctxdev, s.knames
+  local knames = s.knames
   write_rows(writers.kernel, b.n, function(h, o, i)
-    local d, c = dev[i], ctx[i]
-    if ctxdev[c] ~= d then
-      ctxdev[c] = d
-      gpu(s, d) -- a device seen in the records gets its TARGET_INFO_GPU row
-    end
+    common(h, o, i)
     local k = knames[name[i]] or kernel_names(s, b, i, name[i])
-    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
-    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
-    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
-    L.sqlite3_bind_int64(h, o + 7, gpid)
     L.sqlite3_bind_int64(h, o + 8, k[1]); L.sqlite3_bind_int64(h, o + 9, k[2])
     L.sqlite3_bind_int64(h, o + 10, k[3])
     L.sqlite3_bind_int64(h, o + 11, lt[i] + 1) -- CUPTI's REGULAR is 0, nsys's 1
@@ -713,23 +726,13 @@ end
 
 observe({ memcpy = { "start", "stop", "device", "context", "stream", "correlation", "bytes",
   "copy_kind", "src_kind", "dst_kind", "graph_node", "copy_count" } }, function(b)
-  local s = proc_of(b.source)
   local L = lib
-  local start, stop, dev, ctx, strm, corr = b.start, b.stop, b.device, b.context, b.stream,
-    b.correlation
+  local common = gpu_columns(proc_of(b.source), b)
   local bytes, ck, sk, dk, gn, cnt = b.bytes, b.copy_kind, b.src_kind, b.dst_kind, b.graph_node,
     b.copy_count
-  local gpid, ctxdev = s.gpid, s.ctxdev
   write_rows(writers.memcpy, b.n, function(h, o, i)
-    local d, c = dev[i], ctx[i]
-    if ctxdev[c] ~= d then
-      ctxdev[c] = d
-      gpu(s, d)
-    end
-    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
-    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
-    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
-    L.sqlite3_bind_int64(h, o + 7, gpid); L.sqlite3_bind_int64(h, o + 8, bytes[i])
+    common(h, o, i)
+    L.sqlite3_bind_int64(h, o + 8, bytes[i])
     L.sqlite3_bind_int64(h, o + 9, ck[i])
     L.sqlite3_bind_int64(h, o + 10, MEM_KIND[sk[i]] or 7)
     L.sqlite3_bind_int64(h, o + 11, MEM_KIND[dk[i]] or 7)
@@ -740,22 +743,12 @@ end)
 
 observe({ memset = { "start", "stop", "device", "context", "stream", "correlation", "value",
   "bytes", "graph_node", "memory_kind" } }, function(b)
-  local s = proc_of(b.source)
   local L = lib
-  local start, stop, dev, ctx, strm, corr = b.start, b.stop, b.device, b.context, b.stream,
-    b.correlation
+  local common = gpu_columns(proc_of(b.source), b)
   local val, bytes, gn, mk = b.value, b.bytes, b.graph_node, b.memory_kind
-  local gpid, ctxdev = s.gpid, s.ctxdev
   write_rows(writers.memset, b.n, function(h, o, i)
-    local d, c = dev[i], ctx[i]
-    if ctxdev[c] ~= d then
-      ctxdev[c] = d
-      gpu(s, d)
-    end
-    L.sqlite3_bind_int64(h, o + 1, start[i]); L.sqlite3_bind_int64(h, o + 2, stop[i])
-    L.sqlite3_bind_int64(h, o + 3, d); L.sqlite3_bind_int64(h, o + 4, c)
-    L.sqlite3_bind_int64(h, o + 5, strm[i]); L.sqlite3_bind_int64(h, o + 6, corr[i])
-    L.sqlite3_bind_int64(h, o + 7, gpid); L.sqlite3_bind_int64(h, o + 8, val[i])
+    common(h, o, i)
+    L.sqlite3_bind_int64(h, o + 8, val[i])
     L.sqlite3_bind_int64(h, o + 9, bytes[i]); L.sqlite3_bind_int64(h, o + 10, gn[i])
     L.sqlite3_bind_int64(h, o + 11, MEM_KIND[mk[i]] or 7)
   end)
