@@ -12,10 +12,12 @@
 # Per round, on the same capture: `--replay CAP scripts/count.lua` (reading and decoding the
 # capture alone), `--replay CAP scripts/sqlite.lua -o DB` (the whole export: rows, strings,
 # indexes, the final commit) and `--replay CAP scripts/dump.lua -o DIR/` (CSV, every field of
-# the same four kinds). It prints each time, then the medians as rows per second: of the export
-# as a whole, and net of the replay (rows / (sqlite - count)), beside dump.lua's. Every run must
-# exit 0 and the database must hold every record (the script fails otherwise). The last line is
+# the same four kinds). It prints each time, wall and CPU, then the medians as rows per second:
+# of the export as a whole, net of the replay (rows / (sqlite - count)), and per CPU second,
+# beside dump.lua's. Every run must exit 0 and the database must hold every record (the script
+# fails otherwise). The last line is
 #   sqlite_rate rows=N sqlite_rows_per_s=A sqlite_net_rows_per_s=B csv_rows_per_s=C
+#     sqlite_rows_per_cpu_s=D csv_rows_per_cpu_s=E  (the last two with GNU time)
 set -eu
 build=${1:-build}
 records=${2:-2000000}
@@ -58,15 +60,21 @@ cap=$(ls "$tmp"/cap.*.cmcap)
 echo "capture: $rows records, $(wc -c <"$cap") bytes"
 
 now() { date +%s%N; }
-# run NAME CMD...: runs CMD pinned, appends its seconds to $tmp/NAME, fails on a non-zero status.
+# run NAME CMD...: runs CMD pinned, appends its wall seconds to $tmp/t_NAME and its CPU seconds
+# (user + system, from GNU time when installed: on a shared machine the wall time also holds the
+# time other jobs had the core) to $tmp/c_NAME; fails on a non-zero status.
+gtime=""
+[ -x /usr/bin/time ] && gtime="/usr/bin/time -o $tmp/cpu -f %U+%S"
 run() {
   name=$1
   shift
   t0=$(now)
-  $pin "$@" >"$tmp/$name.out" 2>&1 || {
+  $gtime $pin "$@" >"$tmp/$name.out" 2>&1 || {
     echo "sqlite_rate.sh: $name failed:" >&2; cat "$tmp/$name.out" >&2; exit 1; }
   t1=$(now)
   awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f\n", (b - a) / 1e9 }' >>"$tmp/t_$name"
+  if [ -n "$gtime" ]; then tail -1 "$tmp/cpu" | awk -F+ '{ printf "%.3f\n", $1 + $2 }' >>"$tmp/c_$name"
+  else echo 0 >>"$tmp/c_$name"; fi
 }
 i=0
 while [ "$i" -lt "$runs" ]; do
@@ -78,15 +86,21 @@ while [ "$i" -lt "$runs" ]; do
   grep -q "wrote $tmp/db.sqlite: $rows rows" "$tmp/sqlite.out" || {
     echo "sqlite_rate.sh: the database does not hold the $rows records:" >&2
     cat "$tmp/sqlite.out" >&2; exit 1; }
-  echo "round $i: count $(tail -1 "$tmp/t_count") s, sqlite $(tail -1 "$tmp/t_sqlite") s," \
-    "csv $(tail -1 "$tmp/t_csv") s"
+  echo "round $i: wall (CPU) seconds: count $(tail -1 "$tmp/t_count") ($(tail -1 "$tmp/c_count")), sqlite" \
+    "$(tail -1 "$tmp/t_sqlite") ($(tail -1 "$tmp/c_sqlite")), csv $(tail -1 "$tmp/t_csv") ($(tail -1 "$tmp/c_csv"))"
 done
 median() { sort -n "$1" | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 c=$(median "$tmp/t_count")
 s=$(median "$tmp/t_sqlite")
 d=$(median "$tmp/t_csv")
-echo "medians of $runs: count $c s, sqlite $s s, csv $d s; database $(wc -c <"$tmp/db.sqlite") bytes"
-awk -v n="$rows" -v c="$c" -v s="$s" -v d="$d" 'BEGIN {
+cc=$(median "$tmp/c_count")
+cs=$(median "$tmp/c_sqlite")
+cd=$(median "$tmp/c_csv")
+echo "medians of $runs, wall (CPU) seconds: count $c ($cc), sqlite $s ($cs), csv $d ($cd);" \
+  "database $(wc -c <"$tmp/db.sqlite") bytes"
+awk -v n="$rows" -v c="$c" -v s="$s" -v d="$d" -v cs="$cs" -v cd="$cd" 'BEGIN {
   net = (s > c) ? n / (s - c) : 0
-  printf "sqlite_rate rows=%d sqlite_rows_per_s=%.0f sqlite_net_rows_per_s=%.0f csv_rows_per_s=%.0f\n",
-    n, n / s, net, n / d }'
+  printf "sqlite_rate rows=%d sqlite_rows_per_s=%.0f sqlite_net_rows_per_s=%.0f csv_rows_per_s=%.0f", \
+    n, n / s, net, n / d
+  if (cs > 0 && cd > 0) printf " sqlite_rows_per_cpu_s=%.0f csv_rows_per_cpu_s=%.0f", n / cs, n / cd
+  printf "\n" }'
