@@ -24,16 +24,18 @@
 --   ENUM_CUDA_KERNEL_LAUNCH_TYPE, ENUM_CUDA_FUNC_CACHE_CONFIG, ENUM_CUDA_SHARED_MEM_LIMIT_CONFIG).
 -- Identifiers are encoded as nsys encodes them: globalPid = pid * 0x1000000 (plus the host's
 -- index, from 0, times 2^56 when a replay merges several hosts), globalTid = globalPid + TID, so
--- `globalTid / 0x1000000 % 0x1000000` is the pid. CUPTI names a thread by a 32-bit handle, not
--- its OS thread id, so TID is the thread's number in its process (1, 2, ... in order of first
--- appearance); CUPTIMON_THREADS maps it back to CUPTI's id.
+-- `globalTid / 0x1000000 % 0x1000000` is the pid. CUPTI's 32-bit thread id is not the OS thread
+-- id and does not fit in 24 bits (3446751232 in the demo), so TID is the thread's number in its
+-- process (1, 2, ... in order of first appearance); CUPTIMON_THREADS maps it back to CUPTI's id,
+-- and its ThreadNames row is named "cupti thread ID".
 -- Kernel names: demangledName is the demangled signature, shortName the base name (no
 -- namespace, template arguments or parameters: "vectorized_elementwise_kernel"), mangledName
 -- the name CUPTI reported. Runtime nameId is the function name without CUPTI's version suffix
--- ("cudaLaunchKernel"). NVTX ranges are one row each once closed (eventType 59, push/pop, for a
--- thread's range; 60, start/end, for a process range), marks are 34, a named domain is one 75
--- row; text holds the message (textId stays NULL), domainId numbers the domains of a process
--- (0 is the default domain). Memory kinds follow nsys's numbering (CUPTI's minus one; CUPTI's
+-- ("cudaLaunchKernel"); --driver adds driver calls, named "driver cbid N". NVTX ranges are one
+-- row each once closed (eventType 59, push/pop, for a thread's range; 60, start/end, for a
+-- process range, with rangeId and endGlobalTid), marks are 34, a named domain is one 75 row;
+-- text holds the message (textId stays NULL), domainId numbers the domains of a process (0 is
+-- the default domain); a range still open at the end is written with a NULL end. Memory kinds follow nsys's numbering (CUPTI's minus one; CUPTI's
 -- "unknown" is 7) and copy kinds CUPTI's, which nsys uses.
 -- Columns cuptimon does not have are NULL, as nsys leaves a value it lacks: kernel
 -- greenContextId, qmd*; memcpy greenContextId, deprecatedSrcId, src/dst DeviceId and ContextId,
@@ -48,9 +50,8 @@
 -- one row per sample and metric, metricId in StringIds, from a capture or run that has them),
 -- CUPTIMON_UNWRITTEN (records of batches that lacked fields the tables need, per kind: a capture
 -- recorded under a script with a narrower selection; the run then exits 3 with a LOST line),
--- CUPTIMON_STRINGS_RAW (the exact bytes of
--- a name that was not valid UTF-8: StringIds and NVTX text hold it with U+FFFD in place of each
--- bad byte, so every reader decodes it).
+-- CUPTIMON_STRINGS_RAW (the exact bytes of a name that was not valid UTF-8: StringIds and NVTX
+-- text hold it with U+FFFD in place of each bad byte, so every reader decodes it).
 --
 -- Rows are written as batches arrive, through prepared statements and bound parameters, in
 -- transactions of --txn-rows (rollback journal, synchronous off): memory is one batch plus the
@@ -61,11 +62,14 @@
 -- it the script fails at once with a line naming it.
 --
 -- Example output (on the demo capture):
---   sqlite.lua: wrote run.sqlite: 1120 rows (300 kernel, 629 runtime, 66 memcpy, 61 memset,
---     64 synchronization, 0 driver, 32 nvtx), 14 strings, 1 process, 0 records lost
--- and then, for instance:
+--   sqlite.lua: wrote run.sqlite: 1155 rows (300 kernel, 629 runtime, 66 memcpy, 61 memset,
+--     64 synchronization, 0 driver, 35 nvtx), 30 strings, 1 process, 0 records lost
+-- and then
 --   sqlite3 run.sqlite "SELECT s.value, count(*), sum(k.end - k.start) FROM
 --     CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON s.id = k.shortName GROUP BY 1 ORDER BY 3 DESC"
+-- gives
+--   cm_demo_matmul|150|2862989
+--   cm_demo_sgd_update|60|77920
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
