@@ -26,6 +26,18 @@ step() { echo "=== $*"; }
 ms() { echo $(( ($(date +%s%N) - $1) / 1000000 )); }
 rm -f "$D"/live.sqlite "$D"/replay.sqlite "$D"/torch.*.cmcap
 
+# libsqlite3: the system's (Debian's libsqlite3-0), else the one python3's sqlite3 module uses.
+if ! "$LUA" -e 'assert(require("cuptimon.sqlite").library())' >/dev/null 2>&1; then
+  so=$(python3 -c "import _sqlite3; print(_sqlite3.__file__)" 2>/dev/null)
+  lib=$(ldd "$so" 2>/dev/null | sed -n 's/.*libsqlite3[^ ]* => \([^ ]*\) .*/\1/p' | head -1)
+  if [ -n "$lib" ]; then
+    export CUPTIMON_LIBSQLITE3=$lib
+    echo "no system libsqlite3.so.0: using python3's, $lib"
+  fi
+fi
+"$LUA" -e 'print("SQLite " .. assert(require("cuptimon.sqlite").version()))' ||
+  { echo "FAIL: no libsqlite3 (apt-get install libsqlite3-0)"; exit 1; }
+
 step "live export"
 t0=$(date +%s%N)
 timeout 300 "$LUA" "$R/scripts/sqlite.lua" -o "$D/live.sqlite" -- \
