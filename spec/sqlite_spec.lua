@@ -463,6 +463,21 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
     end
   end)
 
+  it("gives processes of different hosts different globalPids (the host's index in bits 56 up)", function()
+    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
+    local cap = fresh("other_host.cmcap")
+    local rc0, out0 = helpers.sh(("%s capture %s --records 200 --kinds kernel --pid 601"):format(wire_gen, cap))
+    assert.are.equal(0, rc0, out0)
+    -- Both processes have pid 601: the demo's on host "vm", wire_gen's on "testhost".
+    local rc, out, db = export("--replay " .. demo .. " --replay " .. cap)
+    assert.are.equal(0, rc, out)
+    assert.are.same({ { "0", "601", "300" }, { "1", "601", "200" } }, query(db, [[SELECT p.globalPid >> 56,
+      p.globalPid / 0x1000000 % 0x1000000, count(*) FROM PROCESSES p JOIN CUPTI_ACTIVITY_KIND_KERNEL k
+      ON k.globalPid = p.globalPid GROUP BY p.globalPid ORDER BY 1]]))
+    assert.are.same({ { "vm" }, { "testhost" } }, query(db,
+      "SELECT host FROM CUPTIMON_PROCESSES ORDER BY globalPid"))
+  end)
+
   it("writes a lost batch into CUPTIMON_LOSS and exits 3", function()
     assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
     local cap = fresh("lossy.cmcap")
