@@ -478,6 +478,33 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
       "SELECT host FROM CUPTIMON_PROCESSES ORDER BY globalPid"))
   end)
 
+  it("keeps its memory bounded: twice the rows, the same peak resident set", function()
+    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
+    if os.getenv("CUPTIMON_SKIP_RSS_CHECK") then
+      pending("a sanitizer's allocator keeps freed memory in quarantine: the resident set says nothing")
+      return
+    end
+    -- Past the first 400,000 rows SQLite's page cache (16 MiB) is full, so the peak must stay
+    -- while the database grows by another 26 MB: a cost per row would show here.
+    local peak, size = {}, {}
+    for _, n in ipairs { 100000, 200000 } do
+      local cap = fresh(n .. ".cmcap")
+      local rc0, out0 = helpers.sh(("%s capture %s --records %d --kinds kernel,runtime,memcpy,memset "
+        .. "--small-ids"):format(wire_gen, cap, n))
+      assert.are.equal(0, rc0, out0)
+      local db = fresh(n .. ".sqlite")
+      local rc, out = helpers.sh(("%s --replay %s %s/spec/fixtures/sqlite_hwm.lua -o %s")
+        :format(bin, cap, root, db))
+      assert.are.equal(0, rc, out)
+      assert.matches("wrote [^\n]*: " .. 4 * n .. " rows", out)
+      peak[#peak + 1] = tonumber(out:match("VmHWM kB=(%d+)"))
+      size[#size + 1] = uv.fs_stat(db).size
+      os.remove(cap)
+    end
+    assert.is_true(size[2] - size[1] > 20e6, "the database grew by " .. size[2] - size[1])
+    assert.is_true(peak[2] - peak[1] < 8192, ("peak resident set %d kB then %d kB"):format(peak[1], peak[2]))
+  end)
+
   it("writes a lost batch into CUPTIMON_LOSS and exits 3", function()
     assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
     local cap = fresh("lossy.cmcap")
