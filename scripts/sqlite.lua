@@ -54,8 +54,9 @@
 -- text hold it with U+FFFD in place of each bad byte, so every reader decodes it).
 --
 -- Rows are written as batches arrive, through prepared statements and bound parameters, in
--- transactions of --txn-rows (rollback journal, synchronous off): memory is one batch plus the
--- name caches whatever the run's length, and a kill leaves a database that SQLite opens with
+-- transactions of --txn-rows (rollback journal, synchronous off): memory is one batch, SQLite's
+-- page cache (16 MiB) and the caches of names, threads, contexts and devices, whatever the run's
+-- length, and a kill leaves a database that SQLite opens with
 -- every committed transaction. Indexes (CUPTIMON_IDX_*, on correlationId and NVTX start) are
 -- built at the end. A run that lost records writes the loss into CUPTIMON_LOSS and exits 3 (the
 -- host's LOST line and status). libsqlite3 (Debian's libsqlite3-0) is loaded at run time; without
