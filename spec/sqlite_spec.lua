@@ -473,6 +473,51 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
     end
   end)
 
+  it("puts each field in its column, mapped as the header says (wire_gen: field = record index)", function()
+    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
+    -- wire_gen: record i has start = 1700000000000000000 + pid * 1000 + i * 1000, stop = start +
+    -- 500 + (i % 7) * 100, bytes = 1024 << (i % 5), copy_kind = 1 + i % 2, stream = i % 2, cbid
+    -- 211, 31, 13 in turn, and every other field i (so correlationId = i).
+    local cap = fresh("map.cmcap")
+    local rc0, out0 = helpers.sh(("%s capture %s --records 300 --pid 601 --kinds kernel,runtime,"
+      .. "memcpy,memset,synchronization"):format(wire_gen, cap))
+    assert.are.equal(0, rc0, out0)
+    local rc, out, db = export("--replay " .. cap)
+    assert.are.equal(0, rc, out)
+    local function all(sql) assert.are.same({ { "300" } }, query(db, sql), sql) end
+    all([[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start = 1700000000000601000
+      + correlationId * 1000 AND end = start + 500 + (correlationId % 7) * 100
+      AND gridX = correlationId AND gridY = correlationId AND gridZ = correlationId
+      AND blockX = correlationId AND blockY = correlationId AND blockZ = correlationId
+      AND registersPerThread = correlationId AND deviceId = correlationId
+      AND contextId = correlationId AND streamId = correlationId % 2
+      AND launchType = correlationId % 256 + 1 AND cacheConfig = (correlationId % 256) / 16
+      AND staticSharedMemory = correlationId AND dynamicSharedMemory = correlationId
+      AND localMemoryPerThread = correlationId AND localMemoryTotal = correlationId
+      AND gridId = correlationId AND sharedMemoryExecuted = correlationId
+      AND graphNodeId = correlationId AND sharedMemoryLimitConfig = correlationId
+      AND graphId = correlationId AND clusterX = correlationId AND clusterY = correlationId
+      AND clusterZ = correlationId AND clusterSchedulingPolicy = correlationId
+      AND maxPotentialClusterSize = correlationId AND maxActiveClusters = correlationId
+      AND globalPid = 601 * 0x1000000 AND greenContextId IS NULL]])
+    all([[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE returnValue = correlationId
+      AND start = 1700000000000601000 + correlationId * 1000 AND eventClass = 0
+      AND globalTid / 0x1000000 % 0x1000000 = 601]])
+    assert.are.same({ { "cudaLaunch", "100" }, { "cudaLaunchKernel", "100" }, { "cudaMemcpy", "100" } },
+      query(db, [[SELECT s.value, count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s
+        ON s.id = r.nameId GROUP BY 1 ORDER BY 1]]))
+    all([[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMCPY WHERE bytes = 1024 << (correlationId % 5)
+      AND copyKind = 1 + correlationId % 2 AND dstKind = srcKind AND copyCount = correlationId
+      AND srcKind = CASE WHEN correlationId % 256 BETWEEN 1 AND 7 THEN correlationId % 256 - 1 ELSE 7 END
+      AND deviceId = correlationId AND graphNodeId = correlationId]])
+    all([[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_MEMSET WHERE value = correlationId
+      AND bytes = 1024 << (correlationId % 5) AND graphNodeId = correlationId
+      AND memKind = CASE WHEN correlationId BETWEEN 1 AND 7 THEN correlationId - 1 ELSE 7 END]])
+    -- A synchronization's device is that of the kernels, copies and memsets of its context.
+    all([[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_SYNCHRONIZATION WHERE syncType = correlationId
+      AND eventId = correlationId AND contextId = correlationId AND deviceId = correlationId]])
+  end)
+
   it("gives processes of different hosts different globalPids (the host's index in bits 56 up)", function()
     assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
     local cap = fresh("other_host.cmcap")
