@@ -922,11 +922,13 @@ cm.on("exit", function()
       rows.synchronization, rows.driver, rows.nvtx, rows.pm > 0 and (", %d pm"):format(rows.pm) or "",
       nstrings, nprocs, nprocs == 1 and "" or "es",
       lost, incomplete > 0 and " (and an unknown number: a process's final counts are missing)" or ""))
+  -- os.exit skips the host's own LOST line (a wire loss is named here too, and in CUPTIMON_LOSS).
   if not_written > 0 then
     io.stderr:write(("sqlite.lua: LOST %d records not written to %s (%s): their batches lack "
       .. "fields the tables need, as a capture recorded under a script with a narrower selection "
-      .. "does; record with `cuptimon-lua --record FILE -- cmd` (no script) for a whole export\n")
-      :format(not_written, opts.output, table.concat(parts, ", ")))
+      .. "does; record with `cuptimon-lua --record FILE -- cmd` (no script) for a whole export%s\n")
+      :format(not_written, opts.output, table.concat(parts, ", "), lost > 0
+        and ("; and %d records were lost on the way (CUPTIMON_LOSS)"):format(lost) or ""))
     io.stderr:flush()
     io.stdout:flush()
     os.exit(3)
