@@ -443,13 +443,18 @@ describe("sqlite.lua on a capture recorded with a narrower selection", function(
   end)
 end)
 
+-- A new wire_gen capture NAME made with the options OPTS; returns its path.
+local function wire_capture(name, opts)
+  assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
+  local cap = fresh(name)
+  local rc, out = helpers.sh(("%s capture %s %s"):format(wire_gen, cap, opts))
+  assert.are.equal(0, rc, out)
+  return cap
+end
+
 describe("sqlite.lua on synthetic captures (wire_gen)", function()
   it("stores names with quotes, NULs and invalid UTF-8 as data, never as SQL", function()
-    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
-    local cap = fresh("hostile.cmcap")
-    local rc0, out0 = helpers.sh(("%s capture %s --records 300 --kinds kernel,runtime,marker "
-      .. "--hostile-names"):format(wire_gen, cap))
-    assert.are.equal(0, rc0, out0)
+    local cap = wire_capture("hostile.cmcap", "--records 300 --kinds kernel,runtime,marker --hostile-names")
     local rc, out, db = export("--replay " .. cap)
     assert.are.equal(0, rc, out)
     local values = {}
@@ -474,14 +479,11 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
   end)
 
   it("puts each field in its column, mapped as the header says (wire_gen: field = record index)", function()
-    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
     -- wire_gen: record i has start = 1700000000000000000 + pid * 1000 + i * 1000, stop = start +
     -- 500 + (i % 7) * 100, bytes = 1024 << (i % 5), copy_kind = 1 + i % 2, stream = i % 2, cbid
     -- 211, 31, 13 in turn, and every other field i (so correlationId = i).
-    local cap = fresh("map.cmcap")
-    local rc0, out0 = helpers.sh(("%s capture %s --records 300 --pid 601 --kinds kernel,runtime,"
-      .. "memcpy,memset,synchronization"):format(wire_gen, cap))
-    assert.are.equal(0, rc0, out0)
+    local cap = wire_capture("map.cmcap",
+      "--records 300 --pid 601 --kinds kernel,runtime,memcpy,memset,synchronization")
     local rc, out, db = export("--replay " .. cap)
     assert.are.equal(0, rc, out)
     local function all(sql) assert.are.same({ { "300" } }, query(db, sql), sql) end
@@ -519,10 +521,7 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
   end)
 
   it("gives processes of different hosts different globalPids (the host's index in bits 56 up)", function()
-    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
-    local cap = fresh("other_host.cmcap")
-    local rc0, out0 = helpers.sh(("%s capture %s --records 200 --kinds kernel --pid 601"):format(wire_gen, cap))
-    assert.are.equal(0, rc0, out0)
+    local cap = wire_capture("other_host.cmcap", "--records 200 --kinds kernel --pid 601")
     -- Both processes have pid 601: the demo's on host "vm", wire_gen's on "testhost".
     local rc, out, db = export("--replay " .. demo .. " --replay " .. cap)
     assert.are.equal(0, rc, out)
@@ -534,7 +533,6 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
   end)
 
   it("keeps its memory bounded: twice the rows, the same peak resident set", function()
-    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
     if os.getenv("CUPTIMON_SKIP_RSS_CHECK") then
       pending("a sanitizer's allocator keeps freed memory in quarantine: the resident set says nothing")
       return
@@ -543,10 +541,8 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
     -- while the database grows by another 26 MB: a cost per row would show here.
     local peak, size = {}, {}
     for _, n in ipairs { 100000, 200000 } do
-      local cap = fresh(n .. ".cmcap")
-      local rc0, out0 = helpers.sh(("%s capture %s --records %d --kinds kernel,runtime,memcpy,memset "
-        .. "--small-ids"):format(wire_gen, cap, n))
-      assert.are.equal(0, rc0, out0)
+      local cap = wire_capture(n .. ".cmcap",
+        ("--records %d --kinds kernel,runtime,memcpy,memset --small-ids"):format(n))
       local db = fresh(n .. ".sqlite")
       local rc, out = helpers.sh(("%s --replay %s %s/spec/fixtures/sqlite_hwm.lua -o %s")
         :format(bin, cap, root, db))
@@ -561,11 +557,7 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
   end)
 
   it("writes a lost batch into CUPTIMON_LOSS and exits 3", function()
-    assert.is_truthy(wire_gen, "CUPTIMON_WIRE_GEN is not set (run through ctest)")
-    local cap = fresh("lossy.cmcap")
-    local rc0, out0 = helpers.sh(("%s capture %s --records 3000 --kinds kernel --drop-batch 2")
-      :format(wire_gen, cap))
-    assert.are.equal(0, rc0, out0)
+    local cap = wire_capture("lossy.cmcap", "--records 3000 --kinds kernel --drop-batch 2")
     local rc, out, db = export("--replay " .. cap)
     assert.are.equal(3, rc, out)
     assert.matches("cuptimon%-lua: LOST 1000 of 3000 records", out)
