@@ -1646,6 +1646,14 @@ static void agent_init(void) {
   if (!rc) rc = write_hello_schema(&b, sock ? (token ? token : "") : "");
   if (!rc) {
     int err = write_all(A.fd, A.is_socket, b.data, b.len, deadline);
+    if (err && sock && (err == EPIPE || err == ECONNRESET) && cm__mono_ms() < deadline) {
+      /* The monitor's gate closed this connection before reading it (it was full: a flood of
+       * idle connections, issue 19): once more, on a new connection, within the deadline. */
+      alog(CM_LOG_WARN, "cannot send HELLO: %s; connecting once more", strerror(err));
+      close(A.fd);
+      A.fd = connect_monitor(sock, deadline);
+      err = A.fd < 0 ? ECONNREFUSED : write_all(A.fd, A.is_socket, b.data, b.len, deadline);
+    }
     if (err) {
       alog(CM_LOG_ERROR, "cannot send HELLO: %s; tracing off", strerror(err));
       rc = CM_EIO;

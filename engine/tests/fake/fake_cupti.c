@@ -621,6 +621,10 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
                                                    CUpti_SubscriberParams *pParams) {
   if (!subscriber) return CUPTI_ERROR_INVALID_PARAMETER;
   if (pParams && pParams->structSize == 0) return CUPTI_ERROR_INVALID_PARAMETER;
+  /* FAKE_CUPTI_SUBSCRIBE_DELAY_MS: a subscription as slow as the real one (loading CUPTI takes
+   * tens of ms), during which the agent's connection to the monitor is open but silent. */
+  const char *delay = getenv("FAKE_CUPTI_SUBSCRIBE_DELAY_MS");
+  if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
   pthread_mutex_lock(&ctl.lock);
   if (ctl.foreign[0] || ctl.subscribed) {
     report_old_subscriber(pParams);
