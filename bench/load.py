@@ -233,6 +233,14 @@ def sweep(a):
 
 def long_run(a):
     r = one_run(a, a.threads[0], a.seconds, "long_run")
+    # Memory stays flat (issue 18): each resident set grows by less than 1 MiB/min over the second
+    # half of the run.
+    for key in ("agent", "monitor"):
+        slope = r.get(key + "_rss_slope_kib_per_min")
+        if slope is not None and slope >= 1024:
+            r["ok"] = False
+            print("%s: the resident set grew %.0f KiB/min over the second half (the bound is "
+                  "1024)" % (key, slope))
     print("| process | RSS peak (MiB) | RSS slope, second half (KiB/min) | CPU (% of a core) |")
     print("|---|--:|--:|--:|")
     secs = r["launch_seconds"] or a.seconds
