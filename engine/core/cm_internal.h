@@ -405,6 +405,10 @@ typedef struct cm__exit_flush {
   bool sync_timed_out;  /* the device sync did not finish in time (a kernel still running) */
   bool decode_timed_out; /* the decoder had not caught up at the deadline */
   bool synced;          /* the device sync completed and its record was seen */
+  /* Set (once, with release order) as soon as the sync fence has completed, before the forced
+   * flush: a caller that stops waiting during that flush (the agent's exit) knows from it that
+   * every record produced before the fence was decoded. Readable from another thread. */
+  _Atomic bool fence_complete;
 } cm__exit_flush;
 
 /* The exit fence: a best effort to deliver every record produced before the call, by `deadline`

@@ -259,7 +259,10 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why) {
 
 int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
                           cm__exit_flush *out) {
-  memset(out, 0, sizeof *out);
+  /* Field by field, not memset: another thread may read fence_complete meanwhile. */
+  out->engine_busy = out->capture_active = out->sync_timed_out = out->decode_timed_out = false;
+  out->synced = false;
+  atomic_store(&out->fence_complete, false);
   if (!e) return CM_EINVAL;
   /* Another control call (a monitor's sync flush) may hold api_mu while it waits for the device:
    * `exiting` ends its waits, and the broadcast wakes one waiting for the decoder. */
@@ -291,6 +294,7 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
     /* CM__SYNC_BUSY: an earlier synchronize is still blocked, so the device is still busy too. */
     out->sync_timed_out = why == CM__SYNC_ABANDONED || why == CM__SYNC_BUSY || (why == CM__SYNC_OK && !fenced);
     out->synced = fenced && why == CM__SYNC_OK;
+    if (out->synced) atomic_store_explicit(&out->fence_complete, true, memory_order_release);
     /* Forced: buffers still being filled are delivered too (a running kernel's record with end 0). */
     if (!cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)) out->decode_timed_out = true;
     ok = !out->sync_timed_out && !out->decode_timed_out;

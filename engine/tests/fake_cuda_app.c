@@ -26,7 +26,8 @@
  *          --control PATH (windows on request, above)
  *          --crash (abort() after the workload: no atexit handlers run)
  *          --flush-block-ms B (once the workload is done, every cuptiActivityFlushAll blocks B ms:
- *          the exit's flushes, as under a backlog on a GPU)
+ *          the exit's flushes, as under a backlog on a GPU); --forced-flush-block-ms B, only the
+ *          forced ones
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
  *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
@@ -282,6 +283,9 @@ int main(int argc, char **argv) {
       linger_ms = atoi(v);
     } else if (strcmp(a, "--flush-block-ms") == 0) {
       flush_block_ms = atoi(v);
+    } else if (strcmp(a, "--forced-flush-block-ms") == 0) {
+      flush_block_ms = atoi(v);
+      fake_set_flush_block_forced_only(1);
     } else if (strcmp(a, "--rate") == 0) {
       rate = strtod(v, NULL);
     } else if (strcmp(a, "--teardown-ms") == 0) {

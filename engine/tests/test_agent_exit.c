@@ -130,6 +130,37 @@ static void test_live_blocked_flush(void) {
   app_cleanup(&a);
 }
 
+/* The H200's exit: the sync fence completes, then CUPTI's forced flush blocks. The exit is still
+ * within the budget, and since every record produced before the fence was delivered, the tail is
+ * known: STATS says so, and every record the app wrote arrived. */
+static void test_live_blocked_forced_flush(void) {
+  static server s;
+  server_start(&s, "t", "kernel:all;memcpy:all", 50);
+  server_run(&s);
+  char sock[200];
+  snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
+  const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_EXIT_BUDGET_MS=2000", NULL};
+  app a;
+  app_start(&a, env, "--records 6000 --threads 2 --kinds kernel,memcpy --forced-flush-block-ms 10000");
+  CMT_ASSERT(app_read_line(&a, 60000));
+  uint64_t t0 = mono_ms();
+  int st = app_wait(&a, 90000);
+  uint64_t ms = mono_ms() - t0;
+  server_join(&s);
+  printf("live, the forced flush blocks 10 s: exit took %llu ms after the workload\n",
+         (unsigned long long)ms);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
+  CMT_LT(ms, 2000 + SLACK_MS);
+  CMT_EQ(s.chk.byes, 1);
+  printf("  BYE: %s\n", s.chk.bye_message);
+  CMT_CONTAINS(s.chk.bye_message, "the sync fence before it had completed");
+  CMT_EQU(s.chk.stats_exit_tail_unknown, 0);
+  int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_MEMCPY};
+  check_counts(&s.chk, &a, kinds, 2);
+  checker_free(&s.chk);
+  app_cleanup(&a);
+}
+
 static void test_control_caps(void) {
   static server s;
   const char *spec = "kernel:name,start,stop";
@@ -178,6 +209,7 @@ int main(void) {
   test_live_blocked_sync(false);
   test_live_blocked_sync(true);
   test_live_blocked_flush();
+  test_live_blocked_forced_flush();
   test_control_caps();
   printf("ok\n");
   return 0;

@@ -226,6 +226,7 @@ static atomic_int knob_reject_push;
 static atomic_int knob_sync_block_ms = -1;
 /* fake_set_flush_block_ms: how long every cuptiActivityFlushAll sleeps first (0: not at all). */
 static atomic_int knob_flush_block_ms;
+static atomic_int knob_flush_block_forced_only; /* the block applies to forced flushes only */
 
 /* Simulated stream captures: how many are in progress, and whether a synchronize in a mode other
  * than relaxed has invalidated them since the first one began. */
@@ -785,7 +786,8 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t *buffer,
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
   int forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
   int block = atomic_load(&knob_flush_block_ms);
-  if (block > 0) usleep((useconds_t)block * 1000);
+  if (block > 0 && (forced || !atomic_load(&knob_flush_block_forced_only)))
+    usleep((useconds_t)block * 1000);
   BUMP(st.flushes);
   if (forced) BUMP(st.forced_flushes);
   flush_threads(forced);
@@ -1619,6 +1621,8 @@ void fake_set_suppress_sync_records(int on) { atomic_store(&knob_suppress_sync, 
 void fake_set_sync_block_ms(int ms) { atomic_store(&knob_sync_block_ms, ms < 0 ? 0 : ms); }
 
 void fake_set_flush_block_ms(int ms) { atomic_store(&knob_flush_block_ms, ms < 0 ? 0 : ms); }
+
+void fake_set_flush_block_forced_only(int on) { atomic_store(&knob_flush_block_forced_only, on != 0); }
 
 /* Fires the driver API callback `cbid` at exit with a params struct that starts with the stream
  * and the given result, as CUPTI does for cuStreamBeginCapture_v2 and cuStreamEndCapture. */

@@ -125,6 +125,10 @@ void fake_set_sync_block_ms(int ms);
  * flush was seen to under a backlog on the H200 (0: no block). fake_cuda_app --flush-block-ms sets
  * it once its workload is done, so that only the exit's flushes block. */
 void fake_set_flush_block_ms(int ms);
+/* With `on`, the block of fake_set_flush_block_ms applies to forced flushes only (fake_cuda_app
+ * --forced-flush-block-ms), as at the H200's exit, where the fence completed and CUPTI's forced
+ * flush then took seconds. */
+void fake_set_flush_block_forced_only(int on);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
