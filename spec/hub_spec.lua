@@ -94,6 +94,88 @@ describe("cuptimon-lua --replay", function()
     assert.matches("concurrent_kernel%s+2000\n", out)
   end)
 
+  -- Issue 19, item 4: 60 bit-flipped copies of the demo capture all exited 0, one replaying 258
+  -- of its 1,187 records after skipping 79 KB with no LOST line.
+  it("fails every bit-flipped copy of the demo capture with the LOST line and status 3", function()
+    local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
+    if not tool then
+      pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)")
+      return
+    end
+    local demo = root .. "/examples/demo.cmcap"
+    for seed = 1, 30 do
+      local f = tmp .. "/flip" .. seed .. ".cmcap"
+      assert(os.execute(("%s flip %s %s --seed %d --flips %d > /dev/null"):format(tool, demo, f, seed,
+        1 + seed % 3)) == 0)
+      local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+      assert.are.equal(3, rc, "seed " .. seed .. ": " .. out)
+      local _, nlost = out:gsub("cuptimon%-lua: LOST ", "")
+      assert.are.equal(1, nlost, "seed " .. seed .. ": " .. out)
+      assert.matches("\ncuptimon%-lua: LOST [^\n]* in pid 601 %([^\n]*%)\n$", out)
+    end
+  end)
+
+  -- Item 5: a 24-byte header with valid checksums declaring 1 GiB, after SCHEMA, made the replay
+  -- stop at "truncated" with none of the records after it replayed.
+  it("replays every frame after a crafted header that declares 1 GiB, and reports the 24 bytes", function()
+    local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
+    if not tool then
+      pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)")
+      return
+    end
+    local src, f = tmp .. "/big_src.cmcap", tmp .. "/big.cmcap"
+    assert(os.execute(("%s capture %s --pid 333 --records 20000 --kinds kernel,memcpy,runtime"):format(gen,
+      src)) == 0)
+    assert(os.execute(("%s bighdr %s %s --after 2 > /dev/null"):format(tool, src, f)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+    assert.are.equal(3, rc, out)
+    assert.matches("total%s+60000\n", out)
+    assert.matches("truncated at byte %d+ %(the frame at byte %d+ needs 1073741848 bytes, %d+ present%); " ..
+      "skipped 24 bytes from byte %d+ to the next valid frame", out)
+    assert.matches("LOST an unknown number of records %(24 corrupt capture bytes skipped%) in pid 333 " ..
+      "%(its capture is damaged%)\n$", out)
+  end)
+
+  it("counts junk after a process's BYE as damage to that process", function()
+    local f = tmp .. "/junk.cmcap"
+    assert(os.execute(("%s capture %s --pid 444 --records 1000 --kinds kernel"):format(gen, f)) == 0)
+    local h = assert(io.open(f, "ab"))
+    h:write(("\0junk"):rep(40))
+    h:close()
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+    assert.are.equal(3, rc, out)
+    assert.matches("concurrent_kernel%s+1000\n", out)
+    assert.matches("no valid frame in the 200 bytes from byte %d+ to the end", out)
+    assert.matches("LOST an unknown number of records %(200 corrupt capture bytes skipped%) in pid 444 ", out)
+  end)
+
+  it("names a pid once in the LOST line, however many sources it had", function()
+    local t1, t2 = tmp .. "/same1.cmcap", tmp .. "/same2.cmcap"
+    for _, t in ipairs({ t1, t2 }) do
+      assert(os.execute(("%s capture %s --pid 555 --records 3000 --kinds kernel --truncate 200000"):format(gen,
+        t)) == 0)
+    end
+    local rc, out = helpers.sh(("%s --replay %s --replay %s %s"):format(bin, t1, t2, script("count.lua")))
+    assert.are.equal(3, rc, out)
+    local line = out:match("cuptimon%-lua: LOST [^\n]*")
+    assert.is_truthy(line, out)
+    local _, n = line:gsub("pid 555", "")
+    assert.are.equal(1, n, line)
+  end)
+
+  it("bundles a demo capture of the current wire version, with numbered batches", function()
+    local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
+    if not tool then
+      pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)")
+      return
+    end
+    local rc, out = helpers.sh(("%s info %s/examples/demo.cmcap"):format(tool, root))
+    assert.are.equal(0, rc, out)
+    assert.matches("minor 2\n", out)
+    assert.matches("records 1187\nnumbered 6\n", out)
+    assert.matches("frames.BATCH 6\n", out)
+  end)
+
   it("fails with status 1, before the script runs, for a file that is not a capture", function()
     local f = tmp .. "/not_a_capture.txt"
     local h = assert(io.open(f, "wb"))

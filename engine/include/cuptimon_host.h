@@ -164,6 +164,8 @@ typedef struct cm_loss {
   uint64_t incomplete;    /* 1 (per source) when the counts are a lower bound: the process ended
                            * without its final counts, or frames are missing after them */
   uint64_t last_number;   /* the number of the last BATCH frame received (0: none or unnumbered) */
+  uint64_t skipped_bytes; /* bytes of a capture skipped as corrupt (its frames unknown); a source
+                           * with any is incomplete */
 } cm_loss;
 
 typedef struct cm_source_vtable {

@@ -380,6 +380,9 @@ CM_EXTERN int cm_wire_file_open(cm_wire_file **out, const char *path, char *errm
  * the next call. */
 CM_EXTERN int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f);
 CM_EXTERN const char *cm_wire_file_errmsg(const cm_wire_file *cf);
+/* The corrupt stretches skipped so far, the one the file ended in included, and their bytes
+ * (bytes_skipped may be NULL). */
+CM_EXTERN uint64_t cm_wire_file_resyncs(const cm_wire_file *cf, uint64_t *bytes_skipped);
 CM_EXTERN void cm_wire_file_close(cm_wire_file *cf);
 
 

@@ -255,7 +255,7 @@ static void push_loss_fields(lua_State *L, const cm_loss *l) {
   lua_pushnumber(L, (lua_Number)l->name);      \
   lua_setfield(L, -2, #name);
   F_(produced) F_(received) F_(dropped) F_(dropped_cupti) F_(dropped_agent) F_(dropped_exit)
-  F_(lost_wire) F_(lost_frames) F_(incomplete) F_(last_number)
+  F_(lost_wire) F_(lost_frames) F_(incomplete) F_(last_number) F_(skipped_bytes)
 #undef F_
 }
 

@@ -162,6 +162,8 @@ struct cm__wsrc {
   uint64_t gap_frames;     /* numbers skipped so far: frames that never arrived */
   int have_queued;         /* a STATS carried records_queued */
   uint64_t recv_at_stats, batches_at_stats, gaps_at_stats;
+  uint64_t skipped_bytes;  /* bytes of a capture skipped as corrupt while this process was read:
+                            * frames of it may be in them, so its counts are a lower bound */
 };
 
 /* Caps on what one process's frames may make the monitor keep (docs/monitor.md). Beyond them,

@@ -855,8 +855,9 @@ void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
   /* A process still running is not incomplete yet; one that ended without BYE (killed, cut off,
    * a corrupt or truncated stream) never sent its final counts. */
   out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE &&
-                     w->end != CM__END_DETACHED) || gaps_after > 0;
+                     w->end != CM__END_DETACHED) || gaps_after > 0 || w->skipped_bytes > 0;
   out->last_number = w->last_number;
+  out->skipped_bytes = w->skipped_bytes;
 }
 
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name) {

@@ -244,6 +244,11 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
          (unsigned long long)sum.lost_frames, sum.lost_frames == 1 ? "" : "s");
     sep = ", ";
   }
+  if (sum.skipped_bytes) {
+    addf(cats, sizeof cats, &c, "%s%llu corrupt capture bytes skipped", sep,
+         (unsigned long long)sum.skipped_bytes);
+    sep = ", ";
+  }
   if (sum.incomplete && sum.dropped) addf(cats, sizeof cats, &c, "%sthe rest unknown", sep);
   size_t n = 0;
   line[0] = 0;
@@ -255,23 +260,47 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
     addf(line, cap, &n, "cuptimon-lua: LOST an unknown number of records");
   if (c) addf(line, cap, &n, " (%s)", cats);
   addf(line, cap, &n, " in");
-  int id, pid, listed = 0;
-  sep = " pid ";
+  /* Each pid once, however many connections (attach windows, reconnects) it had: what its
+   * sources lost is merged. */
+  enum { MAX_LISTED = 16 };
+  struct {
+    int pid, final_missing;       /* a source of it ended without its final counts */
+    uint64_t last_number, skipped; /* the largest last batch number of those; corrupt bytes */
+  } by_pid[MAX_LISTED];
+  int id, pid, npids = 0, more = 0;
   for (int i = 0; cm_host_source_loss_at(h, i, &id, &pid, &l) == 0; i++) {
     if (!l.dropped && !l.incomplete && !l.lost_frames) continue;
-    if (listed++ == 16) {
-      addf(line, cap, &n, ", ...");
-      break;
+    int k = 0;
+    while (k < npids && by_pid[k].pid != pid) k++;
+    if (k == npids) {
+      if (npids == MAX_LISTED) {
+        more = 1;
+        continue;
+      }
+      memset(&by_pid[k], 0, sizeof by_pid[k]);
+      by_pid[k].pid = pid;
+      npids++;
     }
-    addf(line, cap, &n, "%s%d", sep, pid);
-    if (l.incomplete && l.last_number)
+    by_pid[k].skipped += l.skipped_bytes;
+    if (l.incomplete && !l.skipped_bytes) {
+      by_pid[k].final_missing = 1;
+      if (l.last_number > by_pid[k].last_number) by_pid[k].last_number = l.last_number;
+    }
+  }
+  sep = " pid ";
+  for (int k = 0; k < npids; k++) {
+    addf(line, cap, &n, "%s%d", sep, by_pid[k].pid);
+    if (by_pid[k].skipped)
+      addf(line, cap, &n, " (its capture is damaged)");
+    else if (by_pid[k].final_missing && by_pid[k].last_number)
       addf(line, cap, &n,
            " (its final counts are missing; the last batch frame received was %llu)",
-           (unsigned long long)l.last_number);
-    else if (l.incomplete)
+           (unsigned long long)by_pid[k].last_number);
+    else if (by_pid[k].final_missing)
       addf(line, cap, &n, " (its final counts are missing)");
     sep = ", pid ";
   }
+  if (more) addf(line, cap, &n, ", ...");
   return 1;
 }
 
