@@ -135,7 +135,22 @@ typedef struct conn {
   uint64_t await_deadline;
   int outward;         /* --attach: the monitor connected to the agent's socket */
   int detaching;       /* --attach: SELECT "" was sent; nothing more is sent */
+  uint64_t hello_deadline; /* --attach: uv_now() ms by which the agent's HELLO must come */
 } conn;
+
+/* How long an --attach waits for the agent's HELLO: the agent's listener gives way to a waiting
+ * connection within 250 ms of a silent peer (listen.c), and the first attach starts CUPTI. A
+ * pid whose HELLO does not come in time is named and fails the run (status 1). */
+enum { ATTACH_HELLO_MS = 10000 };
+
+/* ATTACH_HELLO_MS, or CUPTIMON_ATTACH_HELLO_MS (1 to 600000) for tests. */
+static long attach_hello_ms(void) {
+  const char *s = getenv("CUPTIMON_ATTACH_HELLO_MS");
+  char *end;
+  long v = s && *s ? strtol(s, &end, 10) : 0;
+  return s && *s && !*end && v >= 1 && v <= 600000 ? v : ATTACH_HELLO_MS;
+}
+
 
 typedef struct hub {
   cm_host *host;
@@ -466,15 +481,18 @@ static void conn_set_status(conn *c, int status) {
   c->w.exit_known = 1;
 }
 
+/* An outward connection that will never be attached: named, and a named pid fails the run. */
+static void attach_failed(hub *hb, conn *c, const char *why) {
+  fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: %s\n", (int)c->kpid, why);
+  if (!hb->attach_all) hb->attach_failed = 1;
+}
+
 /* Ends the process's connection: process_exit runs when it was attached. */
 static void conn_end(conn *c, int end) {
   hub *hb = g_hub;
-  if (c->outward && !c->w.have_hello && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: it closed the connection without a "
-            "HELLO (the agent refused this monitor, or it is exiting; its stderr says why)\n",
-            (int)c->kpid);
-    if (!hb->attach_all) hb->attach_failed = 1;
-  }
+  if (c->outward && !c->w.have_hello && c->state != CONN_CLOSING)
+    attach_failed(hb, c, "it closed the connection without a HELLO (the agent refused this "
+                  "monitor, or it is exiting; its stderr says why)");
   if (c->w.end == CM__END_NONE) c->w.end = end;
   c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
   if (c->w.attached && hb->proc.started && c->kpid == cm__proc_pid(&hb->proc)) {
@@ -521,6 +539,14 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
     c->hello_frame = *f;
     c->hello_frame.payload = c->hello;
     c->hello_frame.reader = NULL;
+  }
+  /* After the script's end (cm__hub_forget_host) there is no host to attach to: an outward
+   * connection is closed before HELLO_ACK, so the agent stays dormant. */
+  if (!hb->host) {
+    if (c->outward) attach_failed(hb, c, "the script ended before the handshake completed; nothing was traced");
+    else fprintf(stderr, "cuptimon-lua: agent pid %d connected after the script ended; not traced\n", (int)c->kpid);
+    conn_end(c, CM__END_ERROR);
+    return;
   }
   hb->attached_any = 1;
   if (c->outward) {
@@ -917,6 +943,16 @@ static void tick_cb(uv_timer_t *t) {
       break; /* the list may have changed; the next tick goes on */
     }
   for (conn *c = hb->conns; c; c = c->next)
+    if (c->outward && !c->w.have_hello && c->state == CONN_ACTIVE && c->hello_deadline <= now) {
+      char why[160];
+      snprintf(why, sizeof why, "no HELLO within %ld ms (the process is stopped, or its agent's "
+               "listener is not answering)", attach_hello_ms());
+      attach_failed(hb, c, why);
+      c->state = CONN_CLOSING;
+      conn_close(c);
+      break;
+    }
+  for (conn *c = hb->conns; c; c = c->next)
     for (int i = 0; i < c->nflush; i++)
       if (c->flushes[i].deadline <= now) {
         fprintf(stderr, "cuptimon-lua: agent pid %u did not answer a flush in time\n", c->w.pid);
@@ -1080,6 +1116,7 @@ static int attach_pid(hub *hb, int pid) {
   conn *c = conn_admit(hb, &gc);
   if (!c) return -1;
   c->outward = 1;
+  c->hello_deadline = uv_now(hb->loop) + (uint64_t)attach_hello_ms();
   return 0;
 }
 
@@ -1157,6 +1194,13 @@ void cm__hub_detach(void) {
   if (!hb || !hb->attach) return;
   hb->finished = 1;
   stop_watch(hb);
+  for (conn *c = hb->conns; c; c = c->next)
+    if (c->outward && !c->w.have_hello && c->state == CONN_ACTIVE) {
+      /* The script ended before this agent's HELLO: it was never traced. */
+      attach_failed(hb, c, "the script ended before the agent's HELLO came; nothing was traced");
+      c->state = CONN_CLOSING;
+      conn_close(c);
+    }
   for (conn *c = hb->conns; c; c = c->next) {
     if (c->state != CONN_ACTIVE || !c->w.attached || c->detaching) continue;
     cm_wire_buf b;
@@ -1334,6 +1378,8 @@ int cm__hub_signal(int signum) {
   }
   return 1;
 }
+
+int cm__hub_attach_failed(void) { return g_hub && g_hub->attach && g_hub->attach_failed; }
 
 int cm__hub_finished(int *status) {
   hub *hb = g_hub;

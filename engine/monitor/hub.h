@@ -45,6 +45,9 @@ void cm__hub_start(void);
 /* A signal arrived. Returns 1 when the hub handles it (it forwards SIGINT/SIGTERM to the
  * command and ends when the command does), 0 when the caller should end the script itself. */
 int cm__hub_signal(int signum);
+/* --attach: whether a named pid could not be attached (named on stderr); such a run fails with
+ * status 1 even when the script chose 0 with cm.exit. */
+int cm__hub_attach_failed(void);
 /* Whether the hub has finished (the command exited and its agents are done, or every capture was
  * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
 int cm__hub_finished(int *status);

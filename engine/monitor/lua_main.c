@@ -513,6 +513,8 @@ int main(int argc, char **argv) {
    * cm.exit(0), so a broken script never looks like a clean one. A non-zero status (a failing
    * command's, or one the script chose) is kept. */
   if (status == 0 && errors) status = 1;
+  /* A named --attach pid that was never attached fails the run, whatever the script chose. */
+  if (status == 0 && cm__hub_attach_failed()) status = 1;
   if (nothing_traced) {
     fprintf(stderr, "cuptimon-lua: the script observed nothing: there is no command to monitor. "
             "Run `cuptimon-lua %s -- cmd args...` to monitor a program, or `cuptimon-lua --replay "
