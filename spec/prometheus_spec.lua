@@ -310,6 +310,31 @@ describe("prometheus.lua", function()
     assert.are.equal(0, e.stop())
   end)
 
+  -- Issue 19, item 6: 64 idle TCP connections locked the endpoint out (0 of 6 scrapes answered),
+  -- 64 slowloris ones for 18 s. With 500 of either held open, a scrape every 100 ms is answered.
+  for _, mode in ipairs({ "idle", "slowloris" }) do
+    it("answers a scrape every 100 ms while 500 " .. mode .. " clients hold connections", function()
+      local e = start({ demo })
+      local attack = require("http_attack").flood(e.port, 500, mode, { drip_ms = 50, reconnect_ms = 100 })
+      -- Let the flood fill every slot first.
+      helpers.run_until(function() return attack.stats().opened >= 500 end, 10000)
+      local answered, worst = 0, 0
+      for _ = 1, 30 do
+        local t0 = uv.now()
+        local st, _, body = get(e.port, "/metrics")
+        uv.update_time()
+        worst = math.max(worst, uv.now() - t0)
+        if st == 200 and body:match("cuptimon_kernel_launches_total") then answered = answered + 1 end
+        helpers.run_until(function() return uv.now() >= t0 + 100 end, 200)
+      end
+      local st = attack.stop()
+      assert.are.equal(30, answered, ("worst scrape %d ms; attack %d opened, %d closed by the server")
+        :format(worst, st.opened, st.closed_by_server))
+      assert.is_true(st.closed_by_server > 0, "the server never evicted an attacker")
+      assert.are.equal(0, e.stop())
+    end)
+  end
+
   it("bounds the kernel label to the top names by time plus other", function()
     local e = start({ demo }, { "--top-kernels", "1" })
     local _, _, body = get(e.port, "/metrics")
