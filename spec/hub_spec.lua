@@ -726,6 +726,28 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.matches("wire_gen: big frame closed by the monitor", out)
   end)
 
+  -- Issue 19, item 8: four authenticated connections with partial big frames took the monitor
+  -- from 4.4 MB to 1.23 GB.
+  it("bounds the partly received frames of all connections together, and the connections per run", function()
+    local peak = "-e 'require(\"cuptimon\").on(\"exit\", function() local f = io.open(\"/proc/self/status\"); "
+      .. "print(\"VmHWM \" .. f:read(\"*a\"):match(\"VmHWM:%s*(%d+)\")); f:close() end)'"
+    local four = ("sh -c 'for i in 1 2 3 4; do %s agent --big-frame 67108864 --fill 62914560 & done; wait'"):format(gen)
+    local rc, out = helpers.sh(("%sCUPTIMON_PARTIAL_BUDGET_MB=100 %s %s -- %s"):format(synth, bin, peak, four))
+    assert.are.equal(3, rc, out)
+    local _, closed = out:gsub("over the budget of 100 MiB %(CUPTIMON_PARTIAL_BUDGET_MB%); closing its connection", "")
+    assert.are.equal(3, closed, out)
+    local kb = tonumber(out:match("VmHWM (%d+)"))
+    assert.is_true(kb ~= nil and kb < 200 * 1024, "peak resident set " .. tostring(kb) .. " kB\n" .. out)
+    assert.matches("3 agent connections were closed over the budget of 100 MiB for partly received frames", out)
+    -- The cap on connections: two held open, two more closed at once.
+    four = ("sh -c 'for i in 1 2 3 4; do %s agent --big-frame 64 & done; wait'"):format(gen)
+    rc, out = helpers.sh(("%sCUPTIMON_MAX_AGENTS=2 %s %s -- %s"):format(synth, bin, peak, four))
+    local _, capped = out:gsub("over the cap of 2 connections per run %(CUPTIMON_MAX_AGENTS%)", "")
+    assert.are.equal(2, capped, out)
+    assert.matches("over the cap of 2 connections per run\n", out)
+    assert.are_not.equal(0, rc, out)
+  end)
+
   it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()
     local rc, out = helpers.sh(("%s%s %s -- sh -c 'stat -c mode=%%a \"$CUPTIMON_SOCKET\"'"):format(synth, bin, count))
     assert.are.equal(0, rc, out)

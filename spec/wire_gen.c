@@ -5,7 +5,7 @@
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
  *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
- *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
+ *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES [--fill BYTES]]
  *                  [--cupti-dropped N] [--no-end]
  *   wire_gen idle N [--hold-ms MS] [--ready FILE]
  *
@@ -24,7 +24,8 @@
  * prints how long the handshake took ("handshake_ms=") and its real pid (--pid only changes the
  * pid its HELLO claims). --oversize-hello sends, instead of HELLO, a valid HELLO header that
  * declares BYTES of payload, and reports whether the monitor closed the connection;
- * --big-frame sends such a header (a BATCH) after the handshake.
+ * --big-frame sends such a header (a BATCH) after the handshake, and --fill that many bytes of
+ * its payload (a hostile agent holding a partly sent frame in the monitor's memory).
  *
  * The idle mode opens N connections to CUPTIMON_SOCKET that never send anything (non-blocking
  * connects; failures are counted), creates --ready FILE once they are open, holds them for
@@ -39,6 +40,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,7 +58,7 @@ static uint64_t nrec = 1000;
 static uint32_t pid;
 static const char *rank_env[2]; /* --rank: "RANK=R", "WORLD_SIZE=R+1" */
 static char rank_store[2][32];
-static uint64_t drop_batch, cupti_dropped;
+static uint64_t drop_batch, cupti_dropped, fill;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
 static int unknown_type; /* --unknown-type: the type written for string columns, 0 for STR */
@@ -351,6 +353,15 @@ static int agent(const char *token, int garbage, int exit_code, uint64_t oversiz
     uint8_t h[24];
     claim_header(h, CM_WIRE_BATCH, big);
     if (write(sock_fd, h, sizeof h) != (ssize_t)sizeof h) return 3;
+    /* --fill: that much of the payload follows (never all of it), so the monitor holds it. */
+    static uint8_t zeros[1 << 20];
+    signal(SIGPIPE, SIG_IGN);
+    for (uint64_t sent = 0; sent < fill;) {
+      size_t n = fill - sent < sizeof zeros ? (size_t)(fill - sent) : sizeof zeros;
+      ssize_t w = write(sock_fd, zeros, n);
+      if (w <= 0) break;
+      sent += (uint64_t)w;
+    }
     int c = closed_within(sock_fd, 3000);
     printf("wire_gen: big frame %s\n", c ? "closed by the monitor" : "still open after 3 s");
     cm_wire_buf_free(&b);
@@ -435,6 +446,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--garbage")) garbage = 1;
     else if (!strcmp(a, "--oversize-hello")) oversize = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--big-frame")) big = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--fill")) fill = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--hold-ms")) hold_ms = atoi(v), i++;
     else if (!strcmp(a, "--ready")) ready = v, i++;
     else if (!strcmp(a, "--drop-batch")) drop_batch = strtoull(v, NULL, 10), i++;

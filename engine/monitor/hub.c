@@ -136,6 +136,7 @@ typedef struct conn {
   int outward;         /* --attach: the monitor connected to the agent's socket */
   int detaching;       /* --attach: SELECT "" was sent; nothing more is sent */
   uint64_t hello_deadline; /* --attach: uv_now() ms by which the agent's HELLO must come */
+  uint64_t partial;    /* this connection's share of hub.partial_total */
 } conn;
 
 /* How long an --attach waits for the agent's HELLO: the agent's listener gives way to a waiting
@@ -190,6 +191,13 @@ typedef struct hub {
   int *tried;          /* pids connected to so far (never twice) */
   int ntried, cap_tried;
   int attach_failed;   /* a named pid could not be attached */
+  /* Memory bounds across the authenticated connections (docs/monitor.md, "Limits"): the bytes
+   * their readers hold or are about to hold for partly received frames, under a budget, and the
+   * number of connections of the run's token. */
+  uint64_t partial_total, partial_budget;
+  uint64_t over_budget, over_cap; /* connections closed for either */
+  uint32_t max_conns;
+  int gate_summary_done;
   char adir[PATH_MAX];
   uv_fs_event_t watch;
   int watch_init;
@@ -216,12 +224,18 @@ static void conn_detach_now(conn *c);
 /* Stops accepting: the gate thread ends and closes every connection that has not completed its
  * handshake (idle ones are not agents: they neither delay the end nor get a message each). */
 static void stop_gate(hub *hb) {
-  if (hb->gate) {
+  if (hb->gate && !hb->gate_summary_done) {
+    hb->gate_summary_done = 1; /* stop_gate runs at the end and again at the free: one summary */
     cm__gate_stop(hb->gate);
     cm__gate_stats st;
     cm__gate_get_stats(hb->gate, &st);
     uint64_t closed = st.refused_uid + st.wrong_token + st.bad_hello + st.oversized +
                       st.timed_out + st.evicted;
+    if (hb->over_budget || hb->over_cap)
+      fprintf(stderr, "cuptimon-lua: %llu agent connections were closed over the budget of %llu "
+              "MiB for partly received frames, %llu over the cap of %u connections per run\n",
+              (unsigned long long)hb->over_budget, (unsigned long long)(hb->partial_budget >> 20),
+              (unsigned long long)hb->over_cap, hb->max_conns);
     if (closed > 3)
       fprintf(stderr, "cuptimon-lua: %llu connections were refused or closed before their "
               "handshake (%llu another uid, %llu wrong token, %llu bad HELLO, %llu oversized, "
@@ -440,6 +454,7 @@ static void close_capture(hub *hb, conn *c) {
 static void conn_closed(uv_handle_t *hd) {
   conn *c = hd->data;
   hub *hb = g_hub;
+  hb->partial_total -= c->partial;
   close_capture(hb, c);
   for (conn **p = &hb->conns; *p; p = &(*p)->next)
     if (*p == c) {
@@ -463,6 +478,9 @@ static void window_finish(conn *c, int status);
  * received (complete when the process said BYE). Idempotent. */
 static void conn_close(conn *c) {
   c->state = CONN_CLOSING;
+  /* Nothing more is read: its partly received frame leaves the budget now. */
+  g_hub->partial_total -= c->partial;
+  c->partial = 0;
   while (c->nflush) flush_complete(c, 0, CM_EIO);
   if (c->win) window_finish(c, c->w.end == CM__END_BYE ? 0 : CM_EIO);
   if (!uv_is_closing((uv_handle_t *)&c->pipe)) uv_close((uv_handle_t *)&c->pipe, conn_closed);
@@ -817,6 +835,24 @@ static void conn_feed(hub *hb, conn *c, const void *data, size_t len) {
       break;
     }
   }
+  if (rc == 0 && c->state != CONN_CLOSING) {
+    /* The frame being received counts against the run's budget from its header on, so a peer
+     * that declares a big frame and sends it slowly holds no more than the others leave. */
+    uint64_t p = cm_wire_reader_pending(c->r);
+    hb->partial_total += p - c->partial;
+    c->partial = p;
+    if (hb->partial_total > hb->partial_budget && p > (1u << 20)) {
+      if (hb->over_budget++ < 3)
+        fprintf(stderr, "cuptimon-lua: agent pid %u: its partly received frame of %llu bytes puts the "
+                "frames being received over the budget of %llu MiB (CUPTIMON_PARTIAL_BUDGET_MB); "
+                "closing its connection\n", c->w.pid, (unsigned long long)p,
+                (unsigned long long)(hb->partial_budget >> 20));
+      hb->partial_total -= c->partial;
+      c->partial = 0;
+      conn_end(c, CM__END_ERROR);
+      return;
+    }
+  }
   if (rc == CM_ERANGE && c->state != CONN_CLOSING) {
     fprintf(stderr, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
             "(%s); closing its connection\n", c->w.pid, cm_wire_reader_errmsg(c->r));
@@ -882,8 +918,18 @@ static void admit_cb(uv_async_t *a) {
   hub *hb = a->data;
   cm__gate_conn gc;
   while (hb->gate && cm__gate_take(hb->gate, &gc)) {
-    if (hb->finished) close(gc.fd);
-    else conn_admit(hb, &gc);
+    if (hb->finished) {
+      close(gc.fd);
+    } else if ((uint32_t)hb->nconns >= hb->max_conns) {
+      /* The token is readable in a traced process's environment: a cap on the connections that
+       * present it bounds what one leak of it can open. */
+      if (hb->over_cap++ < 3)
+        fprintf(stderr, "cuptimon-lua: agent pid %d: over the cap of %u connections per run "
+                "(CUPTIMON_MAX_AGENTS); closing its connection\n", (int)gc.pid, hb->max_conns);
+      close(gc.fd);
+    } else {
+      conn_admit(hb, &gc);
+    }
     cm__gate_conn_release(&gc);
   }
 }
@@ -1236,6 +1282,10 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   hb->spawn_timer.data = hb->drain_timer.data = hb->tick_timer.data = hb;
   cm__proc_init(&hb->proc, loop, proc_exit, hb);
   hb->timers_init = 1;
+  hb->partial_budget = env_ms("CUPTIMON_PARTIAL_BUDGET_MB", 256) << 20;
+  hb->max_conns = (uint32_t)env_ms("CUPTIMON_MAX_AGENTS", 4096);
+  if (hb->partial_budget == 0 || hb->partial_budget > ((uint64_t)64 << 30)) hb->partial_budget = (uint64_t)256 << 20;
+  if (hb->max_conns == 0) hb->max_conns = 4096;
   if (req->attach) {
     if (req->cmd || req->nreplay || req->record || req->select) {
       fprintf(stderr, "cuptimon-lua: --attach cannot be combined with `-- cmd`, --replay, --record "

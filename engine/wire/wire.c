@@ -736,6 +736,18 @@ uint64_t cm_wire_reader_resyncs(const cm_wire_reader *r, uint64_t *bytes_skipped
 }
 const char *cm_wire_reader_resync_msg(const cm_wire_reader *r) { return r ? r->note : ""; }
 
+uint64_t cm_wire_reader_pending(const cm_wire_reader *r) {
+  if (!r) return 0;
+  size_t avail = r->tail - r->head;
+  const uint8_t *h = r->buf + r->head;
+  if (avail >= CM_WIRE_FRAME_HEADER_SIZE && !r->resyncing && h[0] == 'C' && h[1] == 'M' &&
+      cm_wire_crc32c(0, h, 20) == ld32(h + 20) && ld64(h + 8) <= CM_WIRE_MAX_PAYLOAD) {
+    uint64_t whole = CM_WIRE_FRAME_HEADER_SIZE + ld64(h + 8);
+    return whole > avail ? whole : avail;
+  }
+  return avail;
+}
+
 /* Tells a resynchronizing reader the stream's whole length (see stream_end). A file reader calls
  * it with the file's size before each read and with the exact length at its end. */
 static void reader_set_end(cm_wire_reader *r, uint64_t end) {
