@@ -335,6 +335,39 @@ describe("prometheus.lua", function()
     end)
   end
 
+  -- Issue 19, item 11: invalid UTF-8 in a kernel name or an executable path made promtool (and
+  -- Prometheus) reject the whole exposition, every honest process's series included.
+  it("exposes hostile names as valid UTF-8 that promtool check metrics accepts", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local cap = os.tmpname()
+    assert(os.execute(("%s capture %s --hostile --records 30 --kinds kernel"):format(gen, cap)) == 0)
+    local e = start({ cap, demo })
+    local st, _, body = get(e.port, "/metrics")
+    assert.are.equal(200, st)
+    assert.are.equal(0, e.stop())
+    assert.is_nil(require("trace_check").utf8_invalid(body))
+    assert.is_nil(body:find("[\1-\9\11-\31\127]") or body:find("\0", 1, true))
+    parse(body)
+    assert.matches('executable="wire\239\191\189gen"', body)
+    assert.matches('kernel="cm_demo_matmul<16>"', body)
+    local f = assert(io.open(cap .. ".prom", "wb"))
+    f:write(body)
+    f:close()
+    if os.execute("command -v promtool >/dev/null 2>&1") ~= 0 then
+      os.remove(cap)
+      os.remove(cap .. ".prom")
+      pending("promtool is not installed (Debian's prometheus package)")
+      return
+    end
+    local rc, out = helpers.sh(("promtool check metrics < %s.prom"):format(cap))
+    os.remove(cap)
+    os.remove(cap .. ".prom")
+    assert.are.equal(0, rc, out)
+  end)
+
   it("bounds the kernel label to the top names by time plus other", function()
     local e = start({ demo }, { "--top-kernels", "1" })
     local _, _, body = get(e.port, "/metrics")

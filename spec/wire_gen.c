@@ -3,7 +3,7 @@
  * synthetic captures, and it plays a minimal agent against a live cuptimon-lua hub.
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
- *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R]
+ *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R] [--hostile]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES [--fill BYTES]]
  *                  [--cupti-dropped N] [--no-end]
@@ -61,6 +61,11 @@ static char rank_store[2][32];
 static uint64_t drop_batch, cupti_dropped, fill;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
+/* --hostile: kernel names with invalid UTF-8 (a stray 0xff 0xfe, an overlong '/', a surrogate)
+ * and terminal escapes, and a HELLO whose host, executable, argv and device carry the same. */
+static const char *hostile_names[3] = {"bad\xff\xfe\x1b]0;pwned\x07", "over\xc0\xafload",
+                                       "surr\xed\xa0\x80gate\x1b[2J"};
+static int hostile;
 static int unknown_type; /* --unknown-type: the type written for string columns, 0 for STR */
 
 static void parse_kinds(const char *s) {
@@ -77,11 +82,12 @@ static void parse_kinds(const char *s) {
 }
 
 static void hello(cm_wire_buf *b, const char *token) {
-  const char *argv[] = {"wire_gen", "--synthetic"};
-  cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = "Fake GPU"};
+  const char *argv[] = {"wire_gen", hostile ? "--title\x1b]2;pwned\x07\xff" : "--synthetic"};
+  cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = hostile ? "Fake\x9b GPU\xc2\x9b" : "Fake GPU"};
   cm_wire_hello h = {.pid = pid, .ppid = (uint32_t)getppid(), .cupti_version = 130000,
                      .clock_realtime_ns = 1, .clock_cupti_ns = 1, .token = token,
-                     .host = "testhost", .exe = "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
+                     .host = hostile ? "test\x1b[2Jhost" : "testhost",
+                     .exe = hostile ? "/usr/bin/wire\xffgen" : "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
                      .argv = argv, .devices = &dev, .nenv = rank_env[0] ? 2 : 0, .env = rank_env};
   cm_wire_write_hello(b, &h);
 }
@@ -106,8 +112,9 @@ static void schema(cm_wire_buf *b) {
 
 static void strings(cm_wire_buf *b) {
   cm_wire_string e[3];
+  const char **nm = hostile ? hostile_names : names;
   for (int i = 0; i < 3; i++)
-    e[i] = (cm_wire_string){.id = (uint32_t)i + 1, .len = (uint32_t)strlen(names[i]), .bytes = names[i]};
+    e[i] = (cm_wire_string){.id = (uint32_t)i + 1, .len = (uint32_t)strlen(nm[i]), .bytes = nm[i]};
   cm_wire_write_strings(b, e, 3);
 }
 
@@ -452,6 +459,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--drop-batch")) drop_batch = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--cupti-dropped")) cupti_dropped = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--no-end")) no_end = 1;
+    else if (!strcmp(a, "--hostile")) hostile = 1;
     else {
       fprintf(stderr, "wire_gen: unknown option %s\n", a);
       return 2;
