@@ -314,3 +314,50 @@ describe("outputs of hostile names (wire_gen --hostile)", function()
     assert.matches("/usr/bin/wire\239\191\189gen", out)
   end)
 end)
+
+-- Issue 19, item 12: timeline.lua -o and dump.lua -o followed symlinks (another user's link in
+-- /tmp made root overwrite root-owned files). They now create outputs as --record does.
+describe("outputs of timeline.lua and dump.lua", function()
+  local function write(path, text)
+    local f = assert(io.open(path, "wb"))
+    f:write(text)
+    f:close()
+  end
+
+  it("never write through a symlink, nor replace a file without --force, nor open a FIFO", function()
+    local dir = tmp .. "/outs"
+    os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
+    local victim = dir .. "/victim"
+    write(victim, "precious\n")
+    os.execute(("ln -s %s %s/link.json"):format(victim, dir))
+    for _, force in ipairs({ "", " --force" }) do
+      local rc, out = helpers.sh(("%s --replay %s %s -o %s/link.json%s"):format(bin, demo, script("timeline.lua"),
+        dir, force))
+      assert.are.equal(1, rc, out)
+      assert.matches("link%.json exists and is not a regular file %(a symbolic link%)", out)
+      assert.are.equal("precious\n", read(victim))
+    end
+    os.execute("mkfifo " .. dir .. "/fifo.json")
+    local rc, out = helpers.sh(("timeout 20 %s --replay %s %s -o %s/fifo.json --force"):format(bin, demo,
+      script("timeline.lua"), dir))
+    assert.are.equal(1, rc, out)
+    assert.matches("fifo%.json exists and is not a regular file %(a fifo%)", out)
+    write(dir .. "/old.json", "old\n")
+    rc, out = helpers.sh(("%s --replay %s %s -o %s/old.json"):format(bin, demo, script("timeline.lua"), dir))
+    assert.are.equal(1, rc, out)
+    assert.matches("old%.json exists; %-%-force replaces it", out)
+    assert.are.equal("old\n", read(dir .. "/old.json"))
+    rc, out = helpers.sh(("%s --replay %s %s -o %s/old.json --force"):format(bin, demo, script("timeline.lua"), dir))
+    assert.are.equal(0, rc, out)
+    assert.is_truthy(check.file(dir .. "/old.json"))
+    -- dump.lua: a link planted where one of its files goes.
+    os.execute(("mkdir -p %s/dump && ln -s %s %s/dump/kernel.csv"):format(dir, victim, dir))
+    for _, force in ipairs({ "", " --force" }) do
+      rc, out = helpers.sh(("%s --replay %s %s --kinds kernel -o %s/dump/%s"):format(bin, demo, script("dump.lua"),
+        dir, force))
+      assert.are.equal(1, rc, out)
+      assert.matches("kernel%.csv exists and is not a regular file %(a symbolic link%)", out)
+      assert.are.equal("precious\n", read(victim))
+    end
+  end)
+end)
