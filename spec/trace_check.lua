@@ -26,15 +26,13 @@ function M.utf8_invalid(s)
   local i, n = 1, #s
   while i <= n do
     local c = s:byte(i)
-    local len, lo, hi = 0, 0x80, 0xBF
-    if c < 0x80 then len = 1
-    elseif c >= 0xC2 and c <= 0xDF then len = 2
+    local len, lo, hi
+    if c < 0x80 then len, lo, hi = 1, 0, 0 -- ASCII: one byte
+    elseif c >= 0xC2 and c <= 0xDF then len, lo, hi = 2, 0x80, 0xBF
     elseif c >= 0xE0 and c <= 0xEF then
-      len = 3
-      if c == 0xE0 then lo = 0xA0 elseif c == 0xED then hi = 0x9F end
+      len, lo, hi = 3, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
     elseif c >= 0xF0 and c <= 0xF4 then
-      len = 4
-      if c == 0xF0 then lo = 0x90 elseif c == 0xF4 then hi = 0x8F end
+      len, lo, hi = 4, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
     else
       return i
     end
