@@ -748,6 +748,29 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are_not.equal(0, rc, out)
   end)
 
+  -- Issue 19, item 10: 20,000 unsolicited PM_STATUS frames gave 20,000 error lines (2.3 MB) with
+  -- raw ESC and OSC sequences, and status 1.
+  it("ignores PM_STATUS frames no request asked for, with one warning and no escape sequence", function()
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --pm-status 20000 --records 1000 --kinds kernel"):format(synth,
+      bin, count, gen))
+    assert.are.equal(0, rc, out)
+    assert.matches("concurrent_kernel%s+1000\n", out)
+    local _, n = out:gsub("PM_STATUS frames with no PM request outstanding are ignored", "")
+    assert.are.equal(1, n, out)
+    assert.is_nil(out:find("\27", 1, true), out)
+    assert.is_true(#out < 4096, #out .. " bytes of output")
+  end)
+
+  it("rate-limits the lines agents cause, and says how many it suppressed", function()
+    local forty = ("sh -c 'for i in $(seq 40); do %s agent --garbage --records 2000 --kinds kernel & done; wait'")
+      :format(gen)
+    local _, out = helpers.sh(("%s%s %s -- %s"):format(synth, bin, count, forty))
+    local _, shown = out:gsub("corrupt stream %(", "")
+    local suppressed = tonumber(out:match("suppressed (%d+) messages about agents")) or 0
+    assert.is_true(shown <= 20, shown .. " lines\n" .. out)
+    assert.are.equal(40, shown + suppressed, out)
+  end)
+
   it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()
     local rc, out = helpers.sh(("%s%s %s -- sh -c 'stat -c mode=%%a \"$CUPTIMON_SOCKET\"'"):format(synth, bin, count))
     assert.are.equal(0, rc, out)

@@ -6,7 +6,7 @@
  *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R] [--hostile]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES [--fill BYTES]]
- *                  [--cupti-dropped N] [--no-end]
+ *                  [--cupti-dropped N] [--no-end] [--pm-status N]
  *   wire_gen idle N [--hold-ms MS] [--ready FILE]
  *
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
@@ -25,7 +25,8 @@
  * pid its HELLO claims). --oversize-hello sends, instead of HELLO, a valid HELLO header that
  * declares BYTES of payload, and reports whether the monitor closed the connection;
  * --big-frame sends such a header (a BATCH) after the handshake, and --fill that many bytes of
- * its payload (a hostile agent holding a partly sent frame in the monitor's memory).
+ * its payload (a hostile agent holding a partly sent frame in the monitor's memory). --pm-status
+ * N sends N PM_STATUS errors no one asked for, their message full of terminal escapes.
  *
  * The idle mode opens N connections to CUPTIMON_SOCKET that never send anything (non-blocking
  * connects; failures are counted), creates --ready FILE once they are open, holds them for
@@ -58,7 +59,7 @@ static uint64_t nrec = 1000;
 static uint32_t pid;
 static const char *rank_env[2]; /* --rank: "RANK=R", "WORLD_SIZE=R+1" */
 static char rank_store[2][32];
-static uint64_t drop_batch, cupti_dropped, fill;
+static uint64_t drop_batch, cupti_dropped, fill, pm_flood;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
 /* --hostile: kernel names with invalid UTF-8 (a stray 0xff 0xfe, an overlong '/', a surrogate)
@@ -374,6 +375,11 @@ static int agent(const char *token, int garbage, int exit_code, uint64_t oversiz
     cm_wire_buf_free(&b);
     return c ? 0 : 5;
   }
+  /* --pm-status N: N unsolicited PM_STATUS errors whose message holds terminal escapes. */
+  for (uint64_t k = 0; k < pm_flood; k++) {
+    cm_wire_write_pm_status(&b, CM_EIO, 0, "\x1b]0;pwned\x07\x1b[2Jsampling failed");
+    if (b.len > (1u << 20)) send_buf(&b);
+  }
   strings(&b);
   send_buf(&b);
   uint64_t seq = 0, sent = 0;
@@ -454,6 +460,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--oversize-hello")) oversize = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--big-frame")) big = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--fill")) fill = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--pm-status")) pm_flood = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--hold-ms")) hold_ms = atoi(v), i++;
     else if (!strcmp(a, "--ready")) ready = v, i++;
     else if (!strcmp(a, "--drop-batch")) drop_batch = strtoull(v, NULL, 10), i++;

@@ -63,6 +63,7 @@
  * its source.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -198,6 +199,9 @@ typedef struct hub {
   uint64_t over_budget, over_cap; /* connections closed for either */
   uint32_t max_conns;
   int gate_summary_done;
+  /* agent_log's rate limit: a token bucket of LOG_BURST lines, one more per second. */
+  double log_tokens;
+  uint64_t log_last_ms, log_suppressed;
   char adir[PATH_MAX];
   uv_fs_event_t watch;
   int watch_init;
@@ -216,6 +220,39 @@ static uint64_t env_ms(const char *name, uint64_t dflt) {
   return *end ? dflt : (uint64_t)x;
 }
 
+/* Lines that agents can cause, one or more per connection (a corrupt stream, a frame over a
+ * limit, a flush not answered...): a burst of LOG_BURST, then one a second; the rest are counted
+ * and summarized ("suppressed N messages"), as journald rate-limits a service, so a peer that
+ * opens connections by the thousand cannot flood the terminal. Loop thread. */
+enum { LOG_BURST = 20 };
+
+static void log_flush_suppressed(hub *hb) {
+  if (!hb->log_suppressed) return;
+  fprintf(stderr, "cuptimon-lua: suppressed %llu messages about agents\n",
+          (unsigned long long)hb->log_suppressed);
+  hb->log_suppressed = 0;
+}
+
+static void agent_log(hub *hb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void agent_log(hub *hb, const char *fmt, ...) {
+  uint64_t now = uv_now(hb->loop);
+  if (!hb->log_last_ms) hb->log_tokens = LOG_BURST;
+  hb->log_tokens += (double)(now - hb->log_last_ms) / 1000.0;
+  if (hb->log_tokens > LOG_BURST) hb->log_tokens = LOG_BURST;
+  hb->log_last_ms = now ? now : 1;
+  if (hb->log_tokens < 1) {
+    hb->log_suppressed++;
+    return;
+  }
+  hb->log_tokens -= 1;
+  log_flush_suppressed(hb);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
 /* ---- the end ------------------------------------------------------------------------------------ */
 
 static void conn_end(conn *c, int end);
@@ -224,6 +261,7 @@ static void conn_detach_now(conn *c);
 /* Stops accepting: the gate thread ends and closes every connection that has not completed its
  * handshake (idle ones are not agents: they neither delay the end nor get a message each). */
 static void stop_gate(hub *hb) {
+  log_flush_suppressed(hb);
   if (hb->gate && !hb->gate_summary_done) {
     hb->gate_summary_done = 1; /* stop_gate runs at the end and again at the free: one summary */
     cm__gate_stop(hb->gate);
@@ -268,7 +306,7 @@ static void finish(hub *hb) {
     if (c->await_status) {
       conn_detach_now(c);
     } else if (c->state != CONN_CLOSING) {
-      fprintf(stderr, "cuptimon-lua: agent pid %u is still connected after the command ended; "
+      agent_log(hb, "cuptimon-lua: agent pid %u is still connected after the command ended; "
               "closing its connection\n", c->w.pid);
       conn_end(c, CM__END_TIMEOUT);
     }
@@ -540,7 +578,7 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
   char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
   int rc = cm__wsrc_frame(&c->w, f, err, sizeof err);
   if (rc) { /* the gate decoded it already: only memory can fail here */
-    fprintf(stderr, "cuptimon-lua: agent pid %d: %s; closing its connection\n", (int)c->kpid, err);
+    agent_log(hb, "cuptimon-lua: agent pid %d: %s; closing its connection\n", (int)c->kpid, err);
     conn_end(c, CM__END_ERROR);
     return;
   }
@@ -562,7 +600,7 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
    * connection is closed before HELLO_ACK, so the agent stays dormant. */
   if (!hb->host) {
     if (c->outward) attach_failed(hb, c, "the script ended before the handshake completed; nothing was traced");
-    else fprintf(stderr, "cuptimon-lua: agent pid %d connected after the script ended; not traced\n", (int)c->kpid);
+    else agent_log(hb, "cuptimon-lua: agent pid %d connected after the script ended; not traced\n", (int)c->kpid);
     conn_end(c, CM__END_ERROR);
     return;
   }
@@ -776,8 +814,9 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
     cm_wire_bye bye;
     memset(&bye, 0, sizeof bye);
     int drc = cm_wire_decode_bye(f, &bye);
+    char clean[1024];
     fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: %s\n", (int)c->kpid,
-            drc == 0 && bye.message ? bye.message : "the agent refused");
+            drc == 0 && bye.message ? cm__text_tmp(bye.message, clean, sizeof clean) : "the agent refused");
     if (!hb->attach_all) hb->attach_failed = 1;
     c->state = CONN_CLOSING;
     conn_close(c);
@@ -785,7 +824,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
   }
   if (!c->w.have_hello) { /* the gate admitted it on this very frame */
     if (c->outward && f->type != CM_WIRE_HELLO) {
-      fprintf(stderr, "cuptimon-lua: pid %d sent %s before HELLO; closing the connection\n",
+      agent_log(hb, "cuptimon-lua: pid %d sent %s before HELLO; closing the connection\n",
               (int)c->kpid, cm_wire_type_name(f->type) ? cm_wire_type_name(f->type) : "a frame");
       conn_end(c, CM__END_ERROR);
       return;
@@ -808,7 +847,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
   char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
   int rc = cm__wsrc_frame(&c->w, f, err, sizeof err);
   if (rc) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u: %s; closing its connection\n", c->w.pid, err);
+    agent_log(hb, "cuptimon-lua: agent pid %u: %s; closing its connection\n", c->w.pid, err);
     conn_end(c, CM__END_ERROR);
     return;
   }
@@ -854,11 +893,11 @@ static void conn_feed(hub *hb, conn *c, const void *data, size_t len) {
     }
   }
   if (rc == CM_ERANGE && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
+    agent_log(hb, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
             "(%s); closing its connection\n", c->w.pid, cm_wire_reader_errmsg(c->r));
     conn_end(c, CM__END_ERROR);
   } else if (rc < 0 && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
+    agent_log(hb, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
             c->w.pid, cm_wire_reader_errmsg(c->r));
     conn_end(c, CM__END_ERROR);
   }
@@ -871,7 +910,7 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0 || c->state == CONN_CLOSING) return;
   if (nread < 0) {
     if (nread != UV_EOF)
-      fprintf(stderr, "cuptimon-lua: agent pid %u: read error: %s\n", c->w.pid, uv_strerror((int)nread));
+      agent_log(hb, "cuptimon-lua: agent pid %u: read error: %s\n", c->w.pid, uv_strerror((int)nread));
     conn_end(c, CM__END_EOF);
     return;
   }
@@ -1001,7 +1040,7 @@ static void tick_cb(uv_timer_t *t) {
   for (conn *c = hb->conns; c; c = c->next)
     for (int i = 0; i < c->nflush; i++)
       if (c->flushes[i].deadline <= now) {
-        fprintf(stderr, "cuptimon-lua: agent pid %u did not answer a flush in time\n", c->w.pid);
+        agent_log(hb, "cuptimon-lua: agent pid %u did not answer a flush in time\n", c->w.pid);
         flush_complete(c, i, CM_ETIMEDOUT);
         i = -1; /* the done may have changed the list */
       }

@@ -165,6 +165,8 @@ struct cm__wsrc {
   uint64_t gap_frames;     /* numbers skipped so far: frames that never arrived */
   int have_queued;         /* a STATS carried records_queued */
   uint64_t recv_at_stats, batches_at_stats, gaps_at_stats;
+  uint32_t pm_expect;      /* PM_STATUS answers still due for the PM requests sent */
+  uint64_t pm_unsolicited; /* PM_STATUS frames with none due: ignored */
   uint64_t skipped_bytes;  /* bytes of a capture skipped as corrupt while this process was read:
                             * frames of it may be in them, so its counts are a lower bound */
 };

@@ -59,7 +59,7 @@ typedef struct cm__wstr {
 } cm__wstr;
 
 /* One-time warnings (cm__wsrc.warned bits). */
-enum { WARN_KINDS = 1, WARN_STATS = 2, WARN_TYPE = 4 };
+enum { WARN_KINDS = 1, WARN_STATS = 2, WARN_TYPE = 4, WARN_PM = 8 };
 
 /* The string table starts at 2^STR_BITS_MIN slots and stops growing at 2^STR_BITS_MAX (16 GiB
  * of slots: never reached, since every entry arrived as at least 9 bytes of a frame). */
@@ -424,7 +424,14 @@ static int ws_pm(cm_source *s, const char *spec, char *err, size_t errlen) {
   }
   free(w->pm_spec);
   w->pm_spec = copy;
-  if (w->ops->pm) w->ops->pm(w, copy);
+  if (w->ops->pm) {
+    /* The agent answers each entry (';'-separated) with one PM_STATUS, or the whole request
+     * with one refusal: that many answers are due, and any beyond them are ignored. */
+    uint32_t n = *copy ? 1 : 0;
+    for (const char *p = copy; *p; p++) n += *p == ';';
+    w->pm_expect += n;
+    w->ops->pm(w, copy);
+  }
   return 0;
 }
 
@@ -777,8 +784,16 @@ static int on_pm_status(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t e
     snprintf(err, errlen, "bad PM_STATUS: %s", cm_wire_reader_errmsg(f->reader));
     return rc;
   }
+  /* Only answers to requests sent count: a flood of unsolicited ones is one warning. */
+  if (w->pm_expect == 0) {
+    w->pm_unsolicited++;
+    warn_once(w, WARN_PM, "PM_STATUS frames with no PM request outstanding are ignored");
+    return 0;
+  }
+  w->pm_expect--;
   if (status == 0 || !w->attached || !w->base.host) return 0;
-  char text[4400];
+  char text[4400], clean[4096];
+  msg = cm__text_tmp(msg, clean, sizeof clean); /* the agent's bytes, for a terminal */
   if (device == UINT32_MAX)
     snprintf(text, sizeof text, "process %u refused the PM request: %s: %.4000s", w->pid,
              cm_err_name(status), msg);
