@@ -19,7 +19,8 @@
 --   --pm-interval-us N  the PM sampling interval (default 100000)
 --
 -- Metrics (text exposition format 0.0.4; base units; labels host, pid, executable (the
--- executable's base name) and device on every GPU series):
+-- executable's base name) and device on every GPU series; device is one the process's HELLO
+-- listed, else "other"; label values are valid UTF-8, see cm_host_text):
 --   cuptimon_kernel_launches_total{...,kernel}          kernels run
 --   cuptimon_kernel_duration_seconds{...,kernel}        histogram of kernel durations
 --   cuptimon_memcpy_bytes_total{...,copy_kind}          bytes copied (HtoD, DtoH, DtoD...)
@@ -146,11 +147,37 @@ end
 
 local function new_series() return { count = 0, ns = 0, buckets = {} } end
 
+-- The device label of a record, bounded like the kernel label: a process's devices are the ones
+-- its HELLO listed (the process table's devices); a device number outside that list is "other".
+-- A process whose HELLO listed none gets its first MAX_DEVICES numbers, then "other". So a
+-- process that makes up device numbers (a hostile agent, a damaged capture) cannot grow the page.
+local MAX_DEVICES = 64
+local device_sets = {} -- source -> { listed = bool, n = distinct labels, [number] = label }
+local function device_label(source, d)
+  d = tonumber(d)
+  local set = device_sets[source]
+  if not set then
+    set = { n = 0 }
+    local p = procs[source] or cm.process(source) or {}
+    for _, dev in ipairs(p.devices or {}) do
+      if not set[dev.index] then set[dev.index], set.n = tostring(dev.index), set.n + 1 end
+    end
+    set.listed = set.n > 0
+    device_sets[source] = set
+  end
+  local label = set[d]
+  if label then return label end
+  if set.listed or set.n >= MAX_DEVICES then return "other" end
+  set[d], set.n = tostring(d), set.n + 1
+  return set[d]
+end
+
 local function group_of(source, device)
+  device = device_label(source, device)
   local key = source .. ":" .. device
   local g = groups[key]
   if not g then
-    g = { labels = ('%s,device="%d"'):format(proc_labels(source), device), series = {},
+    g = { labels = ('%s,device="%s"'):format(proc_labels(source), device), series = {},
       pending = {}, order = {} }
     groups[key] = g
     group_list[#group_list + 1] = g
@@ -241,11 +268,11 @@ end)
 cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, function(b)
   local ck, nbytes, start, stop, device = b.copy_kind, b.bytes, b.start, b.stop, b.device
   for i = 0, b.n - 1 do
-    local kind, d = tonumber(ck[i]), tonumber(device[i])
+    local kind, d = tonumber(ck[i]), device_label(b.source, device[i])
     local key = b.source .. ":" .. d .. ":" .. kind
     local c = copies[key]
     if not c then
-      c = { labels = ('%s,device="%d",copy_kind="%s"'):format(proc_labels(b.source), d,
+      c = { labels = ('%s,device="%s",copy_kind="%s"'):format(proc_labels(b.source), d,
         escape(COPY_KINDS[kind] or tostring(kind))), bytes = 0, ns = 0 }
       copies[key] = c
       copy_list[#copy_list + 1] = c
@@ -309,10 +336,11 @@ if opts.pm_devices ~= "" then
   cm.observe({ pm_sample = "all" }, function(b)
     local rows = cm.pm_rows(b, metrics)
     for i = 0, rows.n - 1 do
-      local key = b.source .. ":" .. rows.device[i]
+      local dl = device_label(b.source, rows.device[i])
+      local key = b.source .. ":" .. dl
       local g = pm_groups[key]
       if not g then
-        g = { labels = ('%s,device="%d"'):format(proc_labels(b.source), rows.device[i]), samples = 0,
+        g = { labels = ('%s,device="%s"'):format(proc_labels(b.source), dl), samples = 0,
           sum = {}, cnt = {}, last = {} }
         pm_groups[key] = g
         pm_list[#pm_list + 1] = g

@@ -352,6 +352,10 @@ describe("prometheus.lua", function()
     assert.is_nil(body:find("[\1-\9\11-\31\127]") or body:find("\0", 1, true))
     parse(body)
     assert.matches('executable="wire\239\191\189gen"', body)
+    -- Item 7: every record names another device, the HELLO lists device 0 only: two labels.
+    local devices = {}
+    for d in body:gmatch('executable="wire[^"]*",device="([^"]*)"') do devices[d] = true end
+    assert.are.same({ ["0"] = true, other = true }, devices)
     assert.matches('kernel="cm_demo_matmul<16>"', body)
     local f = assert(io.open(cap .. ".prom", "wb"))
     f:write(body)
