@@ -771,6 +771,18 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal(40, shown + suppressed, out)
   end)
 
+  -- Issue 19, cosmetic: on ENOSPC the --record summary still said "0 dropped".
+  it("counts the records --record could not write when the disk is full", function()
+    local dir = tmp .. "/full"
+    os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
+    local rc, out = helpers.sh(("%sCUPTIMON_TEST_RECORD_ENOSPC_AT=300000 %s --record %s/r.%%p.cmcap -- %s agent "
+      .. "--records 20000 --kinds kernel"):format(synth, bin, dir, gen))
+    assert.are.equal(1, rc, out)
+    assert.matches("error writing capture [^\n]*: No space left on device; the file ends at the frame that failed", out)
+    local recs, dropped = out:match("recorded [^\n]*: %d+ frames, %d+ batches, (%d+) records, (%d+) dropped")
+    assert.are.same({ 1000, 19000 }, { tonumber(recs), tonumber(dropped) }, out)
+  end)
+
   it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()
     local rc, out = helpers.sh(("%s%s %s -- sh -c 'stat -c mode=%%a \"$CUPTIMON_SOCKET\"'"):format(synth, bin, count))
     assert.are.equal(0, rc, out)
