@@ -63,6 +63,8 @@
  * its source.
  */
 #include <errno.h>
+#include <time.h>
+#include <dirent.h>
 #include <stdarg.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -1133,8 +1135,45 @@ static int make_token(char out[33]) {
   return 0;
 }
 
+/* Removes the private directories that monitors killed with SIGKILL left in `base`: a
+ * "cuptimon-XXXXXX" directory of ours (not a symlink, mode 0700) whose agent.sock, older than
+ * STALE_S seconds, refuses connections (no monitor listens on it). Nothing else is touched: the
+ * rmdir fails when the directory holds anything more. */
+enum { STALE_S = 10 };
+
+static void remove_stale_dirs(const char *base) {
+  DIR *d = opendir(base);
+  if (!d) return;
+  struct dirent *e;
+  time_t now = time(NULL);
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, "cuptimon-", 9) != 0 || strlen(e->d_name) != 15) continue;
+    char dir[PATH_MAX], sock[PATH_MAX + 16];
+    struct stat st;
+    if (snprintf(dir, sizeof dir, "%s/%s", base, e->d_name) >= (int)sizeof dir) continue;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 0777) != 0700)
+      continue;
+    snprintf(sock, sizeof sock, "%s/agent.sock", dir);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(sock) >= sizeof sa.sun_path || lstat(sock, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+        st.st_uid != geteuid() || now - st.st_mtime < STALE_S)
+      continue;
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    int refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
+    close(fd);
+    if (!refused) continue;
+    if (unlink(sock) == 0 && rmdir(dir) == 0)
+      fprintf(stderr, "cuptimon-lua: removed %s, left by a monitor that was killed\n", dir);
+  }
+  closedir(d);
+}
+
 static int make_socket(hub *hb) {
   const char *tmp = getenv("TMPDIR");
+  remove_stale_dirs(tmp && *tmp ? tmp : "/tmp");
   for (int attempt = 0; attempt < 2; attempt++) {
     const char *base = attempt == 0 && tmp && *tmp ? tmp : "/tmp";
     snprintf(hb->dir, sizeof hb->dir, "%s/cuptimon-XXXXXX", base);
