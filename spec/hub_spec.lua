@@ -13,6 +13,13 @@ os.execute("mkdir -p " .. tmp)
 
 local function script(name) return root .. "/scripts/" .. name end
 local function fixture(name) return root .. "/spec/fixtures/" .. name end
+-- The capture mutator and re-encoder (spec/capture_tool.c), or nil after pending() when ctest
+-- did not pass it.
+local function need_tool()
+  local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
+  if not tool then pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)") end
+  return tool
+end
 -- The synthetic agent needs no agent library; any readable path satisfies the hub's lookup.
 local synth = "CUPTIMON_AGENT=/dev/null "
 
@@ -97,11 +104,8 @@ describe("cuptimon-lua --replay", function()
   -- Issue 19, item 4: 60 bit-flipped copies of the demo capture all exited 0, one replaying 258
   -- of its 1,187 records after skipping 79 KB with no LOST line.
   it("fails every bit-flipped copy of the demo capture with the LOST line and status 3", function()
-    local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
-    if not tool then
-      pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)")
-      return
-    end
+    local tool = need_tool()
+    if not tool then return end
     local demo = root .. "/examples/demo.cmcap"
     for seed = 1, 30 do
       local f = tmp .. "/flip" .. seed .. ".cmcap"
@@ -118,11 +122,8 @@ describe("cuptimon-lua --replay", function()
   -- Item 5: a 24-byte header with valid checksums declaring 1 GiB, after SCHEMA, made the replay
   -- stop at "truncated" with none of the records after it replayed.
   it("replays every frame after a crafted header that declares 1 GiB, and reports the 24 bytes", function()
-    local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
-    if not tool then
-      pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)")
-      return
-    end
+    local tool = need_tool()
+    if not tool then return end
     local src, f = tmp .. "/big_src.cmcap", tmp .. "/big.cmcap"
     assert(os.execute(("%s capture %s --pid 333 --records 20000 --kinds kernel,memcpy,runtime"):format(gen,
       src)) == 0)
@@ -164,11 +165,8 @@ describe("cuptimon-lua --replay", function()
   end)
 
   it("bundles a demo capture of the current wire version, with numbered batches", function()
-    local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
-    if not tool then
-      pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)")
-      return
-    end
+    local tool = need_tool()
+    if not tool then return end
     local rc, out = helpers.sh(("%s info %s/examples/demo.cmcap"):format(tool, root))
     assert.are.equal(0, rc, out)
     assert.matches("minor 2\n", out)
