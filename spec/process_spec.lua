@@ -32,7 +32,7 @@ describe("the process table", function()
       "env={RANK=3 WORLD_SIZE=4} " ..
       "exe=/usr/bin/wire_gen exit_code=0 host=testhost incomplete=0 kind=replay last_number=1 " ..
       "lost_frames=0 lost_wire=0 message= pid=111 ppid=" .. ppid .. " produced=500 received=500 " ..
-      "source=1 stats={batches_queued=1 batches_received=1 records_decoded=500 records_dropped=0 " ..
+      "skipped_bytes=0 source=1 stats={batches_queued=1 batches_received=1 records_decoded=500 records_dropped=0 " ..
       "records_queued=500 records_received=500} status=exit}", exit)
   end)
 
@@ -56,7 +56,7 @@ describe("the process table", function()
     -- included) reached the script, and nothing was lost.
     local received = assert(exit:match(" received=(%d+) "), exit)
     local tail2 = ("env={} exe=%s host=%s incomplete=0 kind=inproc last_number=0 lost_frames=0 lost_wire=0 " ..
-      "pid=%s ppid=%s produced=%s received=%s source=1"):format(exe, host, pid, ppid, received, received)
+      "pid=%s ppid=%s produced=%s received=%s skipped_bytes=0 source=1"):format(exe, host, pid, ppid, received, received)
     assert.are.equal(head .. " dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " .. tail2 ..
       " status=detached}", exit)
   end)
