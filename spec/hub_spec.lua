@@ -174,6 +174,21 @@ describe("cuptimon-lua --replay", function()
     assert.matches("frames.BATCH 6\n", out)
   end)
 
+  it("rate-limits the once-per-process warnings across processes", function()
+    local f = tmp .. "/unknown_type.cmcap"
+    assert(os.execute(("%s capture %s --unknown-type 99 --records 100 --kinds kernel"):format(gen, f)) == 0)
+    local t0 = os.time()
+    local rc, out = helpers.sh(("%s%s %s"):format(bin, (" --replay " .. f):rep(30), script("count.lua")))
+    local elapsed = os.time() - t0
+    assert.are.equal(0, rc, out)
+    assert.matches("total%s+3000\n", out)
+    local _, shown = out:gsub("of unknown type 99", "")
+    local suppressed = 0
+    for n in out:gmatch("suppressed (%d+) warnings about processes' frames") do suppressed = suppressed + tonumber(n) end
+    assert.is_true(shown <= 21 + elapsed, out)
+    assert.are.equal(30, shown + suppressed, out)
+  end)
+
   it("fails with status 1, before the script runs, for a file that is not a capture", function()
     local f = tmp .. "/not_a_capture.txt"
     local h = assert(io.open(f, "wb"))

@@ -229,6 +229,7 @@ static uint64_t env_ms(const char *name, uint64_t dflt) {
 enum { LOG_BURST = 20 };
 
 static void log_flush_suppressed(hub *hb) {
+  cm__wsrc_log_summary();
   if (!hb->log_suppressed) return;
   fprintf(stderr, "cuptimon-lua: suppressed %llu messages about agents\n",
           (unsigned long long)hb->log_suppressed);

@@ -198,6 +198,9 @@ void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds);
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);
 /* The latest value of a STATS counter, or 0. */
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name);
+/* Prints how many warnings about processes' frames the rate limit suppressed since the last
+ * line, if any (hub_source.c). Loop thread. */
+void cm__wsrc_log_summary(void);
 /* What the process lost so far, from its STATS and the BATCH numbers received. */
 void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out);
 /* Frees what the wsrc holds (not the struct). */

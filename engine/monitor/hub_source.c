@@ -527,12 +527,43 @@ static void free_kind(cm__wkind *k) {
   memset(k, 0, sizeof *k);
 }
 
+/* The warnings below are once per process, but a peer (or a capture) can make many processes:
+ * across them, a burst of LOG_BURST lines, then one a second; the rest are counted and reported
+ * by cm__wsrc_log_summary. Loop thread only. */
+enum { LOG_BURST = 20 };
+static double log_tokens = LOG_BURST;
+static uint64_t log_last_ms, log_suppressed;
+
+static int log_ok(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  if (log_last_ms) log_tokens += (double)(now - log_last_ms) / 1000.0;
+  if (log_tokens > LOG_BURST) log_tokens = LOG_BURST;
+  log_last_ms = now;
+  if (log_tokens < 1) {
+    log_suppressed++;
+    return 0;
+  }
+  log_tokens -= 1;
+  cm__wsrc_log_summary();
+  return 1;
+}
+
+void cm__wsrc_log_summary(void) {
+  if (!log_suppressed) return;
+  fprintf(stderr, "cuptimon-lua: suppressed %llu warnings about processes' frames\n",
+          (unsigned long long)log_suppressed);
+  log_suppressed = 0;
+}
+
 /* Prints a cap's warning once per process. */
 static void warn_once(cm__wsrc *w, int bit, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static void warn_once(cm__wsrc *w, int bit, const char *fmt, ...) {
   if (w->warned & bit) return;
   w->warned |= bit;
+  if (!log_ok()) return;
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "cuptimon-lua: warning: %s pid %u: ", w->origin, w->pid);
@@ -744,7 +775,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     for (uint32_t i = 0; i < wb.batch.ncols; i++)
       if (cm_selection_has(sel, kind, wb.cols[i].field)) cols[nc++] = wb.cols[i];
     if ((int)nc < want) {
-      if (!w->warned_missing++)
+      if (!w->warned_missing++ && log_ok())
         fprintf(stderr,
                 "cuptimon-lua: warning: %s pid %u: a %s batch lacks %d of the fields an observer "
                 "selected; such batches are skipped for that observer\n",

@@ -289,6 +289,7 @@ static void free_replay(uv_handle_t *hd) { free(hd->data); }
 void cm__replay_free(void) {
   replay *rp = g_replay;
   if (!rp) return;
+  cm__wsrc_log_summary();
   g_replay = NULL;
   for (int i = 0; i < rp->n; i++) {
     cm__wsrc *w = rp->s[i].cur;
