@@ -312,7 +312,8 @@ end
 --- "detached"), exit_code (from the agent's BYE), message, stats (the agent's counters) and
 --- what the process lost, in records: dropped (all of it) = dropped_cupti + dropped_agent +
 --- dropped_exit + lost_wire; received, produced (received + dropped), lost_frames, incomplete
---- (1 when the final counts never arrived: the numbers are a lower bound), last_number.
+--- (1 when the final counts never arrived: the numbers are a lower bound), last_number,
+--- skipped_bytes (bytes of a capture skipped as corrupt; any makes the process incomplete).
 function M.on(event, fn)
   local list = hooks[event]
   if not list then
@@ -353,8 +354,8 @@ local stat_names = {
 --- processes that already exited included), as a table of numbers with records_by_kind keyed by
 --- kind name, and the losses in records: dropped (every record lost, also records_dropped) =
 --- dropped_cupti + dropped_agent + dropped_exit + lost_wire, received, produced, lost_frames,
---- incomplete (sources whose final counts never arrived), last_number. Returns nil, err for an
---- unknown source.
+--- incomplete (sources whose final counts never arrived), last_number, skipped_bytes (corrupt
+--- capture bytes skipped). Returns nil, err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)
