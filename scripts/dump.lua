@@ -13,7 +13,10 @@
 --                    replaces --kinds and --fields
 --   --format FMT     csv (default) or jsonl
 --   --output PATH    (or -o PATH) where to write: PATH/KIND.EXT when PATH is a directory or ends in "/" (it is
---                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...)
+--                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...);
+--                    files are created, never written through a symlink: one that exists is
+--                    refused
+--   --force          replace output files that exist and are regular files
 --
 -- Each row starts with process_pid (the process that made the record: several processes share a
 -- file), then the chosen fields in the kind's field order. Strings (kernel names, marker names)
@@ -44,6 +47,7 @@ local opts = args.parse(argv, {
   select = { "", "kinds and fields in cm_selection syntax (replaces --kinds and --fields)" },
   format = { "csv", "csv or jsonl" },
   output = { "./", "output directory (ending in /) or file prefix" },
+  force = { false, "replace output files that exist (regular files only)" },
 })
 if opts.format ~= "csv" and opts.format ~= "jsonl" then
   args.usage_error(("dump.lua: --format must be csv or jsonl, got %q"):format(opts.format))
@@ -156,7 +160,7 @@ local outs = {}
 
 local function open(c)
   local path = prefix .. c.label .. ext
-  local f, err = io.open(path, "w")
+  local f, err = require("cuptimon.output").open(path, opts.force)
   if not f then error(("dump.lua: cannot write %s: %s"):format(path, err), 0) end
   if opts.format == "csv" then
     f:write("# clock: CLOCK_REALTIME ns\n", "process_pid,", table.concat(c.fields, ","), "\n")

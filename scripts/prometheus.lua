@@ -19,7 +19,8 @@
 --   --pm-interval-us N  the PM sampling interval (default 100000)
 --
 -- Metrics (text exposition format 0.0.4; base units; labels host, pid, executable (the
--- executable's base name) and device on every GPU series):
+-- executable's base name) and device on every GPU series; device is one the process's HELLO
+-- listed, else "other"; label values are valid UTF-8, see cm_host_text):
 --   cuptimon_kernel_launches_total{...,kernel}          kernels run
 --   cuptimon_kernel_duration_seconds{...,kernel}        histogram of kernel durations
 --   cuptimon_memcpy_bytes_total{...,copy_kind}          bytes copied (HtoD, DtoH, DtoD...)
@@ -57,8 +58,12 @@
 -- request body (Content-Length other than 0 or Transfer-Encoding: 400). GET /metrics and GET / are
 -- answered; other targets get 404, other methods http-parser knows 405 (one it does not know is
 -- malformed), anything malformed 400. Every response
--- closes its connection; a connection that has not sent its request within 10 s is closed; at
--- most 64 are open at once.
+-- closes its connection; a connection that has not sent its whole request head within 5 s is
+-- closed. At most 64 connections that have had time to send their request are kept: a new client
+-- takes the place of the oldest one whose request is still incomplete (idle or slowloris clients;
+-- TCP has no uid check, so any local user can open them), and up to 448 more may wait through
+-- their first 50 ms, so a scraper gets in and is answered while hundreds of such clients keep
+-- coming back (spec/prometheus_spec.lua, with spec/http_attack.lua).
 --
 -- Example output (curl http://127.0.0.1:9464/metrics, abridged):
 --   # HELP cuptimon_kernel_launches_total Kernels run.
@@ -88,8 +93,10 @@ local opts = args.parse(arg, {
 })
 
 local MAX_HEAD = 8192          -- bytes of request line and headers
-local REQUEST_TIMEOUT_MS = 10000
-local MAX_CLIENTS = 64
+local REQUEST_TIMEOUT_MS = 5000  -- to a complete request head, from the accept
+local MAX_CLIENTS = 64          -- connections that have had a loop turn to send their request
+local MAX_NEW = 448             -- more, still new (a burst of accepts; NEW_MS, two loop turns)
+local NEW_MS = 50               -- a client this young may not have sent its request yet
 local MAX_PENDING_NAMES = 1024 -- undecided kernel names that force a decision before a scrape
 
 local host, port = opts.listen:match("^%[([^%]]+)%]:(%d+)$")
@@ -145,11 +152,37 @@ end
 
 local function new_series() return { count = 0, ns = 0, buckets = {} } end
 
+-- The device label of a record, bounded like the kernel label: a process's devices are the ones
+-- its HELLO listed (the process table's devices); a device number outside that list is "other".
+-- A process whose HELLO listed none gets its first MAX_DEVICES numbers, then "other". So a
+-- process that makes up device numbers (a hostile agent, a damaged capture) cannot grow the page.
+local MAX_DEVICES = 64
+local device_sets = {} -- source -> { listed = bool, n = distinct labels, [number] = label }
+local function device_label(source, d)
+  d = tonumber(d)
+  local set = device_sets[source]
+  if not set then
+    set = { n = 0 }
+    local p = procs[source] or cm.process(source) or {}
+    for _, dev in ipairs(p.devices or {}) do
+      if not set[dev.index] then set[dev.index], set.n = tostring(dev.index), set.n + 1 end
+    end
+    set.listed = set.n > 0
+    device_sets[source] = set
+  end
+  local label = set[d]
+  if label then return label end
+  if set.listed or set.n >= MAX_DEVICES then return "other" end
+  set[d], set.n = tostring(d), set.n + 1
+  return set[d]
+end
+
 local function group_of(source, device)
+  device = device_label(source, device)
   local key = source .. ":" .. device
   local g = groups[key]
   if not g then
-    g = { labels = ('%s,device="%d"'):format(proc_labels(source), device), series = {},
+    g = { labels = ('%s,device="%s"'):format(proc_labels(source), device), series = {},
       pending = {}, order = {} }
     groups[key] = g
     group_list[#group_list + 1] = g
@@ -240,11 +273,11 @@ end)
 cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, function(b)
   local ck, nbytes, start, stop, device = b.copy_kind, b.bytes, b.start, b.stop, b.device
   for i = 0, b.n - 1 do
-    local kind, d = tonumber(ck[i]), tonumber(device[i])
+    local kind, d = tonumber(ck[i]), device_label(b.source, device[i])
     local key = b.source .. ":" .. d .. ":" .. kind
     local c = copies[key]
     if not c then
-      c = { labels = ('%s,device="%d",copy_kind="%s"'):format(proc_labels(b.source), d,
+      c = { labels = ('%s,device="%s",copy_kind="%s"'):format(proc_labels(b.source), d,
         escape(COPY_KINDS[kind] or tostring(kind))), bytes = 0, ns = 0 }
       copies[key] = c
       copy_list[#copy_list + 1] = c
@@ -309,10 +342,11 @@ if opts.pm_devices ~= "" then
   cm.observe({ pm_sample = "all" }, function(b)
     local rows = cm.pm_rows(b, metrics)
     for i = 0, rows.n - 1 do
-      local key = b.source .. ":" .. rows.device[i]
+      local dl = device_label(b.source, rows.device[i])
+      local key = b.source .. ":" .. dl
       local g = pm_groups[key]
       if not g then
-        g = { labels = ('%s,device="%d"'):format(proc_labels(b.source), rows.device[i]), samples = 0,
+        g = { labels = ('%s,device="%s"'):format(proc_labels(b.source), dl), samples = 0,
           sum = {}, cnt = {}, last = {} }
         pm_groups[key] = g
         pm_list[#pm_list + 1] = g
@@ -573,22 +607,54 @@ local function answer(r)
 end
 
 local server = uv.new_tcp()
-local clients = {} -- tcp handle -> close function
-local nclients = 0
+local clients = {} -- tcp handle -> { close = fn, serial = accept order, answered = bool }
+local nclients, serial = 0, 0
 local stopped = false
+
+-- Loop turns, counted before each poll: a client accepted in this turn or the one before may not
+-- have had its bytes read yet (libuv accepts a whole burst before it reads), nor one accepted less
+-- than NEW_MS ago (its own process may be busy), so neither is evicted.
+local turn = 0
+local turns = uv.new_prepare()
+turns:start(function() turn = turn + 1 end)
+turns:unref()
+-- A client that closes before its answer is written must not kill the exporter with SIGPIPE (a
+-- replay does not ignore it the way a live run does): the write just fails and the client goes.
+local sigpipe = uv.new_signal()
+sigpipe:start("sigpipe", function() end)
+sigpipe:unref()
 
 local function stop()
   if stopped then return end
   stopped = true
   if not server:is_closing() then server:close() end
+  if not turns:is_closing() then turns:close() end
+  if not sigpipe:is_closing() then sigpipe:close() end
   local list = {}
-  for _, close in pairs(clients) do list[#list + 1] = close end
+  for _, cl in pairs(clients) do list[#list + 1] = cl.close end
   for _, close in ipairs(list) do close() end
+end
+
+-- Makes room for a new client when all slots are taken: closes the oldest client whose request
+-- is still incomplete and that has had a loop turn to send it. Returns false when there is none
+-- (every slot is answering, or new): the new client then takes one of MAX_NEW further slots, or
+-- is refused when those are full too.
+local function evict_oldest_incomplete()
+  local oldest
+  for _, cl in pairs(clients) do
+    if not cl.answered and cl.turn < turn - 1 and uv.now() - cl.since >= NEW_MS
+      and (not oldest or cl.serial < oldest.serial) then
+      oldest = cl
+    end
+  end
+  if not oldest then return false end
+  oldest.close()
+  return true
 end
 
 local function serve(c)
   local timer = uv.new_timer()
-  local request, answered = new_request(), false
+  local request = new_request()
   local function close()
     if clients[c] == nil then return end
     clients[c] = nil
@@ -596,11 +662,13 @@ local function serve(c)
     if not timer:is_closing() then timer:close() end
     if not c:is_closing() then c:close() end
   end
-  clients[c] = close
+  serial = serial + 1
+  local cl = { close = close, serial = serial, answered = false, turn = turn, since = uv.now() }
+  clients[c] = cl
   nclients = nclients + 1
   timer:start(REQUEST_TIMEOUT_MS, 0, close)
   local function respond(status, body, ctype)
-    answered = true
+    cl.answered = true
     c:read_stop()
     body = body or (REASONS[status] .. "\n")
     local head = { ("HTTP/1.1 %d %s"):format(status, REASONS[status]),
@@ -610,7 +678,7 @@ local function serve(c)
     c:write(table.concat(head, "\r\n") .. "\r\n\r\n" .. body, function() close() end)
   end
   c:read_start(function(err, chunk)
-    if answered then return end
+    if cl.answered then return end
     if err or not chunk then return close() end
     local got = feed(request, chunk)
     if got == nil then return end
@@ -625,10 +693,11 @@ local function serve(c)
 end
 
 local ok, err = server:bind(host, port)
-if ok then ok, err = server:listen(128, function(lerr)
+if ok then ok, err = server:listen(1024, function(lerr)
   if lerr or stopped then return end
   local c = uv.new_tcp()
-  if not server:accept(c) or nclients >= MAX_CLIENTS then
+  if not server:accept(c) or (nclients >= MAX_CLIENTS and not evict_oldest_incomplete()
+                                and nclients >= MAX_CLIENTS + MAX_NEW) then
     c:close()
     return
   end

@@ -50,8 +50,10 @@
 -- one row per sample and metric, metricId in StringIds, from a capture or run that has them),
 -- CUPTIMON_UNWRITTEN (records of batches that lacked fields the tables need, per kind: a capture
 -- recorded under a script with a narrower selection; the run then exits 3 with a LOST line),
--- CUPTIMON_STRINGS_RAW (the exact bytes of a name that was not valid UTF-8: StringIds and NVTX
--- text hold it with U+FFFD in place of each bad byte, so every reader decodes it).
+-- CUPTIMON_STRINGS_RAW (the exact bytes of a name that was not valid UTF-8, for a script host that
+-- hands raw names over; cuptimon-lua replaces invalid UTF-8 and control characters with U+FFFD
+-- before any string reaches a script, so under it this table stays empty and StringIds and NVTX
+-- text hold the cleaned names).
 --
 -- Rows are written as batches arrive, through prepared statements and bound parameters, in
 -- transactions of --txn-rows (rollback journal, synchronous off): memory is one batch, SQLite's

@@ -4,7 +4,9 @@
 --        cuptimon-lua --replay run.cmcap scripts/timeline.lua -o trace.json
 --
 -- Arguments:
---   --output FILE, -o FILE   the trace file to write (required; overwritten)
+--   --output FILE, -o FILE   the trace file to write (required; created, never written through
+--                            a symlink: an existing FILE is refused)
+--   --force                  replace FILE when it exists and is a regular file
 --   --window N               how many API calls and GPU operations per process wait for the
 --                            partner of their flow arrow (default 65536; memory grows with it)
 --   --pm-devices LIST        also sample GPU utilization with PM sampling on these devices
@@ -47,6 +49,7 @@ local ffi = require "ffi"
 
 local opts = args.parse(arg, {
   output = { "", "the trace file to write (required)" },
+  force = { false, "replace FILE if it exists (a regular file only)" },
   window = { 65536, "API calls and GPU operations kept waiting for a flow partner", min = 16,
     integer = true },
   pm_devices = { "", "devices to sample GPU utilization on with PM sampling (default none)" },
@@ -74,7 +77,7 @@ local PID_SPAN = 2 ^ 22  -- above Linux's largest pid: trace pids of a process's
 local SPLIT_DEVICES = 64 -- devices from this ordinal on stay in their process (bounds the split)
 local MARGIN_NS = 10e9
 
-local out, err = io.open(opts.output, "w")
+local out, err = require("cuptimon.output").open(opts.output, opts.force)
 if not out then error("timeline.lua: cannot write the trace: " .. tostring(err), 0) end
 out:setvbuf("full", 1048576)
 out:write('{"displayTimeUnit":"ns","traceEvents":[\n')

@@ -326,6 +326,75 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     assert.matches("dormant: [^\n]*refusing it [^\n]*; not listening %(the process runs untraced%)", out)
   end)
 
+  -- Issue 19, item 9: a client that connected to <pid>.sock and sent nothing held the only
+  -- listener thread for 10 s; a real --attach meanwhile saw nothing and exited 0.
+  it("attaches with exact counts while silent peers hold connections to the socket", function()
+    local gen = os.getenv("CUPTIMON_WIRE_GEN")
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local run, env = fresh()
+    local pid, ctl = start_app(run, env)
+    local sock = ("%s/xdg/cuptimon/%d.sock"):format(run, pid)
+    local ready = run .. "/idle.ready"
+    -- Three silent peers, one after the other (each new one would take the listener's turn).
+    os.execute(("CUPTIMON_SOCKET=%s %s idle 3 --hold-ms 15000 --ready %s >%s/idle.out 2>&1 &"):format(sock,
+      gen, ready, run))
+    wait_for(function() return exists(ready) end, 10000, "the silent peers")
+    local t0 = uv.hrtime()
+    exact_window(env, pid, ctl, 4321)
+    local ms = (uv.hrtime() - t0) / 1e6
+    assert.is_true(ms < 5000, ("the attach took %.0f ms behind silent peers"):format(ms))
+    exact_window(env, pid, ctl, 1234)
+    stop_app(ctl, pid)
+  end)
+
+  it("names a pid whose agent never sends HELLO, and exits 1", function()
+    local run, env = fresh()
+    local pid, ctl = start_app(run, env)
+    os.execute("kill -STOP " .. pid)
+    local rc, out = helpers.sh(("%sCUPTIMON_ATTACH_HELLO_MS=1500 timeout 20 %s --attach %d %s"):format(env, bin,
+      pid, fixture("attach_hold.lua")))
+    os.execute("kill -CONT " .. pid)
+    assert.are.equal(1, rc, out)
+    assert.matches("cannot attach to pid " .. pid .. ": no HELLO within 1500 ms", out)
+    exact_window(env, pid, ctl, 99)
+    stop_app(ctl, pid)
+  end)
+
+  it("names the pid and exits 1 when the script exits before the handshake completes", function()
+    local run, env = fresh()
+    local pid, ctl = start_app(run, env)
+    -- cm.exit on the loop's first turns, racing the agent's HELLO: either the handshake made it
+    -- (status 0, attached and detached) or the pid is named and the run fails; never the old
+    -- "operation not valid in the current state" with status 0.
+    local marker = ("%s/xdg/cuptimon/%d.attached"):format(run, pid)
+    for i = 1, 12 do
+      wait_for(function() return not exists(marker) end, 10000, "the previous detach")
+      local chunk = ("local t = require('luv').new_timer(); t:start(%d, 0, function() "
+        .. "require('cuptimon').exit(0) end)"):format(i % 4)
+      local rc, out = helpers.sh(("%s%s --attach %d -e \"%s\""):format(env, bin, pid, chunk))
+      assert.is_nil(out:find("operation not valid"), out)
+      if rc == 1 then
+        assert.matches("cannot attach to pid " .. pid .. ": the script ended before ", out)
+      else
+        assert.are.equal(0, rc, out)
+        assert.is_nil(out:find("cannot attach"), out)
+      end
+    end
+    -- Deterministically before the HELLO: the process is stopped while the script ends.
+    os.execute("kill -STOP " .. pid)
+    local rc, out = helpers.sh(("%s%s --attach %d -e \"%s\""):format(env, bin, pid,
+      "local t = require('luv').new_timer(); t:start(200, 0, function() require('cuptimon').exit(0) end)"))
+    os.execute("kill -CONT " .. pid)
+    assert.are.equal(1, rc, out)
+    assert.matches("cannot attach to pid " .. pid .. ": the script ended before the agent's HELLO came", out)
+    wait_for(function() return not exists(marker) end, 10000, "the agent to be dormant")
+    exact_window(env, pid, ctl, 500)
+    stop_app(ctl, pid)
+  end)
+
   it("rejects bad --attach arguments", function()
     local _, env = fresh()
     local rc, out = helpers.sh(env .. bin .. " --attach 12,x " .. fixture("attach_hold.lua"))

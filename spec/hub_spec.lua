@@ -13,6 +13,13 @@ os.execute("mkdir -p " .. tmp)
 
 local function script(name) return root .. "/scripts/" .. name end
 local function fixture(name) return root .. "/spec/fixtures/" .. name end
+-- The capture mutator and re-encoder (spec/capture_tool.c), or nil after pending() when ctest
+-- did not pass it.
+local function need_tool()
+  local tool = os.getenv("CUPTIMON_CAPTURE_TOOL")
+  if not tool then pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)") end
+  return tool
+end
 -- The synthetic agent needs no agent library; any readable path satisfies the hub's lookup.
 local synth = "CUPTIMON_AGENT=/dev/null "
 
@@ -92,6 +99,94 @@ describe("cuptimon-lua --replay", function()
     assert.is_true(tonumber(at) <= 250000 and tonumber(to) > 250000, out)
     -- One batch of 1000 records is lost; the two others (one after the damage) are replayed.
     assert.matches("concurrent_kernel%s+2000\n", out)
+  end)
+
+  -- Issue 19, item 4: 60 bit-flipped copies of the demo capture all exited 0, one replaying 258
+  -- of its 1,187 records after skipping 79 KB with no LOST line.
+  it("fails every bit-flipped copy of the demo capture with the LOST line and status 3", function()
+    local tool = need_tool()
+    if not tool then return end
+    local demo = root .. "/examples/demo.cmcap"
+    for seed = 1, 30 do
+      local f = tmp .. "/flip" .. seed .. ".cmcap"
+      assert(os.execute(("%s flip %s %s --seed %d --flips %d > /dev/null"):format(tool, demo, f, seed,
+        1 + seed % 3)) == 0)
+      local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+      assert.are.equal(3, rc, "seed " .. seed .. ": " .. out)
+      local _, nlost = out:gsub("cuptimon%-lua: LOST ", "")
+      assert.are.equal(1, nlost, "seed " .. seed .. ": " .. out)
+      assert.matches("\ncuptimon%-lua: LOST [^\n]* in pid 601 %([^\n]*%)\n$", out)
+    end
+  end)
+
+  -- Item 5: a 24-byte header with valid checksums declaring 1 GiB, after SCHEMA, made the replay
+  -- stop at "truncated" with none of the records after it replayed.
+  it("replays every frame after a crafted header that declares 1 GiB, and reports the 24 bytes", function()
+    local tool = need_tool()
+    if not tool then return end
+    local src, f = tmp .. "/big_src.cmcap", tmp .. "/big.cmcap"
+    assert(os.execute(("%s capture %s --pid 333 --records 20000 --kinds kernel,memcpy,runtime"):format(gen,
+      src)) == 0)
+    assert(os.execute(("%s bighdr %s %s --after 2 > /dev/null"):format(tool, src, f)) == 0)
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+    assert.are.equal(3, rc, out)
+    assert.matches("total%s+60000\n", out)
+    assert.matches("truncated at byte %d+ %(the frame at byte %d+ needs 1073741848 bytes, %d+ present%); " ..
+      "skipped 24 bytes from byte %d+ to the next valid frame", out)
+    assert.matches("LOST an unknown number of records %(24 corrupt capture bytes skipped%) in pid 333 " ..
+      "%(its capture is damaged%)\n$", out)
+  end)
+
+  it("counts junk after a process's BYE as damage to that process", function()
+    local f = tmp .. "/junk.cmcap"
+    assert(os.execute(("%s capture %s --pid 444 --records 1000 --kinds kernel"):format(gen, f)) == 0)
+    local h = assert(io.open(f, "ab"))
+    h:write(("\0junk"):rep(40))
+    h:close()
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, f, script("count.lua")))
+    assert.are.equal(3, rc, out)
+    assert.matches("concurrent_kernel%s+1000\n", out)
+    assert.matches("no valid frame in the 200 bytes from byte %d+ to the end", out)
+    assert.matches("LOST an unknown number of records %(200 corrupt capture bytes skipped%) in pid 444 ", out)
+  end)
+
+  it("names a pid once in the LOST line, however many sources it had", function()
+    local t1, t2 = tmp .. "/same1.cmcap", tmp .. "/same2.cmcap"
+    for _, t in ipairs({ t1, t2 }) do
+      assert(os.execute(("%s capture %s --pid 555 --records 3000 --kinds kernel --truncate 200000"):format(gen,
+        t)) == 0)
+    end
+    local rc, out = helpers.sh(("%s --replay %s --replay %s %s"):format(bin, t1, t2, script("count.lua")))
+    assert.are.equal(3, rc, out)
+    local line = out:match("cuptimon%-lua: LOST [^\n]*")
+    assert.is_truthy(line, out)
+    local _, n = line:gsub("pid 555", "")
+    assert.are.equal(1, n, line)
+  end)
+
+  it("bundles a demo capture of the current wire version, with numbered batches", function()
+    local tool = need_tool()
+    if not tool then return end
+    local rc, out = helpers.sh(("%s info %s/examples/demo.cmcap"):format(tool, root))
+    assert.are.equal(0, rc, out)
+    assert.matches("minor 2\n", out)
+    assert.matches("records 1187\nnumbered 6\n", out)
+    assert.matches("frames.BATCH 6\n", out)
+  end)
+
+  it("rate-limits the once-per-process warnings across processes", function()
+    local f = tmp .. "/unknown_type.cmcap"
+    assert(os.execute(("%s capture %s --unknown-type 99 --records 100 --kinds kernel"):format(gen, f)) == 0)
+    local t0 = os.time()
+    local rc, out = helpers.sh(("%s%s %s"):format(bin, (" --replay " .. f):rep(30), script("count.lua")))
+    local elapsed = os.time() - t0
+    assert.are.equal(0, rc, out)
+    assert.matches("total%s+3000\n", out)
+    local _, shown = out:gsub("of unknown type 99", "")
+    local suppressed = 0
+    for n in out:gmatch("suppressed (%d+) warnings about processes' frames") do suppressed = suppressed + tonumber(n) end
+    assert.is_true(shown <= 21 + elapsed, out)
+    assert.are.equal(30, shown + suppressed, out)
   end)
 
   it("fails with status 1, before the script runs, for a file that is not a capture", function()
@@ -686,6 +781,97 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.matches("LOST an unknown number of records in pid %d+ %(its final counts are missing%)", out)
     assert.matches("agent pid %d+ sent a frame over the wire format's size limit", out)
     assert.matches("wire_gen: big frame closed by the monitor", out)
+  end)
+
+  -- Issue 19, item 8: four authenticated connections with partial big frames took the monitor
+  -- from 4.4 MB to 1.23 GB.
+  it("bounds the partly received frames of all connections together, and the connections per run", function()
+    local peak = "-e 'require(\"cuptimon\").on(\"exit\", function() local f = io.open(\"/proc/self/status\"); "
+      .. "print(\"VmHWM \" .. f:read(\"*a\"):match(\"VmHWM:%s*(%d+)\")); f:close() end)'"
+    local four = ("sh -c 'for i in 1 2 3 4; do %s agent --big-frame 67108864 --fill 62914560 & done; wait'"):format(gen)
+    local rc, out = helpers.sh(("%sCUPTIMON_PARTIAL_BUDGET_MB=100 %s %s -- %s"):format(synth, bin, peak, four))
+    assert.are.equal(3, rc, out)
+    local _, closed = out:gsub("over the budget of 100 MiB %(CUPTIMON_PARTIAL_BUDGET_MB%); closing its connection", "")
+    assert.are.equal(3, closed, out)
+    local kb = tonumber(out:match("VmHWM (%d+)"))
+    assert.is_true(kb ~= nil and kb < 200 * 1024, "peak resident set " .. tostring(kb) .. " kB\n" .. out)
+    assert.matches("3 agent connections were closed over the budget of 100 MiB for partly received frames", out)
+    -- The cap on connections: two held open, two more closed at once.
+    four = ("sh -c 'for i in 1 2 3 4; do %s agent --big-frame 64 & done; wait'"):format(gen)
+    rc, out = helpers.sh(("%sCUPTIMON_MAX_AGENTS=2 %s %s -- %s"):format(synth, bin, peak, four))
+    local _, capped = out:gsub("over the cap of 2 connections per run %(CUPTIMON_MAX_AGENTS%)", "")
+    assert.are.equal(2, capped, out)
+    assert.matches("over the cap of 2 connections per run\n", out)
+    assert.are_not.equal(0, rc, out)
+  end)
+
+  -- Issue 19, item 10: 20,000 unsolicited PM_STATUS frames gave 20,000 error lines (2.3 MB) with
+  -- raw ESC and OSC sequences, and status 1.
+  it("ignores PM_STATUS frames no request asked for, with one warning and no escape sequence", function()
+    local rc, out = helpers.sh(("%s%s %s -- %s agent --pm-status 20000 --records 1000 --kinds kernel"):format(synth,
+      bin, count, gen))
+    assert.are.equal(0, rc, out)
+    assert.matches("concurrent_kernel%s+1000\n", out)
+    local _, n = out:gsub("PM_STATUS frames with no PM request outstanding are ignored", "")
+    assert.are.equal(1, n, out)
+    assert.is_nil(out:find("\27", 1, true), out)
+    assert.is_true(#out < 4096, #out .. " bytes of output")
+  end)
+
+  it("rate-limits the lines agents cause, and says how many it suppressed", function()
+    local forty = ("sh -c 'for i in $(seq 40); do %s agent --garbage --records 2000 --kinds kernel & done; wait'")
+      :format(gen)
+    local t0 = os.time()
+    local _, out = helpers.sh(("%s%s %s -- %s"):format(synth, bin, count, forty))
+    local elapsed = os.time() - t0
+    local _, shown = out:gsub("corrupt stream %(", "")
+    local suppressed = 0
+    for n in out:gmatch("suppressed (%d+) messages about agents") do suppressed = suppressed + tonumber(n) end
+    -- A burst of 20, then one a second.
+    assert.is_true(shown <= 21 + elapsed, shown .. " lines in " .. elapsed .. " s\n" .. out)
+    assert.are.equal(40, shown + suppressed, out)
+  end)
+
+  -- Issue 19, cosmetic: on ENOSPC the --record summary still said "0 dropped".
+  it("counts the records --record could not write when the disk is full", function()
+    local dir = tmp .. "/full"
+    os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
+    local rc, out = helpers.sh(("%sCUPTIMON_TEST_RECORD_ENOSPC_AT=300000 %s --record %s/r.%%p.cmcap -- %s agent "
+      .. "--records 20000 --kinds kernel"):format(synth, bin, dir, gen))
+    assert.are.equal(1, rc, out)
+    assert.matches("error writing capture [^\n]*: No space left on device; the file ends at the frame that failed", out)
+    local recs, dropped = out:match("recorded [^\n]*: %d+ frames, %d+ batches, (%d+) records, (%d+) dropped")
+    assert.are.same({ 1000, 19000 }, { tonumber(recs), tonumber(dropped) }, out)
+  end)
+
+  -- Issue 19, cosmetic: a SIGKILLed monitor left its socket directory behind for good.
+  it("removes the socket directory a SIGKILLed monitor left, and only that", function()
+    local base = tmp .. "/tmpdir"
+    os.execute("rm -rf " .. base .. " && mkdir -p " .. base)
+    local env = ("TMPDIR=%s %s"):format(base, synth)
+    local p = io.popen(("sh -c '%s%s %s -- sleep 3 >/dev/null 2>&1 & echo $!'"):format(env, bin, count))
+    local mon = tonumber(p:read("*l"))
+    p:close()
+    local dead
+    assert.is_true(helpers.run_until(function()
+      local l = io.popen("ls " .. base)
+      dead = l:read("*l")
+      l:close()
+      return dead ~= nil
+    end, 10000), "the monitor made no directory")
+    os.execute("kill -KILL " .. mon)
+    helpers.run_until(function() return os.execute("kill -0 " .. mon .. " 2>/dev/null") ~= 0 end, 10000)
+    -- Its socket is older than the 10 s a starting monitor may take to listen.
+    os.execute(("touch -h -d '1 minute ago' %s/%s/agent.sock"):format(base, dead))
+    -- A directory that is not a monitor's stays, and so does one that is not ours to judge.
+    os.execute(("mkdir -m 700 %s/cuptimon-keepme && touch %s/cuptimon-keepme/other"):format(base, base))
+    local rc, out = helpers.sh(("%s%s %s -- true"):format(env, bin, count))
+    assert.are.equal(0, rc, out)
+    assert.matches("removed " .. (base .. "/" .. dead):gsub("%p", "%%%0") .. ", left by a monitor that was killed", out)
+    local l = io.popen("ls " .. base)
+    local left = l:read("*a")
+    l:close()
+    assert.are.equal("cuptimon-keepme\n", left)
   end)
 
   it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()

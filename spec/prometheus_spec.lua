@@ -310,6 +310,68 @@ describe("prometheus.lua", function()
     assert.are.equal(0, e.stop())
   end)
 
+  -- Issue 19, item 6: 64 idle TCP connections locked the endpoint out (0 of 6 scrapes answered),
+  -- 64 slowloris ones for 18 s. With 500 of either held open, a scrape every 100 ms is answered.
+  for _, mode in ipairs({ "idle", "slowloris" }) do
+    it("answers a scrape every 100 ms while 500 " .. mode .. " clients hold connections", function()
+      local e = start({ demo })
+      local attack = require("http_attack").flood(e.port, 500, mode, { drip_ms = 50, reconnect_ms = 100 })
+      -- Let the flood fill every slot first.
+      helpers.run_until(function() return attack.stats().opened >= 500 end, 10000)
+      local answered, worst = 0, 0
+      for _ = 1, 30 do
+        local t0 = uv.now()
+        local st, _, body = get(e.port, "/metrics")
+        uv.update_time()
+        worst = math.max(worst, uv.now() - t0)
+        if st == 200 and body:match("cuptimon_kernel_launches_total") then answered = answered + 1 end
+        helpers.run_until(function() return uv.now() >= t0 + 100 end, 200)
+      end
+      local st = attack.stop()
+      assert.are.equal(30, answered, ("worst scrape %d ms; attack %d opened, %d closed by the server")
+        :format(worst, st.opened, st.closed_by_server))
+      assert.is_true(st.closed_by_server > 0, "the server never evicted an attacker")
+      assert.are.equal(0, e.stop())
+    end)
+  end
+
+  -- Issue 19, item 11: invalid UTF-8 in a kernel name or an executable path made promtool (and
+  -- Prometheus) reject the whole exposition, every honest process's series included.
+  it("exposes hostile names as valid UTF-8 that promtool check metrics accepts", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local cap = os.tmpname()
+    assert(os.execute(("%s capture %s --hostile --records 30 --kinds kernel"):format(gen, cap)) == 0)
+    local e = start({ cap, demo })
+    local st, _, body = get(e.port, "/metrics")
+    assert.are.equal(200, st)
+    assert.are.equal(0, e.stop())
+    assert.is_nil(require("trace_check").utf8_invalid(body))
+    assert.is_nil(body:find("[\1-\9\11-\31\127]") or body:find("\0", 1, true))
+    parse(body)
+    assert.matches('executable="wire\239\191\189gen"', body)
+    -- Item 7: every record names another device, the HELLO lists device 0 only: two labels.
+    local devices = {}
+    for d in body:gmatch('executable="wire[^"]*",device="([^"]*)"') do devices[d] = true end
+    assert.are.same({ ["0"] = true, other = true }, devices)
+    assert.matches('kernel="cm_demo_matmul<16>"', body)
+    local f = assert(io.open(cap .. ".prom", "wb"))
+    f:write(body)
+    f:close()
+    if os.execute("command -v promtool >/dev/null 2>&1") ~= 0 then
+      os.remove(cap)
+      os.remove(cap .. ".prom")
+      pending("promtool is not installed (Debian's prometheus package)")
+      return
+    end
+    local rc, out = helpers.sh(("promtool check metrics < %s.prom"):format(cap))
+    os.remove(cap)
+    os.remove(cap .. ".prom")
+    assert.are.equal(0, rc, out)
+  end)
+
   it("bounds the kernel label to the top names by time plus other", function()
     local e = start({ demo }, { "--top-kernels", "1" })
     local _, _, body = get(e.port, "/metrics")

@@ -63,8 +63,8 @@ describe("recipes on two recorded ranks", function()
   end
 
   it("timeline: one trace process per rank, named by rank, holding its device's work", function()
-    local path = os.tmpname()
-    local rc, out = helpers.sh(replay .. "timeline.lua -o " .. path)
+    local path = os.tmpname() -- (an empty file already: --force replaces it)
+    local rc, out = helpers.sh(replay .. "timeline.lua --force -o " .. path)
     assert.are.equal(0, rc, out)
     local f = assert(io.open(path, "rb"))
     local text = f:read("*a")

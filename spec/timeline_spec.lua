@@ -252,3 +252,112 @@ describe("idle.lua on examples/demo.cmcap", function()
     assert.are.equal(5, n, out)
   end)
 end)
+
+-- Issue 19, item 11: a kernel name with 0xff 0xfe, an overlong sequence or a surrogate, or an
+-- executable path with 0xff, broke timeline.lua's JSON and dump.lua's JSON Lines (and
+-- trace_check accepted them); ESC and OSC sequences reached the terminal (item 10).
+describe("outputs of hostile names (wire_gen --hostile)", function()
+  if not gen then
+    pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+    return
+  end
+  local cap = tmp .. "/hostile.cmcap"
+  setup(function()
+    assert(os.execute(("%s capture %s --hostile --records 300 --kinds kernel,memcpy,runtime"):format(gen, cap)) == 0)
+  end)
+
+  it("trace_check rejects invalid UTF-8 in a JSON string", function()
+    for _, bad in ipairs({ "\255\254", "\192\175", "\237\160\128", "a\244\144\128\128" }) do
+      local v, err = check.json('["' .. bad .. '"]')
+      assert.is_nil(v)
+      assert.matches("invalid UTF%-8", err)
+    end
+    assert.are.same({ "caf\195\169 \226\130\172" }, check.json('["caf\195\169 \226\130\172"]'))
+  end)
+
+  it("timeline.lua writes a trace that is valid UTF-8 JSON", function()
+    local out = tmp .. "/hostile.json"
+    local rc, log = helpers.sh(("%s --replay %s %s -o %s"):format(bin, cap, script("timeline.lua"), out))
+    assert.are.equal(0, rc, log)
+    local text = read(out)
+    assert.is_nil(check.utf8_invalid(text))
+    local r, err = check.file(out)
+    assert.is_truthy(r, err)
+    assert.matches("bad\239\191\189\239\191\189", text) -- 0xff 0xfe became two U+FFFD
+  end)
+
+  it("dump.lua writes JSON Lines and CSV that are valid UTF-8", function()
+    local dir = tmp .. "/hostile_dump/"
+    for _, fmt in ipairs({ "jsonl", "csv" }) do
+      local rc, log = helpers.sh(("%s --replay %s %s --kinds kernel --format %s -o %s%s/"):format(bin, cap,
+        script("dump.lua"), fmt, dir, fmt))
+      assert.are.equal(0, rc, log)
+      local text = read(dir .. fmt .. "/kernel." .. fmt)
+      assert.is_nil(check.utf8_invalid(text), fmt)
+      assert.is_nil(text:find("\27", 1, true), fmt)
+      if fmt == "jsonl" then
+        local n = 0
+        for line in text:gmatch("[^\n]+") do
+          assert.is_truthy(check.json(line), line)
+          n = n + 1
+        end
+        assert.are.equal(301, n) -- a header line, then one per record
+      end
+    end
+  end)
+
+  it("top.lua prints no control character from a process's strings", function()
+    local rc, out = helpers.sh(("%s --replay %s %s"):format(bin, cap, script("top.lua")))
+    assert.are.equal(0, rc, out)
+    assert.is_nil(out:find("[\1-\8\11-\31\127]") or out:find("\0", 1, true), out)
+    assert.is_nil(check.utf8_invalid(out))
+    assert.matches("/usr/bin/wire\239\191\189gen", out)
+  end)
+end)
+
+-- Issue 19, item 12: timeline.lua -o and dump.lua -o followed symlinks (another user's link in
+-- /tmp made root overwrite root-owned files). They now create outputs as --record does.
+describe("outputs of timeline.lua and dump.lua", function()
+  local function write(path, text)
+    local f = assert(io.open(path, "wb"))
+    f:write(text)
+    f:close()
+  end
+
+  it("never write through a symlink, nor replace a file without --force, nor open a FIFO", function()
+    local dir = tmp .. "/outs"
+    os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
+    local victim = dir .. "/victim"
+    write(victim, "precious\n")
+    os.execute(("ln -s %s %s/link.json"):format(victim, dir))
+    for _, force in ipairs({ "", " --force" }) do
+      local rc, out = helpers.sh(("%s --replay %s %s -o %s/link.json%s"):format(bin, demo, script("timeline.lua"),
+        dir, force))
+      assert.are.equal(1, rc, out)
+      assert.matches("link%.json exists and is not a regular file %(a symbolic link%)", out)
+      assert.are.equal("precious\n", read(victim))
+    end
+    os.execute("mkfifo " .. dir .. "/fifo.json")
+    local rc, out = helpers.sh(("timeout 20 %s --replay %s %s -o %s/fifo.json --force"):format(bin, demo,
+      script("timeline.lua"), dir))
+    assert.are.equal(1, rc, out)
+    assert.matches("fifo%.json exists and is not a regular file %(a fifo%)", out)
+    write(dir .. "/old.json", "old\n")
+    rc, out = helpers.sh(("%s --replay %s %s -o %s/old.json"):format(bin, demo, script("timeline.lua"), dir))
+    assert.are.equal(1, rc, out)
+    assert.matches("old%.json exists; %-%-force replaces it", out)
+    assert.are.equal("old\n", read(dir .. "/old.json"))
+    rc, out = helpers.sh(("%s --replay %s %s -o %s/old.json --force"):format(bin, demo, script("timeline.lua"), dir))
+    assert.are.equal(0, rc, out)
+    assert.is_truthy(check.file(dir .. "/old.json"))
+    -- dump.lua: a link planted where one of its files goes.
+    os.execute(("mkdir -p %s/dump && ln -s %s %s/dump/kernel.csv"):format(dir, victim, dir))
+    for _, force in ipairs({ "", " --force" }) do
+      rc, out = helpers.sh(("%s --replay %s %s --kinds kernel -o %s/dump/%s"):format(bin, demo, script("dump.lua"),
+        dir, force))
+      assert.are.equal(1, rc, out)
+      assert.matches("kernel%.csv exists and is not a regular file %(a symbolic link%)", out)
+      assert.are.equal("precious\n", read(victim))
+    end
+  end)
+end)

@@ -5,8 +5,9 @@
 --   local r, err = check.file("trace.json")  -- r: { events =, by_cat =, by_name =, by_ph = }
 --
 -- Design note. The file is parsed by a small strict JSON parser (RFC 8259: no trailing commas,
--- no comments, strings with escapes, numbers in JSON's grammar), so "valid JSON" means what any
--- JSON reader would accept. Then, per event: ph, name and pid are required; ts for every phase
+-- no comments, strings with escapes, numbers in JSON's grammar, strings in well-formed UTF-8), so
+-- "valid JSON" means what any JSON reader would accept (Python's json.loads of the file's bytes
+-- decoded as UTF-8). Then, per event: ph, name and pid are required; ts for every phase
 -- but metadata ("M"); dur (>= 0) for complete events ("X"); tid for every thread-scoped phase.
 -- Per (pid, tid) track, events are ordered by ts (file order breaks ties): each "E" closes the
 -- innermost open "B", none is left open, and complete slices nest (a slice that starts inside
@@ -14,6 +15,39 @@
 -- exactly one finish ("f") with the same id and the other way round. The first problems found
 -- (at most 20) are returned as the error.
 local M = {}
+
+---------------------------------------------------------------------------------------------------
+-- UTF-8
+
+--- The byte position of the first byte of `s` that does not begin a well-formed UTF-8 sequence
+--- (a stray continuation byte, a truncated sequence, an overlong form, a surrogate, past
+--- U+10FFFF), or nil when `s` is valid UTF-8. JSON text must be UTF-8 (RFC 8259, 8.1).
+function M.utf8_invalid(s)
+  local i, n = 1, #s
+  while i <= n do
+    local c = s:byte(i)
+    local len, lo, hi
+    if c < 0x80 then len, lo, hi = 1, 0, 0 -- ASCII: one byte
+    elseif c >= 0xC2 and c <= 0xDF then len, lo, hi = 2, 0x80, 0xBF
+    elseif c >= 0xE0 and c <= 0xEF then
+      len, lo, hi = 3, c == 0xE0 and 0xA0 or 0x80, c == 0xED and 0x9F or 0xBF
+    elseif c >= 0xF0 and c <= 0xF4 then
+      len, lo, hi = 4, c == 0xF0 and 0x90 or 0x80, c == 0xF4 and 0x8F or 0xBF
+    else
+      return i
+    end
+    if len > 1 then
+      local b = s:byte(i + 1)
+      if not b or b < lo or b > hi then return i end
+      for k = 2, len - 1 do
+        b = s:byte(i + k)
+        if not b or b < 0x80 or b > 0xBF then return i end
+      end
+    end
+    i = i + len
+  end
+  return nil
+end
 
 ---------------------------------------------------------------------------------------------------
 -- JSON
@@ -31,7 +65,13 @@ local function parser(s)
     while true do
       local a, b = s:find('^[^"\\%c]+', pos)
       if a then
-        parts[#parts + 1] = s:sub(a, b)
+        local raw = s:sub(a, b)
+        local bad = M.utf8_invalid(raw)
+        if bad then
+          pos = a + bad - 1
+          fail("invalid UTF-8 in a string")
+        end
+        parts[#parts + 1] = raw
         pos = b + 1
       end
       local c = s:sub(pos, pos)

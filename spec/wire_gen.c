@@ -3,11 +3,11 @@
  * synthetic captures, and it plays a minimal agent against a live cuptimon-lua hub.
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
- *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R]
+ *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R] [--hostile]
  *                         [--hostile-names] [--small-ids]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
- *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
- *                  [--cupti-dropped N] [--no-end]
+ *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES [--fill BYTES]]
+ *                  [--cupti-dropped N] [--no-end] [--pm-status N]
  *   wire_gen idle N [--hold-ms MS] [--ready FILE]
  *
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
@@ -27,7 +27,9 @@
  * prints how long the handshake took ("handshake_ms=") and its real pid (--pid only changes the
  * pid its HELLO claims). --oversize-hello sends, instead of HELLO, a valid HELLO header that
  * declares BYTES of payload, and reports whether the monitor closed the connection;
- * --big-frame sends such a header (a BATCH) after the handshake.
+ * --big-frame sends such a header (a BATCH) after the handshake, and --fill that many bytes of
+ * its payload (a hostile agent holding a partly sent frame in the monitor's memory). --pm-status
+ * N sends N PM_STATUS errors no one asked for, their message full of terminal escapes.
  *
  * The idle mode opens N connections to CUPTIMON_SOCKET that never send anything (non-blocking
  * connects; failures are counted), creates --ready FILE once they are open, holds them for
@@ -42,6 +44,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,15 +62,20 @@ static uint64_t nrec = 1000;
 static uint32_t pid;
 static const char *rank_env[2]; /* --rank: "RANK=R", "WORLD_SIZE=R+1" */
 static char rank_store[2][32];
-static uint64_t drop_batch, cupti_dropped;
+static uint64_t drop_batch, cupti_dropped, fill, pm_flood;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
 static uint32_t names_len[3]; /* 0: strlen; --hostile-names sets them (a name holds a NUL) */
 /* --hostile-names: quotes and SQL, an embedded NUL, invalid UTF-8 (a lone continuation byte,
  * 0xFF, a truncated sequence at the end), for the exporters' escaping tests. */
-static const char hostile[3][32] = {"k'\"; DROP TABLE StringIds; --", "nul\0inside",
+static const char hostile_sql[3][32] = {"k'\"; DROP TABLE StringIds; --", "nul\0inside",
                                     "bad\x80\xffutf8\xc3"};
-static const uint32_t hostile_len[3] = {29, 10, 10};
+static const uint32_t hostile_sql_len[3] = {29, 10, 10};
+/* --hostile: kernel names with invalid UTF-8 (a stray 0xff 0xfe, an overlong '/', a surrogate)
+ * and terminal escapes, and a HELLO whose host, executable, argv and device carry the same. */
+static const char *hostile_names[3] = {"bad\xff\xfe\x1b]0;pwned\x07", "over\xc0\xafload",
+                                       "surr\xed\xa0\x80gate\x1b[2J"};
+static int hostile;
 static int unknown_type; /* --unknown-type: the type written for string columns, 0 for STR */
 static int small_ids;    /* --small-ids: the other fields hold i % 4 (few threads, devices, ...) */
 
@@ -85,11 +93,12 @@ static void parse_kinds(const char *s) {
 }
 
 static void hello(cm_wire_buf *b, const char *token) {
-  const char *argv[] = {"wire_gen", "--synthetic"};
-  cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = "Fake GPU"};
+  const char *argv[] = {"wire_gen", hostile ? "--title\x1b]2;pwned\x07\xff" : "--synthetic"};
+  cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = hostile ? "Fake\x9b GPU\xc2\x9b" : "Fake GPU"};
   cm_wire_hello h = {.pid = pid, .ppid = (uint32_t)getppid(), .cupti_version = 130000,
                      .clock_realtime_ns = 1, .clock_cupti_ns = 1, .token = token,
-                     .host = "testhost", .exe = "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
+                     .host = hostile ? "test\x1b[2Jhost" : "testhost",
+                     .exe = hostile ? "/usr/bin/wire\xffgen" : "/usr/bin/wire_gen", .argc = 2, .ndevices = 1,
                      .argv = argv, .devices = &dev, .nenv = rank_env[0] ? 2 : 0, .env = rank_env};
   cm_wire_write_hello(b, &h);
 }
@@ -114,10 +123,12 @@ static void schema(cm_wire_buf *b) {
 
 static void strings(cm_wire_buf *b) {
   cm_wire_string e[3];
+  const char **nm = hostile ? hostile_names : names;
   for (int i = 0; i < 3; i++)
     e[i] = (cm_wire_string){.id = (uint32_t)i + 1,
-                            .len = names_len[i] ? names_len[i] : (uint32_t)strlen(names[i]),
-                            .bytes = names[i]};
+                            .len = hostile ? (uint32_t)strlen(nm[i])
+                                 : names_len[i] ? names_len[i] : (uint32_t)strlen(names[i]),
+                            .bytes = nm[i]};
   cm_wire_write_strings(b, e, 3);
 }
 
@@ -364,10 +375,24 @@ static int agent(const char *token, int garbage, int exit_code, uint64_t oversiz
     uint8_t h[24];
     claim_header(h, CM_WIRE_BATCH, big);
     if (write(sock_fd, h, sizeof h) != (ssize_t)sizeof h) return 3;
+    /* --fill: that much of the payload follows (never all of it), so the monitor holds it. */
+    static uint8_t zeros[1 << 20];
+    signal(SIGPIPE, SIG_IGN);
+    for (uint64_t sent = 0; sent < fill;) {
+      size_t n = fill - sent < sizeof zeros ? (size_t)(fill - sent) : sizeof zeros;
+      ssize_t w = write(sock_fd, zeros, n);
+      if (w <= 0) break;
+      sent += (uint64_t)w;
+    }
     int c = closed_within(sock_fd, 3000);
     printf("wire_gen: big frame %s\n", c ? "closed by the monitor" : "still open after 3 s");
     cm_wire_buf_free(&b);
     return c ? 0 : 5;
+  }
+  /* --pm-status N: N unsolicited PM_STATUS errors whose message holds terminal escapes. */
+  for (uint64_t k = 0; k < pm_flood; k++) {
+    cm_wire_write_pm_status(&b, CM_EIO, 0, "\x1b]0;pwned\x07\x1b[2Jsampling failed");
+    if (b.len > (1u << 20)) send_buf(&b);
   }
   strings(&b);
   send_buf(&b);
@@ -448,6 +473,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--garbage")) garbage = 1;
     else if (!strcmp(a, "--oversize-hello")) oversize = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--big-frame")) big = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--fill")) fill = strtoull(v, NULL, 10), i++;
+    else if (!strcmp(a, "--pm-status")) pm_flood = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--hold-ms")) hold_ms = atoi(v), i++;
     else if (!strcmp(a, "--ready")) ready = v, i++;
     else if (!strcmp(a, "--drop-batch")) drop_batch = strtoull(v, NULL, 10), i++;
@@ -455,7 +482,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--no-end")) no_end = 1;
     else if (!strcmp(a, "--small-ids")) small_ids = 1;
     else if (!strcmp(a, "--hostile-names"))
-      for (int k = 0; k < 3; k++) names[k] = hostile[k], names_len[k] = hostile_len[k];
+      for (int k = 0; k < 3; k++) names[k] = hostile_sql[k], names_len[k] = hostile_sql_len[k];
+    else if (!strcmp(a, "--hostile")) hostile = 1;
     else {
       fprintf(stderr, "wire_gen: unknown option %s\n", a);
       return 2;

@@ -1488,8 +1488,17 @@ static int connect_monitor(const char *path, uint64_t deadline) {
 
 /* Reads monitor frames until HELLO_ACK or the deadline, applying CONFIGURE and SELECT in order.
  * Returns the HELLO_ACK status, or CM_ETIMEDOUT / CM_EIO. */
-static int32_t await_ack(uint64_t deadline) {
+/* The grace a dormant agent's peer has to send its first byte before a waiting connection may
+ * take the listener from it (listen.c). A monitor answers HELLO at once; a silent peer never. */
+enum { PREEMPT_GRACE_MS = 250 };
+
+/* Waits for HELLO_ACK until `deadline`. With `preempt_fd` >= 0 (a dormant agent's listening
+ * socket), a peer that has sent nothing for PREEMPT_GRACE_MS while another connection waits on
+ * preempt_fd loses the handshake (CM_EAGAIN), so one silent peer never holds the listener. */
+static int32_t await_ack(uint64_t deadline, int preempt_fd) {
   uint8_t buf[16384];
+  bool heard = false;
+  uint64_t grace_end = cm__mono_ms() + PREEMPT_GRACE_MS;
   for (;;) {
     cm_wire_frame f;
     int r;
@@ -1507,11 +1516,16 @@ static int32_t await_ack(uint64_t deadline) {
            A.handshake_ms);
       return CM_ETIMEDOUT;
     }
-    struct pollfd pf = {.fd = A.fd, .events = POLLIN};
-    int pr = poll(&pf, 1, (int)(deadline - now));
+    struct pollfd pf[2] = {{.fd = A.fd, .events = POLLIN}, {.fd = preempt_fd, .events = POLLIN}};
+    bool watch = preempt_fd >= 0 && !heard && now >= grace_end;
+    uint64_t until = preempt_fd >= 0 && !heard && now < grace_end && grace_end < deadline ? grace_end : deadline;
+    int pr = poll(pf, watch ? 2 : 1, (int)(until - now));
     if (pr < 0 && errno == EINTR) continue;
     if (pr <= 0) continue;
+    if (watch && (pf[1].revents & POLLIN) && !(pf[0].revents & POLLIN)) return CM_EAGAIN;
+    if (!(pf[0].revents & (POLLIN | POLLHUP | POLLERR))) continue;
     ssize_t n = recv(A.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n > 0) heard = true;
     if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) {
       alog(CM_LOG_ERROR, "the monitor closed the connection during the handshake%s%s",
@@ -1684,7 +1698,7 @@ static void agent_init(void) {
   if (cm_wire_reader_new(&A.reader, 0) != 0) goto off;
   cm__control_init(&A.ctl, &control_ops, &A.cfg);
   if (sock) {
-    int32_t st = await_ack(deadline);
+    int32_t st = await_ack(deadline, -1);
     if (st != 0) {
       alog(CM_LOG_WARN, "handshake failed (%s); tracing off, the application continues",
            cm_err_name(st));
@@ -1770,7 +1784,7 @@ static void session_reset(int fd) {
   cm_stats_get(A.eng, &A.base);
 }
 
-int cm__agent_session_begin(int fd, uint64_t deadline) {
+int cm__agent_session_begin(int fd, uint64_t deadline, int preempt_fd) {
   if (!A.eng) {
     /* The first attach: the engine (libcupti, the subscription) starts here, on the listener
      * thread, with no cadence, so that between sessions its worker sleeps. */
@@ -1802,8 +1816,12 @@ int cm__agent_session_begin(int fd, uint64_t deadline) {
   if (!rc) rc = cm_wire_reader_new(&A.reader, 0);
   if (!rc) {
     cm__control_init(&A.ctl, &control_ops, &A.cfg);
-    int32_t st = await_ack(deadline);
-    if (st != 0) {
+    int32_t st = await_ack(deadline, preempt_fd);
+    if (st == CM_EAGAIN) {
+      alog(CM_LOG_DEBUG, "dormant: a peer sent nothing within %d ms while another connection "
+           "waited; serving the next one", PREEMPT_GRACE_MS);
+      rc = st;
+    } else if (st != 0) {
       alog(CM_LOG_WARN, "dormant: the monitor's handshake failed (%s); staying dormant",
            cm_err_name(st));
       rc = st;

@@ -17,7 +17,10 @@
  * monitor's pid, for `cuptimon-lua --list`.
  *
  * Every wait has a deadline: the handshake (CUPTIMON_HANDSHAKE_MS), the end of a session, and the
- * exit handler's wait for the session lock. The application never waits on any of it: only the
+ * exit handler's wait for the session lock. No one peer holds the listener: a peer that has sent
+ * nothing 250 ms into its handshake gives way as soon as another connection is waiting (the
+ * monitor answers HELLO at once, a silent peer never), so a silent client cannot keep a real
+ * `--attach` waiting behind it. The application never waits on any of it: only the
  * exit handler touches this file from an application thread, and it is bounded by the exit
  * budget.
  *
@@ -171,7 +174,7 @@ static void on_connection(int fd) {
   atomic_store(&L.over, false);
   atomic_store(&L.monitor_pid, (int)pid);
   write_marker(pid);
-  if (cm__agent_session_begin(fd, now_ms() + L.handshake_ms) != 0) {
+  if (cm__agent_session_begin(fd, now_ms() + L.handshake_ms, L.fd) != 0) {
     unlink(L.marker);
     atomic_store(&L.monitor_pid, 0);
   } else {

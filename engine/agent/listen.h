@@ -28,8 +28,10 @@ void cm__alog(int level, const char *fmt, ...) __attribute__((format(printf, 2, 
 /* Starts a session on the connected socket `fd` (blocking mode, owned from here on): the engine
  * (created on the first session), HELLO, SCHEMA, the monitor's answer until `deadline`
  * (monotonic ms), then the sender and control threads. Returns 0 when attached; otherwise the
- * descriptor is closed and the agent stays dormant. */
-int cm__agent_session_begin(int fd, uint64_t deadline);
+ * descriptor is closed and the agent stays dormant. A peer that sends nothing within 250 ms
+ * while a connection waits on `preempt_fd` (the listening socket; -1 for none) loses the
+ * handshake: CM_EAGAIN, and the listener serves the next connection. */
+int cm__agent_session_begin(int fd, uint64_t deadline, int preempt_fd);
 /* Ends the session whose monitor is gone: stops and joins the session's threads (until
  * `deadline`), closes the socket, disables every kind, drops the pool's free buffers and restores
  * the dormant configuration. Returns false when a thread did not stop in time: the agent then

@@ -166,6 +166,8 @@ typedef struct cm_loss {
   uint64_t last_number;   /* the number of the last BATCH frame received (0: none or unnumbered) */
   uint64_t tail_unknown;  /* 1 (per source) when the agent's exit left its final flush behind at
                            * the deadline: what CUPTI still held is not known (also incomplete) */
+  uint64_t skipped_bytes; /* bytes of a capture skipped as corrupt (its frames unknown); a source
+                           * with any is incomplete */
 } cm_loss;
 
 typedef struct cm_source_vtable {
@@ -236,6 +238,10 @@ CM_EXTERN int cm_host_inproc_source_new(cm_host *h, cm_source **out);
 
 /* Resolves string `id` of source `source`. NULL for an unknown source or id. */
 CM_EXTERN const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
+/* `s` (len bytes) as text for an output: `s` itself when it is well-formed UTF-8 without control
+ * characters, else a copy in a buffer of the host, valid until the next call, with each offending
+ * byte replaced by U+FFFD (engine/monitor/text.c). *out_len gets the length. Loop thread only. */
+CM_EXTERN const char *cm_host_text(cm_host *h, const char *s, size_t len, size_t *out_len);
 /* Copies the counters of source `source`, or of every source summed when `source` is 0. Sources
  * that went away keep their last counters, so the sum covers the whole run. */
 CM_EXTERN int cm_host_source_stats(cm_host *h, int source, cm_stats *out);

@@ -330,6 +330,9 @@ CM_EXTERN uint32_t cm_wire_reader_file_minor(const cm_wire_reader *r);
  * stretch that runs to the end of the stream is reported by cm_wire_reader_end as an error. */
 CM_EXTERN uint64_t cm_wire_reader_resyncs(const cm_wire_reader *r, uint64_t *bytes_skipped);
 CM_EXTERN const char *cm_wire_reader_resync_msg(const cm_wire_reader *r);
+/* The bytes the reader holds for the frame it waits for: the whole frame's size (24 + length)
+ * once its header has checked out, else the bytes buffered. What a consumer budgets memory by. */
+CM_EXTERN uint64_t cm_wire_reader_pending(const cm_wire_reader *r);
 
 /* ---- Decoders ---------------------------------------------------------------------------- */
 
@@ -380,6 +383,9 @@ CM_EXTERN int cm_wire_file_open(cm_wire_file **out, const char *path, char *errm
  * the next call. */
 CM_EXTERN int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f);
 CM_EXTERN const char *cm_wire_file_errmsg(const cm_wire_file *cf);
+/* The corrupt stretches skipped so far, the one the file ended in included, and their bytes
+ * (bytes_skipped may be NULL). */
+CM_EXTERN uint64_t cm_wire_file_resyncs(const cm_wire_file *cf, uint64_t *bytes_skipped);
 CM_EXTERN void cm_wire_file_close(cm_wire_file *cf);
 
 

@@ -101,6 +101,8 @@ struct cm_host {
   uv_timer_t exit_timer;  /* runs a requested shutdown on the next iteration */
   int timers_closed;
   int exit_requested, exit_status, shut_down;
+  char *text_buf;         /* cm_host_text's cleaned copy */
+  size_t text_cap;
 };
 
 /* ---- reporting ------------------------------------------------------------------------------- */
@@ -256,6 +258,7 @@ static void push_loss_fields(lua_State *L, const cm_loss *l) {
   lua_setfield(L, -2, #name);
   F_(produced) F_(received) F_(dropped) F_(dropped_cupti) F_(dropped_agent) F_(dropped_exit)
   F_(lost_wire) F_(lost_frames) F_(incomplete) F_(last_number) F_(tail_unknown)
+  F_(skipped_bytes)
 #undef F_
 }
 
@@ -279,6 +282,8 @@ static void remember_gone(cm_host *h, cm_source *s) {
 /* Pushes the process table of source `s`: source, pid and kind, then what the source's describe
  * filled in (host, ppid, exe, argv, devices, env; status and stats at exit). The same shape for every
  * kind of source, so a script never needs to know where its batches come from. */
+static void push_text(cm_host *h, const char *s);
+
 static void push_process(cm_host *h, cm_source *s, int exiting) {
   lua_State *L = h->L;
   cm_process_info info;
@@ -296,7 +301,7 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
     gethostname(hostname, sizeof hostname - 1);
     info.host = hostname;
   }
-  lua_pushstring(L, info.host);
+  push_text(h, info.host);
   lua_setfield(L, -2, "host");
   if (s->vt->describe) {
     if (info.has_ppid) {
@@ -304,7 +309,7 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
       lua_setfield(L, -2, "ppid");
     }
     if (info.exe) {
-      lua_pushstring(L, info.exe);
+      push_text(h, info.exe);
       lua_setfield(L, -2, "exe");
     }
     if (info.has_cupti_version) {
@@ -313,7 +318,7 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
     }
     lua_createtable(L, (int)info.argc, 0);
     for (uint32_t i = 0; i < info.argc; i++) {
-      lua_pushstring(L, info.argv[i]);
+      push_text(h, info.argv[i]);
       lua_rawseti(L, -2, (int)i + 1);
     }
     lua_setfield(L, -2, "argv");
@@ -322,7 +327,7 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
       lua_createtable(L, 0, 2);
       lua_pushinteger(L, (lua_Integer)info.devices[i].index);
       lua_setfield(L, -2, "index");
-      lua_pushstring(L, info.devices[i].name);
+      push_text(h, info.devices[i].name);
       lua_setfield(L, -2, "name");
       lua_rawseti(L, -2, (int)i + 1);
     }
@@ -331,8 +336,10 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
     for (uint32_t i = 0; i < info.nenv; i++) {
       const char *eq = info.env[i] ? strchr(info.env[i], '=') : NULL;
       if (!eq || eq == info.env[i]) continue; /* not NAME=VALUE: skipped */
-      lua_pushlstring(L, info.env[i], (size_t)(eq - info.env[i]));
-      lua_pushstring(L, eq + 1);
+      size_t kn;
+      const char *k = cm_host_text(h, info.env[i], (size_t)(eq - info.env[i]), &kn);
+      lua_pushlstring(L, k, kn);
+      push_text(h, eq + 1);
       lua_rawset(L, -3);
     }
     lua_setfield(L, -2, "env");
@@ -345,14 +352,15 @@ static void push_process(cm_host *h, cm_source *s, int exiting) {
       lua_setfield(L, -2, "exit_code");
     }
     if (info.message) {
-      lua_pushstring(L, info.message);
+      push_text(h, info.message);
       lua_setfield(L, -2, "message");
     }
     if (info.stats) {
       lua_createtable(L, 0, (int)info.nstats);
       for (uint32_t i = 0; i < info.nstats; i++) {
+        push_text(h, info.stats[i].name);
         lua_pushnumber(L, (lua_Number)info.stats[i].value);
-        lua_setfield(L, -2, info.stats[i].name);
+        lua_rawset(L, -3);
       }
       lua_setfield(L, -2, "stats");
     }
@@ -458,6 +466,34 @@ int cm_host_each_observer(cm_host *h,
     if (rc) return rc;
   }
   return 0;
+}
+
+const char *cm_host_text(cm_host *h, const char *s, size_t len, size_t *out_len) {
+  if (!s) s = "", len = 0;
+  if (cm__text_is_clean(s, len)) {
+    if (out_len) *out_len = len;
+    return s;
+  }
+  size_t need = 3 * len + 1;
+  if (need > h->text_cap) {
+    char *p = realloc(h->text_buf, need);
+    if (!p) {
+      if (out_len) *out_len = 0;
+      return "";
+    }
+    h->text_buf = p;
+    h->text_cap = need;
+  }
+  size_t n = cm__text_clean(s, len, h->text_buf, h->text_cap);
+  if (out_len) *out_len = n;
+  return h->text_buf;
+}
+
+/* Pushes an agent's or a capture's string as text (cm_host_text). */
+static void push_text(cm_host *h, const char *s) {
+  size_t n;
+  const char *t = cm_host_text(h, s, s ? strlen(s) : 0, &n);
+  lua_pushlstring(h->L, t, n);
 }
 
 const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len) {
@@ -1404,5 +1440,6 @@ void cm_host_free(cm_host *h) {
   free(h->obs);
   free(h->gone);
   free(h->pm_spec);
+  free(h->text_buf);
   free(h);
 }

@@ -59,4 +59,12 @@ void cm__host_api_ready(cm_host *h);
  * kind of source or when it cannot be created. Implemented in inproc.c. */
 struct cm__apicb *cm__inproc_apicb(cm_source *s);
 
+/* Text from agents and captures (text.c): whether n bytes are well-formed UTF-8 without control
+ * characters; a cleaned copy into out (cap bytes, NUL-terminated; 3 * n + 1 always suffice),
+ * each offending byte replaced with U+FFFD, returning its length; and `s` itself when clean, else
+ * its cleaned copy in buf (cap bytes, truncated between sequences), for one stderr line. */
+int cm__text_is_clean(const char *s, size_t n);
+size_t cm__text_clean(const char *s, size_t n, char *out, size_t cap);
+const char *cm__text_tmp(const char *s, char *buf, size_t cap);
+
 #endif /* CM_HOST_INTERNAL_H */

@@ -63,6 +63,9 @@
  * its source.
  */
 #include <errno.h>
+#include <time.h>
+#include <dirent.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <signal.h>
@@ -135,7 +138,23 @@ typedef struct conn {
   uint64_t await_deadline;
   int outward;         /* --attach: the monitor connected to the agent's socket */
   int detaching;       /* --attach: SELECT "" was sent; nothing more is sent */
+  uint64_t hello_deadline; /* --attach: uv_now() ms by which the agent's HELLO must come */
+  uint64_t partial;    /* this connection's share of hub.partial_total */
 } conn;
+
+/* How long an --attach waits for the agent's HELLO: the agent's listener gives way to a waiting
+ * connection within 250 ms of a silent peer (listen.c), and the first attach starts CUPTI. A
+ * pid whose HELLO does not come in time is named and fails the run (status 1). */
+enum { ATTACH_HELLO_MS = 10000 };
+
+/* ATTACH_HELLO_MS, or CUPTIMON_ATTACH_HELLO_MS (1 to 600000) for tests. */
+static long attach_hello_ms(void) {
+  const char *s = getenv("CUPTIMON_ATTACH_HELLO_MS");
+  char *end;
+  long v = s && *s ? strtol(s, &end, 10) : 0;
+  return s && *s && !*end && v >= 1 && v <= 600000 ? v : ATTACH_HELLO_MS;
+}
+
 
 typedef struct hub {
   cm_host *host;
@@ -175,6 +194,16 @@ typedef struct hub {
   int *tried;          /* pids connected to so far (never twice) */
   int ntried, cap_tried;
   int attach_failed;   /* a named pid could not be attached */
+  /* Memory bounds across the authenticated connections (docs/monitor.md, "Limits"): the bytes
+   * their readers hold or are about to hold for partly received frames, under a budget, and the
+   * number of connections of the run's token. */
+  uint64_t partial_total, partial_budget;
+  uint64_t over_budget, over_cap; /* connections closed for either */
+  uint32_t max_conns;
+  int gate_summary_done;
+  /* agent_log's rate limit: a token bucket of LOG_BURST lines, one more per second. */
+  double log_tokens;
+  uint64_t log_last_ms, log_suppressed;
   char adir[PATH_MAX];
   uv_fs_event_t watch;
   int watch_init;
@@ -194,6 +223,40 @@ static uint64_t env_ms(const char *name, uint64_t dflt) {
   return *end ? dflt : (uint64_t)x;
 }
 
+/* Lines that agents can cause, one or more per connection (a corrupt stream, a frame over a
+ * limit, a flush not answered...): a burst of LOG_BURST, then one a second; the rest are counted
+ * and summarized ("suppressed N messages"), as journald rate-limits a service, so a peer that
+ * opens connections by the thousand cannot flood the terminal. Loop thread. */
+enum { LOG_BURST = 20 };
+
+static void log_flush_suppressed(hub *hb) {
+  cm__wsrc_log_summary();
+  if (!hb->log_suppressed) return;
+  fprintf(stderr, "cuptimon-lua: suppressed %llu messages about agents\n",
+          (unsigned long long)hb->log_suppressed);
+  hb->log_suppressed = 0;
+}
+
+static void agent_log(hub *hb, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void agent_log(hub *hb, const char *fmt, ...) {
+  uint64_t now = uv_now(hb->loop);
+  if (!hb->log_last_ms) hb->log_tokens = LOG_BURST;
+  hb->log_tokens += (double)(now - hb->log_last_ms) / 1000.0;
+  if (hb->log_tokens > LOG_BURST) hb->log_tokens = LOG_BURST;
+  hb->log_last_ms = now ? now : 1;
+  if (hb->log_tokens < 1) {
+    hb->log_suppressed++;
+    return;
+  }
+  hb->log_tokens -= 1;
+  log_flush_suppressed(hb);
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+}
+
 /* ---- the end ------------------------------------------------------------------------------------ */
 
 static void conn_end(conn *c, int end);
@@ -202,13 +265,20 @@ static void conn_detach_now(conn *c);
 /* Stops accepting: the gate thread ends and closes every connection that has not completed its
  * handshake (idle ones are not agents: they neither delay the end nor get a message each). */
 static void stop_gate(hub *hb) {
-  if (hb->gate) {
+  log_flush_suppressed(hb);
+  if (hb->gate && !hb->gate_summary_done) {
+    hb->gate_summary_done = 1; /* stop_gate runs at the end and again at the free: one summary */
     cm__gate_stop(hb->gate);
     cm__gate_stats st;
     cm__gate_get_stats(hb->gate, &st);
     hb->gate_lost = st;
     uint64_t closed = st.refused_uid + st.wrong_token + st.bad_hello + st.oversized +
                       st.timed_out + st.evicted;
+    if (hb->over_budget || hb->over_cap)
+      fprintf(stderr, "cuptimon-lua: %llu agent connections were closed over the budget of %llu "
+              "MiB for partly received frames, %llu over the cap of %u connections per run\n",
+              (unsigned long long)hb->over_budget, (unsigned long long)(hb->partial_budget >> 20),
+              (unsigned long long)hb->over_cap, hb->max_conns);
     if (closed > 3)
       fprintf(stderr, "cuptimon-lua: %llu connections were refused or closed before their "
               "handshake (%llu another uid, %llu wrong token, %llu bad HELLO, %llu oversized, "
@@ -241,7 +311,7 @@ static void finish(hub *hb) {
     if (c->await_status) {
       conn_detach_now(c);
     } else if (c->state != CONN_CLOSING) {
-      fprintf(stderr, "cuptimon-lua: agent pid %u is still connected after the command ended; "
+      agent_log(hb, "cuptimon-lua: agent pid %u is still connected after the command ended; "
               "closing its connection\n", c->w.pid);
       conn_end(c, CM__END_TIMEOUT);
     }
@@ -427,6 +497,7 @@ static void close_capture(hub *hb, conn *c) {
 static void conn_closed(uv_handle_t *hd) {
   conn *c = hd->data;
   hub *hb = g_hub;
+  hb->partial_total -= c->partial;
   close_capture(hb, c);
   for (conn **p = &hb->conns; *p; p = &(*p)->next)
     if (*p == c) {
@@ -450,6 +521,9 @@ static void window_finish(conn *c, int status);
  * received (complete when the process said BYE). Idempotent. */
 static void conn_close(conn *c) {
   c->state = CONN_CLOSING;
+  /* Nothing more is read: its partly received frame leaves the budget now. */
+  g_hub->partial_total -= c->partial;
+  c->partial = 0;
   while (c->nflush) flush_complete(c, 0, CM_EIO);
   if (c->win) window_finish(c, c->w.end == CM__END_BYE ? 0 : CM_EIO);
   if (!uv_is_closing((uv_handle_t *)&c->pipe)) uv_close((uv_handle_t *)&c->pipe, conn_closed);
@@ -468,15 +542,18 @@ static void conn_set_status(conn *c, int status) {
   c->w.exit_known = 1;
 }
 
+/* An outward connection that will never be attached: named, and a named pid fails the run. */
+static void attach_failed(hub *hb, conn *c, const char *why) {
+  fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: %s\n", (int)c->kpid, why);
+  if (!hb->attach_all) hb->attach_failed = 1;
+}
+
 /* Ends the process's connection: process_exit runs when it was attached. */
 static void conn_end(conn *c, int end) {
   hub *hb = g_hub;
-  if (c->outward && !c->w.have_hello && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: it closed the connection without a "
-            "HELLO (the agent refused this monitor, or it is exiting; its stderr says why)\n",
-            (int)c->kpid);
-    if (!hb->attach_all) hb->attach_failed = 1;
-  }
+  if (c->outward && !c->w.have_hello && c->state != CONN_CLOSING)
+    attach_failed(hb, c, "it closed the connection without a HELLO (the agent refused this "
+                  "monitor, or it is exiting; its stderr says why)");
   if (c->w.end == CM__END_NONE) c->w.end = end;
   c->state = CONN_CLOSING; /* nothing more is sent: the unobserves below change no SELECT */
   if (c->w.attached && hb->proc.started && c->kpid == cm__proc_pid(&hb->proc)) {
@@ -506,7 +583,7 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
   char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
   int rc = cm__wsrc_frame(&c->w, f, err, sizeof err);
   if (rc) { /* the gate decoded it already: only memory can fail here */
-    fprintf(stderr, "cuptimon-lua: agent pid %d: %s; closing its connection\n", (int)c->kpid, err);
+    agent_log(hb, "cuptimon-lua: agent pid %d: %s; closing its connection\n", (int)c->kpid, err);
     conn_end(c, CM__END_ERROR);
     return;
   }
@@ -523,6 +600,14 @@ static void on_hello(hub *hb, conn *c, const cm_wire_frame *f) {
     c->hello_frame = *f;
     c->hello_frame.payload = c->hello;
     c->hello_frame.reader = NULL;
+  }
+  /* After the script's end (cm__hub_forget_host) there is no host to attach to: an outward
+   * connection is closed before HELLO_ACK, so the agent stays dormant. */
+  if (!hb->host) {
+    if (c->outward) attach_failed(hb, c, "the script ended before the handshake completed; nothing was traced");
+    else agent_log(hb, "cuptimon-lua: agent pid %d connected after the script ended; not traced\n", (int)c->kpid);
+    conn_end(c, CM__END_ERROR);
+    return;
   }
   hb->attached_any = 1;
   if (c->outward) {
@@ -734,8 +819,9 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
     cm_wire_bye bye;
     memset(&bye, 0, sizeof bye);
     int drc = cm_wire_decode_bye(f, &bye);
+    char clean[1024];
     fprintf(stderr, "cuptimon-lua: cannot attach to pid %d: %s\n", (int)c->kpid,
-            drc == 0 && bye.message ? bye.message : "the agent refused");
+            drc == 0 && bye.message ? cm__text_tmp(bye.message, clean, sizeof clean) : "the agent refused");
     if (!hb->attach_all) hb->attach_failed = 1;
     c->state = CONN_CLOSING;
     conn_close(c);
@@ -743,7 +829,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
   }
   if (!c->w.have_hello) { /* the gate admitted it on this very frame */
     if (c->outward && f->type != CM_WIRE_HELLO) {
-      fprintf(stderr, "cuptimon-lua: pid %d sent %s before HELLO; closing the connection\n",
+      agent_log(hb, "cuptimon-lua: pid %d sent %s before HELLO; closing the connection\n",
               (int)c->kpid, cm_wire_type_name(f->type) ? cm_wire_type_name(f->type) : "a frame");
       conn_end(c, CM__END_ERROR);
       return;
@@ -766,7 +852,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
   char err[CM_WIRE_ERRMSG_SIZE + 64] = "";
   int rc = cm__wsrc_frame(&c->w, f, err, sizeof err);
   if (rc) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u: %s; closing its connection\n", c->w.pid, err);
+    agent_log(hb, "cuptimon-lua: agent pid %u: %s; closing its connection\n", c->w.pid, err);
     conn_end(c, CM__END_ERROR);
     return;
   }
@@ -793,12 +879,30 @@ static void conn_feed(hub *hb, conn *c, const void *data, size_t len) {
       break;
     }
   }
+  if (rc == 0 && c->state != CONN_CLOSING) {
+    /* The frame being received counts against the run's budget from its header on, so a peer
+     * that declares a big frame and sends it slowly holds no more than the others leave. */
+    uint64_t p = cm_wire_reader_pending(c->r);
+    hb->partial_total += p - c->partial;
+    c->partial = p;
+    if (hb->partial_total > hb->partial_budget && p > (1u << 20)) {
+      if (hb->over_budget++ < 3)
+        fprintf(stderr, "cuptimon-lua: agent pid %u: its partly received frame of %llu bytes puts the "
+                "frames being received over the budget of %llu MiB (CUPTIMON_PARTIAL_BUDGET_MB); "
+                "closing its connection\n", c->w.pid, (unsigned long long)p,
+                (unsigned long long)(hb->partial_budget >> 20));
+      hb->partial_total -= c->partial;
+      c->partial = 0;
+      conn_end(c, CM__END_ERROR);
+      return;
+    }
+  }
   if (rc == CM_ERANGE && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
+    agent_log(hb, "cuptimon-lua: agent pid %u sent a frame over the wire format's size limit "
             "(%s); closing its connection\n", c->w.pid, cm_wire_reader_errmsg(c->r));
     conn_end(c, CM__END_ERROR);
   } else if (rc < 0 && c->state != CONN_CLOSING) {
-    fprintf(stderr, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
+    agent_log(hb, "cuptimon-lua: agent pid %u: corrupt stream (%s); closing its connection\n",
             c->w.pid, cm_wire_reader_errmsg(c->r));
     conn_end(c, CM__END_ERROR);
   }
@@ -811,7 +915,7 @@ static void read_cb(uv_stream_t *st, ssize_t nread, const uv_buf_t *buf) {
   if (nread == 0 || c->state == CONN_CLOSING) return;
   if (nread < 0) {
     if (nread != UV_EOF)
-      fprintf(stderr, "cuptimon-lua: agent pid %u: read error: %s\n", c->w.pid, uv_strerror((int)nread));
+      agent_log(hb, "cuptimon-lua: agent pid %u: read error: %s\n", c->w.pid, uv_strerror((int)nread));
     conn_end(c, CM__END_EOF);
     return;
   }
@@ -858,8 +962,18 @@ static void admit_cb(uv_async_t *a) {
   hub *hb = a->data;
   cm__gate_conn gc;
   while (hb->gate && cm__gate_take(hb->gate, &gc)) {
-    if (hb->finished) close(gc.fd);
-    else conn_admit(hb, &gc);
+    if (hb->finished) {
+      close(gc.fd);
+    } else if ((uint32_t)hb->nconns >= hb->max_conns) {
+      /* The token is readable in a traced process's environment: a cap on the connections that
+       * present it bounds what one leak of it can open. */
+      if (hb->over_cap++ < 3)
+        fprintf(stderr, "cuptimon-lua: agent pid %d: over the cap of %u connections per run "
+                "(CUPTIMON_MAX_AGENTS); closing its connection\n", (int)gc.pid, hb->max_conns);
+      close(gc.fd);
+    } else {
+      conn_admit(hb, &gc);
+    }
     cm__gate_conn_release(&gc);
   }
 }
@@ -919,9 +1033,19 @@ static void tick_cb(uv_timer_t *t) {
       break; /* the list may have changed; the next tick goes on */
     }
   for (conn *c = hb->conns; c; c = c->next)
+    if (c->outward && !c->w.have_hello && c->state == CONN_ACTIVE && c->hello_deadline <= now) {
+      char why[160];
+      snprintf(why, sizeof why, "no HELLO within %ld ms (the process is stopped, or its agent's "
+               "listener is not answering)", attach_hello_ms());
+      attach_failed(hb, c, why);
+      c->state = CONN_CLOSING;
+      conn_close(c);
+      break;
+    }
+  for (conn *c = hb->conns; c; c = c->next)
     for (int i = 0; i < c->nflush; i++)
       if (c->flushes[i].deadline <= now) {
-        fprintf(stderr, "cuptimon-lua: agent pid %u did not answer a flush in time\n", c->w.pid);
+        agent_log(hb, "cuptimon-lua: agent pid %u did not answer a flush in time\n", c->w.pid);
         flush_complete(c, i, CM_ETIMEDOUT);
         i = -1; /* the done may have changed the list */
       }
@@ -1014,8 +1138,45 @@ static int make_token(char out[33]) {
   return 0;
 }
 
+/* Removes the private directories that monitors killed with SIGKILL left in `base`: a
+ * "cuptimon-XXXXXX" directory of ours (not a symlink, mode 0700) whose agent.sock, older than
+ * STALE_S seconds, refuses connections (no monitor listens on it). Nothing else is touched: the
+ * rmdir fails when the directory holds anything more. */
+enum { STALE_S = 10 };
+
+static void remove_stale_dirs(const char *base) {
+  DIR *d = opendir(base);
+  if (!d) return;
+  struct dirent *e;
+  time_t now = time(NULL);
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, "cuptimon-", 9) != 0 || strlen(e->d_name) != 15) continue;
+    char dir[PATH_MAX], sock[PATH_MAX + 16];
+    struct stat st;
+    if (snprintf(dir, sizeof dir, "%s/%s", base, e->d_name) >= (int)sizeof dir) continue;
+    if (lstat(dir, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != geteuid() ||
+        (st.st_mode & 0777) != 0700)
+      continue;
+    snprintf(sock, sizeof sock, "%s/agent.sock", dir);
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    if (strlen(sock) >= sizeof sa.sun_path || lstat(sock, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+        st.st_uid != geteuid() || now - st.st_mtime < STALE_S)
+      continue;
+    memcpy(sa.sun_path, sock, strlen(sock) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    int refused = connect(fd, (struct sockaddr *)&sa, sizeof sa) != 0 && errno == ECONNREFUSED;
+    close(fd);
+    if (!refused) continue;
+    if (unlink(sock) == 0 && rmdir(dir) == 0)
+      fprintf(stderr, "cuptimon-lua: removed %s, left by a monitor that was killed\n", dir);
+  }
+  closedir(d);
+}
+
 static int make_socket(hub *hb) {
   const char *tmp = getenv("TMPDIR");
+  remove_stale_dirs(tmp && *tmp ? tmp : "/tmp");
   for (int attempt = 0; attempt < 2; attempt++) {
     const char *base = attempt == 0 && tmp && *tmp ? tmp : "/tmp";
     snprintf(hb->dir, sizeof hb->dir, "%s/cuptimon-XXXXXX", base);
@@ -1082,6 +1243,7 @@ static int attach_pid(hub *hb, int pid) {
   conn *c = conn_admit(hb, &gc);
   if (!c) return -1;
   c->outward = 1;
+  c->hello_deadline = uv_now(hb->loop) + (uint64_t)attach_hello_ms();
   return 0;
 }
 
@@ -1159,6 +1321,13 @@ void cm__hub_detach(void) {
   if (!hb || !hb->attach) return;
   hb->finished = 1;
   stop_watch(hb);
+  for (conn *c = hb->conns; c; c = c->next)
+    if (c->outward && !c->w.have_hello && c->state == CONN_ACTIVE) {
+      /* The script ended before this agent's HELLO: it was never traced. */
+      attach_failed(hb, c, "the script ended before the agent's HELLO came; nothing was traced");
+      c->state = CONN_CLOSING;
+      conn_close(c);
+    }
   for (conn *c = hb->conns; c; c = c->next) {
     if (c->state != CONN_ACTIVE || !c->w.attached || c->detaching) continue;
     cm_wire_buf b;
@@ -1194,6 +1363,10 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   hb->spawn_timer.data = hb->drain_timer.data = hb->tick_timer.data = hb;
   cm__proc_init(&hb->proc, loop, proc_exit, hb);
   hb->timers_init = 1;
+  hb->partial_budget = env_ms("CUPTIMON_PARTIAL_BUDGET_MB", 256) << 20;
+  hb->max_conns = (uint32_t)env_ms("CUPTIMON_MAX_AGENTS", 4096);
+  if (hb->partial_budget == 0 || hb->partial_budget > ((uint64_t)64 << 30)) hb->partial_budget = (uint64_t)256 << 20;
+  if (hb->max_conns == 0) hb->max_conns = 4096;
   if (req->attach) {
     if (req->cmd || req->nreplay || req->record || req->select) {
       fprintf(stderr, "cuptimon-lua: --attach cannot be combined with `-- cmd`, --replay, --record "
@@ -1344,6 +1517,8 @@ int cm__hub_lost_handshakes(int32_t *pids, int max) {
   for (int i = 0; i < kept && i < max; i++) pids[i] = hb->gate_lost.lost_pids[i];
   return n;
 }
+
+int cm__hub_attach_failed(void) { return g_hub && g_hub->attach && g_hub->attach_failed; }
 
 int cm__hub_finished(int *status) {
   hub *hb = g_hub;

@@ -45,6 +45,9 @@ void cm__hub_start(void);
 /* A signal arrived. Returns 1 when the hub handles it (it forwards SIGINT/SIGTERM to the
  * command and ends when the command does), 0 when the caller should end the script itself. */
 int cm__hub_signal(int signum);
+/* --attach: whether a named pid could not be attached (named on stderr); such a run fails with
+ * status 1 even when the script chose 0 with cm.exit. */
+int cm__hub_attach_failed(void);
 /* Whether the hub has finished (the command exited and its agents are done, or every capture was
  * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
 int cm__hub_finished(int *status);
@@ -168,6 +171,10 @@ struct cm__wsrc {
   uint64_t gap_frames;     /* numbers skipped so far: frames that never arrived */
   int have_queued;         /* a STATS carried records_queued */
   uint64_t recv_at_stats, batches_at_stats, gaps_at_stats;
+  uint32_t pm_expect;      /* PM_STATUS answers still due for the PM requests sent */
+  uint64_t pm_unsolicited; /* PM_STATUS frames with none due: ignored */
+  uint64_t skipped_bytes;  /* bytes of a capture skipped as corrupt while this process was read:
+                            * frames of it may be in them, so its counts are a lower bound */
 };
 
 /* Caps on what one process's frames may make the monitor keep (docs/monitor.md). Beyond them,
@@ -197,6 +204,9 @@ void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds);
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);
 /* The latest value of a STATS counter, or 0. */
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name);
+/* Prints how many warnings about processes' frames the rate limit suppressed since the last
+ * line, if any (hub_source.c). Loop thread. */
+void cm__wsrc_log_summary(void);
 /* What the process lost so far, from its STATS and the BATCH numbers received. */
 void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out);
 /* Frees what the wsrc holds (not the struct). */

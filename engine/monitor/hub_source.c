@@ -60,7 +60,7 @@ typedef struct cm__wstr {
 } cm__wstr;
 
 /* One-time warnings (cm__wsrc.warned bits). */
-enum { WARN_KINDS = 1, WARN_STATS = 2, WARN_TYPE = 4 };
+enum { WARN_KINDS = 1, WARN_STATS = 2, WARN_TYPE = 4, WARN_PM = 8 };
 
 /* The string table starts at 2^STR_BITS_MIN slots and stops growing at 2^STR_BITS_MAX (16 GiB
  * of slots: never reached, since every entry arrived as at least 9 bytes of a frame). */
@@ -448,7 +448,14 @@ static int ws_pm(cm_source *s, const char *spec, char *err, size_t errlen) {
   }
   free(w->pm_spec);
   w->pm_spec = copy;
-  if (w->ops->pm) w->ops->pm(w, copy);
+  if (w->ops->pm) {
+    /* The agent answers each entry (';'-separated) with one PM_STATUS, or the whole request
+     * with one refusal: that many answers are due, and any beyond them are ignored. */
+    uint32_t n = *copy ? 1 : 0;
+    for (const char *p = copy; *p; p++) n += *p == ';';
+    w->pm_expect += n;
+    w->ops->pm(w, copy);
+  }
   return 0;
 }
 
@@ -544,12 +551,43 @@ static void free_kind(cm__wkind *k) {
   memset(k, 0, sizeof *k);
 }
 
+/* The warnings below are once per process, but a peer (or a capture) can make many processes:
+ * across them, a burst of LOG_BURST lines, then one a second; the rest are counted and reported
+ * by cm__wsrc_log_summary. Loop thread only. */
+enum { LOG_BURST = 20 };
+static double log_tokens = LOG_BURST;
+static uint64_t log_last_ms, log_suppressed;
+
+static int log_ok(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
+  if (log_last_ms) log_tokens += (double)(now - log_last_ms) / 1000.0;
+  if (log_tokens > LOG_BURST) log_tokens = LOG_BURST;
+  log_last_ms = now;
+  if (log_tokens < 1) {
+    log_suppressed++;
+    return 0;
+  }
+  log_tokens -= 1;
+  cm__wsrc_log_summary();
+  return 1;
+}
+
+void cm__wsrc_log_summary(void) {
+  if (!log_suppressed) return;
+  fprintf(stderr, "cuptimon-lua: suppressed %llu warnings about processes' frames\n",
+          (unsigned long long)log_suppressed);
+  log_suppressed = 0;
+}
+
 /* Prints a cap's warning once per process. */
 static void warn_once(cm__wsrc *w, int bit, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 static void warn_once(cm__wsrc *w, int bit, const char *fmt, ...) {
   if (w->warned & bit) return;
   w->warned |= bit;
+  if (!log_ok()) return;
   va_list ap;
   va_start(ap, fmt);
   fprintf(stderr, "cuptimon-lua: warning: %s pid %u: ", w->origin, w->pid);
@@ -786,7 +824,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
     for (uint32_t i = 0; i < wb.batch.ncols; i++)
       if (cm_selection_has(sel, kind, wb.cols[i].field)) cols[nc++] = wb.cols[i];
     if ((int)nc < want) {
-      if (!w->warned_missing++)
+      if (!w->warned_missing++ && log_ok())
         fprintf(stderr,
                 "cuptimon-lua: warning: %s pid %u: a %s batch lacks %d of the fields an observer "
                 "selected; such batches are skipped for that observer\n",
@@ -826,8 +864,16 @@ static int on_pm_status(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t e
     snprintf(err, errlen, "bad PM_STATUS: %s", cm_wire_reader_errmsg(f->reader));
     return rc;
   }
+  /* Only answers to requests sent count: a flood of unsolicited ones is one warning. */
+  if (w->pm_expect == 0) {
+    w->pm_unsolicited++;
+    warn_once(w, WARN_PM, "PM_STATUS frames with no PM request outstanding are ignored");
+    return 0;
+  }
+  w->pm_expect--;
   if (status == 0 || !w->attached || !w->base.host) return 0;
-  char text[4400];
+  char text[4400], clean[4096];
+  msg = cm__text_tmp(msg, clean, sizeof clean); /* the agent's bytes, for a terminal */
   if (device == UINT32_MAX)
     snprintf(text, sizeof text, "process %u refused the PM request: %s: %.4000s", w->pid,
              cm_err_name(status), msg);
@@ -905,8 +951,10 @@ void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
    * a corrupt or truncated stream) never sent its final counts. */
   out->tail_unknown = cm__wsrc_stat(w, "exit_tail_unknown") != 0;
   out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE &&
-                     w->end != CM__END_DETACHED) || gaps_after > 0 || out->tail_unknown;
+                     w->end != CM__END_DETACHED) || gaps_after > 0 || out->tail_unknown ||
+                    w->skipped_bytes > 0;
   out->last_number = w->last_number;
+  out->skipped_bytes = w->skipped_bytes;
 }
 
 uint64_t cm__wsrc_stat(const cm__wsrc *w, const char *name) {

@@ -248,6 +248,11 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
          (unsigned long long)sum.lost_frames, sum.lost_frames == 1 ? "" : "s");
     sep = ", ";
   }
+  if (sum.skipped_bytes) {
+    addf(cats, sizeof cats, &c, "%s%llu corrupt capture bytes skipped", sep,
+         (unsigned long long)sum.skipped_bytes);
+    sep = ", ";
+  }
   if (sum.incomplete && sum.dropped) addf(cats, sizeof cats, &c, "%sthe rest unknown", sep);
   size_t n = 0;
   line[0] = 0;
@@ -270,26 +275,52 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
     return 1;
   }
   addf(line, cap, &n, " in");
-  int id, pid, listed = 0;
-  sep = " pid ";
+  /* Each pid once, however many connections (attach windows, reconnects) it had: what its
+   * sources lost is merged. */
+  enum { MAX_LISTED = 16 };
+  struct {
+    int pid, final_missing;       /* a source of it ended without its final counts */
+    int tail_unknown;             /* a source's exit left its final flush behind */
+    uint64_t last_number, skipped; /* the largest last batch number of those; corrupt bytes */
+  } by_pid[MAX_LISTED];
+  int id, pid, npids = 0, more = 0;
   for (int i = 0; cm_host_source_loss_at(h, i, &id, &pid, &l) == 0; i++) {
     if (!l.dropped && !l.incomplete && !l.lost_frames) continue;
-    if (listed++ == 16) {
-      addf(line, cap, &n, ", ...");
-      break;
+    int k = 0;
+    while (k < npids && by_pid[k].pid != pid) k++;
+    if (k == npids) {
+      if (npids == MAX_LISTED) {
+        more = 1;
+        continue;
+      }
+      memset(&by_pid[k], 0, sizeof by_pid[k]);
+      by_pid[k].pid = pid;
+      npids++;
     }
-    addf(line, cap, &n, "%s%d", sep, pid);
-    if (l.tail_unknown)
+    by_pid[k].skipped += l.skipped_bytes;
+    by_pid[k].tail_unknown |= l.tail_unknown != 0;
+    if (l.incomplete && !l.skipped_bytes && !l.tail_unknown) {
+      by_pid[k].final_missing = 1;
+      if (l.last_number > by_pid[k].last_number) by_pid[k].last_number = l.last_number;
+    }
+  }
+  sep = " pid ";
+  for (int k = 0; k < npids; k++) {
+    addf(line, cap, &n, "%s%d", sep, by_pid[k].pid);
+    if (by_pid[k].skipped)
+      addf(line, cap, &n, " (its capture is damaged)");
+    else if (by_pid[k].tail_unknown)
       addf(line, cap, &n, " (its exit left the final flush behind at the deadline: the records "
                           "CUPTI still held are unknown)");
-    else if (l.incomplete && l.last_number)
+    else if (by_pid[k].final_missing && by_pid[k].last_number)
       addf(line, cap, &n,
            " (its final counts are missing; the last batch frame received was %llu)",
-           (unsigned long long)l.last_number);
-    else if (l.incomplete)
+           (unsigned long long)by_pid[k].last_number);
+    else if (by_pid[k].final_missing)
       addf(line, cap, &n, " (its final counts are missing)");
     sep = ", pid ";
   }
+  if (more) addf(line, cap, &n, ", ...");
   if (ngone) {
     addf(line, cap, &n, "; and every record of %d process%s whose handshake was cut short (pid",
          ngone, ngone == 1 ? "" : "es");
@@ -508,6 +539,8 @@ int main(int argc, char **argv) {
    * cm.exit(0), so a broken script never looks like a clean one. A non-zero status (a failing
    * command's, or one the script chose) is kept. */
   if (status == 0 && errors) status = 1;
+  /* A named --attach pid that was never attached fails the run, whatever the script chose. */
+  if (status == 0 && cm__hub_attach_failed()) status = 1;
   if (nothing_traced) {
     fprintf(stderr, "cuptimon-lua: the script observed nothing: there is no command to monitor. "
             "Run `cuptimon-lua %s -- cmd args...` to monitor a program, or `cuptimon-lua --replay "

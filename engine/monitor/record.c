@@ -36,7 +36,36 @@ struct cm__capture {
   FILE *fp;
   char *path;
   uint64_t frames;
+  /* A write that failed (ENOSPC, EIO) ends the file there: that frame and every later one are
+   * not written, and their records are counted as dropped, so the summary never says "0
+   * dropped" for a capture that lost its tail. */
+  int err;                         /* the errno of the first failed write, 0 while good */
+  uint64_t unwritten_records, unwritten_batches;
+  uint64_t bytes, limit;           /* bytes written; CUPTIMON_TEST_RECORD_ENOSPC_AT (0: none) */
 };
+
+static int is_batch(const uint8_t *frame) { return (frame[4] | frame[5] << 8) == CM_WIRE_BATCH; }
+
+/* The records of a frame: a BATCH's n (payload offset 12), 0 for other types. */
+static uint64_t frame_records(const uint8_t *frame, size_t len) {
+  if (len < CM_WIRE_FRAME_HEADER_SIZE + 16 || !is_batch(frame)) return 0;
+  const uint8_t *p = frame + CM_WIRE_FRAME_HEADER_SIZE + 12;
+  return (uint64_t)p[0] | (uint64_t)p[1] << 8 | (uint64_t)p[2] << 16 | (uint64_t)p[3] << 24;
+}
+
+/* Writes whole frames (n bytes) holding `records` records, flushed at once so a failure is seen
+ * on the frame that caused it. Returns 0, or -1 once the capture has failed. */
+static int cap_write(cm__capture *c, const void *p, size_t n, uint64_t records, uint64_t batches) {
+  if (!c->err && c->limit && c->bytes + n > c->limit) c->err = ENOSPC; /* the test hook */
+  if (!c->err && (fwrite(p, 1, n, c->fp) != n || fflush(c->fp) != 0)) c->err = errno ? errno : EIO;
+  if (c->err) {
+    c->unwritten_records += records;
+    c->unwritten_batches += batches;
+    return -1;
+  }
+  c->bytes += n;
+  return 0;
+}
 
 struct cm__record {
   char *tmpl;
@@ -173,8 +202,9 @@ cm__capture *cm__record_open(cm__record *r, uint32_t pid, const cm_wire_hello *h
   cm_wire_hello copy = *hello;
   copy.token = "";
   cm_wire_write_hello(&b, &copy);
-  fwrite(b.data, 1, b.len, c->fp);
-  c->frames++;
+  const char *lim = getenv("CUPTIMON_TEST_RECORD_ENOSPC_AT");
+  c->limit = lim && *lim ? strtoull(lim, NULL, 10) : 0;
+  if (cap_write(c, b.data, b.len, 0, 0) == 0) c->frames++;
   cm_wire_buf_free(&b);
   return c;
 }
@@ -182,15 +212,22 @@ cm__capture *cm__record_open(cm__record *r, uint32_t pid, const cm_wire_hello *h
 void cm__record_frame(cm__capture *c, const cm_wire_frame *f) {
   if (!c || f->type == CM_WIRE_FLUSH_DONE) return;
   /* The reader keeps the verified header just before the payload. */
-  fwrite(f->payload - CM_WIRE_FRAME_HEADER_SIZE, 1, CM_WIRE_FRAME_HEADER_SIZE + (size_t)f->len,
-         c->fp);
-  c->frames++;
+  const uint8_t *h = f->payload - CM_WIRE_FRAME_HEADER_SIZE;
+  size_t n = CM_WIRE_FRAME_HEADER_SIZE + (size_t)f->len;
+  if (cap_write(c, h, n, frame_records(h, n), (uint64_t)is_batch(h)) == 0) c->frames++;
 }
 
 void cm__record_bytes(cm__capture *c, const cm_wire_buf *b, uint64_t frames) {
   if (!c || !b->len) return;
-  fwrite(b->data, 1, b->len, c->fp);
-  c->frames += frames;
+  uint64_t records = 0, batches = 0;
+  for (size_t o = 0; o + CM_WIRE_FRAME_HEADER_SIZE <= b->len;) {
+    uint64_t len = 0;
+    for (int i = 0; i < 8; i++) len |= (uint64_t)b->data[o + 8 + i] << (8 * i);
+    records += frame_records(b->data + o, b->len - o);
+    batches += (uint64_t)is_batch(b->data + o);
+    o += CM_WIRE_FRAME_HEADER_SIZE + (size_t)len;
+  }
+  if (cap_write(c, b->data, b->len, records, batches) == 0) c->frames += frames;
 }
 
 const char *cm__record_path(const cm__capture *c) { return c ? c->path : NULL; }
@@ -198,12 +235,20 @@ const char *cm__record_path(const cm__capture *c) { return c ? c->path : NULL; }
 void cm__record_close(cm__record *r, cm__capture *c, uint64_t batches, uint64_t records,
                       uint64_t dropped, int incomplete) {
   if (!c) return;
-  int bad = ferror(c->fp) != 0;
+  int bad = ferror(c->fp) != 0 || c->err != 0;
+  int e = c->err ? c->err : errno;
   bad |= fclose(c->fp) != 0;
   if (bad) {
-    fprintf(stderr, "cuptimon-lua: error writing capture %s: %s\n", c->path, strerror(errno));
+    if (!c->err) e = errno;
+    fprintf(stderr, "cuptimon-lua: error writing capture %s: %s%s\n", c->path, strerror(e),
+            c->err ? "; the file ends at the frame that failed, and the records after it are "
+                     "counted as dropped" : "");
     r->failures++;
   }
+  dropped += c->unwritten_records;
+  /* The summary counts what the file holds. */
+  records = records > c->unwritten_records ? records - c->unwritten_records : 0;
+  batches = batches > c->unwritten_batches ? batches - c->unwritten_batches : 0;
   record_summary *s = calloc(1, sizeof *s);
   if (s) {
     s->path = c->path;

@@ -22,7 +22,9 @@
  * truncated one replays up to its last whole frame, with a warning naming the byte offset. In a
  * corrupt one, the file reader skips each corrupt stretch to the next valid frame (docs/wire.md,
  * "Resynchronizing"), with a warning naming the offset and the bytes skipped, and the replay goes
- * on; the frames after it belong to the process of the last HELLO read. A frame whose payload
+ * on; the frames after it belong to the process of the last HELLO read, and that process is
+ * incomplete (the bytes skipped are counted in its loss, so the run prints the LOST line and exits
+ * 3). A frame whose payload
  * does not decode ends its capture with a warning. A capture that yields no frame at all makes
  * the run's status 1 (through `finished`), so an empty or ruined capture never looks like a
  * clean replay of nothing.
@@ -46,7 +48,9 @@ typedef struct stream {
   cm_wire_frame frame; /* valid until the next cm_wire_file_next on cf */
   uint64_t key, last_key;
   uint64_t frames;     /* frames read */
-  uint64_t resyncs;    /* corrupt stretches reported so far */
+  uint64_t resyncs;     /* corrupt stretches reported so far */
+  uint64_t skipped;     /* their bytes, as attributed so far */
+  uint64_t orphan_skip; /* bytes skipped before any process: charged to the next one */
 } stream;
 
 typedef struct replay {
@@ -90,8 +94,25 @@ static int new_process(replay *rp, stream *st) {
   cm__wsrc *w = calloc(1, sizeof *w);
   if (!w) return CM_ENOMEM;
   cm__wsrc_init(w, &replay_ops, st, "replay");
+  w->skipped_bytes = st->orphan_skip;
+  st->orphan_skip = 0;
   st->cur = w;
   return 0;
+}
+
+/* Charges the bytes the reader skipped since the last call (corrupt stretches, the one the
+ * capture ended in included) to the process being read: frames of it may have been in them, so
+ * its counts become a lower bound (incomplete: the LOST line and status 3). A process whose BYE
+ * was read stays current until the next frame, so damage right after its end is charged to it;
+ * bytes before any process go to the next one. */
+static void charge_skipped(stream *st) {
+  uint64_t bytes = 0;
+  cm_wire_file_resyncs(st->cf, &bytes);
+  if (bytes == st->skipped) return;
+  uint64_t d = bytes - st->skipped;
+  st->skipped = bytes;
+  if (st->cur) st->cur->skipped_bytes += d;
+  else st->orphan_skip += d;
 }
 
 /* The stream is over; a capture that gave nothing is reported and fails the run. */
@@ -105,8 +126,12 @@ static void stream_done(replay *rp, stream *st, int end) {
   }
 }
 
+/* The rest of the capture cannot be read: the process being read loses its end, even one whose
+ * BYE came (what followed it is unknown). */
 static void stream_fail(replay *rp, stream *st, const char *what) {
   fprintf(stderr, "cuptimon-lua: warning: capture %s: %s\n", st->path, what);
+  charge_skipped(st);
+  if (st->cur && st->cur->end == CM__END_BYE && st->cur->skipped_bytes == 0) st->cur->end = CM__END_ERROR;
   stream_done(rp, st, CM__END_ERROR);
 }
 
@@ -118,6 +143,7 @@ static void advance(replay *rp, stream *st) {
     cm_wire_frame f;
     int rc = cm_wire_file_next(st->cf, &f);
     if (rc == 0) {
+      charge_skipped(st);
       stream_done(rp, st, CM__END_EOF);
       return;
     }
@@ -131,6 +157,8 @@ static void advance(replay *rp, stream *st) {
       st->resyncs = resyncs;
       fprintf(stderr, "cuptimon-lua: warning: capture %s: %s\n", st->path, cm_wire_reader_resync_msg(f.reader));
     }
+    charge_skipped(st);
+    if (st->cur && st->cur->end == CM__END_BYE) end_process(st, CM__END_BYE);
     if (f.type == CM_WIRE_HELLO) {
       end_process(st, CM__END_EOF);
       if (new_process(rp, st)) { stream_fail(rp, st, "out of memory"); return; }
@@ -154,7 +182,7 @@ static void advance(replay *rp, stream *st) {
     }
     err[0] = 0;
     if (cm__wsrc_frame(st->cur, &f, err, sizeof err)) { stream_fail(rp, st, err); return; }
-    if (f.type == CM_WIRE_BYE) end_process(st, CM__END_BYE);
+    /* After BYE the process stays current until the next frame (charge_skipped). */
   }
 }
 
@@ -261,6 +289,7 @@ static void free_replay(uv_handle_t *hd) { free(hd->data); }
 void cm__replay_free(void) {
   replay *rp = g_replay;
   if (!rp) return;
+  cm__wsrc_log_summary();
   g_replay = NULL;
   for (int i = 0; i < rp->n; i++) {
     cm__wsrc *w = rp->s[i].cur;

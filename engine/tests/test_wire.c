@@ -699,10 +699,11 @@ static void test_resync(void) {
         int n, rc = rs_read(copy, b.len, chunks[c], &e, &n, &r);
         uint64_t bytes, resyncs = cm_wire_reader_resyncs(r, &bytes);
         if (k == NFRAMES - 1) {
-          /* The last frame: the stretch runs to the end, which end() reports. */
+          /* The last frame: the stretch runs to the end, which end() reports and counts. */
           CMT_EQ(rc, CM_EIO);
           CMT_EQ(n, NFRAMES - 1);
-          CMT_EQU(resyncs, 0);
+          CMT_EQU(resyncs, 1);
+          CMT_EQU(bytes, ends[k] - starts[k]);
           snprintf(expect, sizeof expect, "at byte %zu", starts[k]);
           CMT_CONTAINS(cm_wire_reader_errmsg(r), expect);
           snprintf(expect, sizeof expect, "no valid frame in the %zu bytes from byte %zu to the end at byte %zu",
@@ -1201,6 +1202,28 @@ static void test_files(void) {
   snprintf(expect, sizeof expect, "bad checksum at byte %zu", big_start);
   CMT_CONTAINS(msg, expect);
   CMT_CONTAINS(msg, "no valid frame in the");
+  /* A crafted header with valid checksums that declares 1 GiB, inserted after the second
+   * frame, hides nothing: the file ends before such a frame could, so the reader skips its 24
+   * bytes and reads every frame after it (issue 19, item 5). */
+  b.data[big_start + 1500000] ^= 0x10;
+  {
+    uint8_t h[24] = {'C', 'M', CM_WIRE_MAJOR, CM_WIRE_MINOR, CM_WIRE_BATCH, 0};
+    uint64_t big = (uint64_t)1 << 30;
+    for (int i = 0; i < 8; i++) h[8 + i] = (uint8_t)(big >> (8 * i));
+    uint32_t crc = cm_wire_crc32c(0, h, 20);
+    for (int i = 0; i < 4; i++) h[20 + i] = (uint8_t)(crc >> (8 * i));
+    uint8_t *q = malloc(b.len + 24);
+    memcpy(q, b.data, starts[2]);
+    memcpy(q + starts[2], h, 24);
+    memcpy(q + starts[2] + 24, b.data + starts[2], b.len - starts[2]);
+    write_file(path, q, b.len + 24);
+    free(q);
+    CMT_EQ(read_file(path, &n, msg), 0);
+    CMT_EQ(n, NFRAMES + 2);
+    snprintf(expect, sizeof expect, "skipped 24 bytes from byte %zu to the next valid frame at byte %zu",
+             starts[2], starts[2] + 24);
+    CMT_CONTAINS(resync_note, expect);
+  }
   /* An empty file is a truncated capture. */
   write_file(path, b.data, 0);
   CMT_EQ(read_file(path, &n, msg), CM_EIO);

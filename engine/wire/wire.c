@@ -40,6 +40,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- Little-endian access ---------------------------------------------------------------- */
 
@@ -614,6 +615,12 @@ struct cm_wire_reader {
   uint64_t resyncs;        /* corrupt stretches skipped and left behind */
   uint64_t resync_bytes;   /* their total length */
   uint64_t resync_work;    /* payload bytes checked in vain during the current stretch */
+  /* The stream's whole length when known (a capture file's size; 0: unknown, a live stream).
+   * With CM_WIRE_READER_RESYNC, a frame whose header checks out but that would end past it can
+   * never be whole: it is a corrupt stretch like any other, so a crafted header declaring 1 GiB
+   * does not hide the frames after it. */
+  uint64_t stream_end;
+  int resync_truncated;    /* the current stretch began at such a frame */
   char cause[CM_WIRE_ERRMSG_SIZE];
   char note[CM_WIRE_ERRMSG_SIZE + 128];
 };
@@ -665,6 +672,7 @@ static int corrupt(cm_wire_reader *r, uint64_t at, const char *fmt, ...) {
     vsnprintf(r->cause, sizeof r->cause, fmt, ap);
     r->resyncing = 1;
     r->resync_at = at;
+    r->resync_truncated = 0;
   }
   va_end(ap);
   r->head++;
@@ -727,6 +735,24 @@ uint64_t cm_wire_reader_resyncs(const cm_wire_reader *r, uint64_t *bytes_skipped
   return r ? r->resyncs : 0;
 }
 const char *cm_wire_reader_resync_msg(const cm_wire_reader *r) { return r ? r->note : ""; }
+
+uint64_t cm_wire_reader_pending(const cm_wire_reader *r) {
+  if (!r) return 0;
+  size_t avail = r->tail - r->head;
+  const uint8_t *h = r->buf + r->head;
+  if (avail >= CM_WIRE_FRAME_HEADER_SIZE && !r->resyncing && h[0] == 'C' && h[1] == 'M' &&
+      cm_wire_crc32c(0, h, 20) == ld32(h + 20) && ld64(h + 8) <= CM_WIRE_MAX_PAYLOAD) {
+    uint64_t whole = CM_WIRE_FRAME_HEADER_SIZE + ld64(h + 8);
+    return whole > avail ? whole : avail;
+  }
+  return avail;
+}
+
+/* Tells a resynchronizing reader the stream's whole length (see stream_end). A file reader calls
+ * it with the file's size before each read and with the exact length at its end. */
+static void reader_set_end(cm_wire_reader *r, uint64_t end) {
+  if (end >= r->base + r->tail) r->stream_end = end;
+}
 
 int cm_wire_reader_feed(cm_wire_reader *r, const void *data, size_t len) {
   if (!r || (len && !data)) return CM_EINVAL;
@@ -832,7 +858,19 @@ int cm_wire_reader_next(cm_wire_reader *r, cm_wire_frame *f) {
         return r->err;
       continue;
     }
-    if (avail - CM_WIRE_FRAME_HEADER_SIZE < len) return 0;
+    if (avail - CM_WIRE_FRAME_HEADER_SIZE < len) {
+      if (!(r->flags & CM_WIRE_READER_RESYNC) || !r->stream_end ||
+          at64 + CM_WIRE_FRAME_HEADER_SIZE + len <= r->stream_end)
+        return 0;
+      int fresh = !r->resyncing;
+      corrupt(r, at64, "%llu whole frames, truncated at byte %llu (the frame at byte %llu needs %llu "
+              "bytes, %llu present)", (unsigned long long)(r->frames + r->skipped),
+              (unsigned long long)r->stream_end, at,
+              (unsigned long long)(CM_WIRE_FRAME_HEADER_SIZE + len),
+              (unsigned long long)(r->stream_end - at64));
+      if (fresh) r->resync_truncated = 1;
+      continue;
+    }
     if (r->resyncing && r->resync_work + len > RESYNC_WORK_FACTOR * (at64 - r->resync_at) + RESYNC_WORK_MIN) {
       /* Candidates whose headers check out but whose payloads do not are rare in real damage;
        * a stretch full of them is crafted. Their payload checks are bounded by the bytes
@@ -900,9 +938,17 @@ int cm_wire_reader_end(cm_wire_reader *r) {
   if ((r->flags & CM_WIRE_READER_CAPTURE) && !r->have_file_header)
     return fail(r, CM_EIO, "0 whole frames, truncated at byte %llu (in the %d-byte file header)", end,
                 CM_WIRE_FILE_HEADER_SIZE);
-  if (r->resyncing)
+  /* A stretch that began at a frame cut by the end and found no frame after it: the stream is
+   * simply truncated (a crafted length hid nothing). */
+  if (r->resyncing && r->resync_truncated) return fail(r, CM_EIO, "%s", r->cause);
+  if (r->resyncing) {
+    /* The stretch the stream ends in counts as skipped too. */
+    r->resyncing = 0;
+    r->resyncs++;
+    r->resync_bytes += end - r->resync_at;
     return fail(r, CM_EIO, "%s; no valid frame in the %llu bytes from byte %llu to the end at byte %llu",
                 r->cause, end - (unsigned long long)r->resync_at, (unsigned long long)r->resync_at, end);
+  }
   size_t left = r->tail - r->head;
   if (left == 0) return 0;
   if (left < CM_WIRE_FRAME_HEADER_SIZE)
@@ -1370,6 +1416,11 @@ int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f) {
     int rc = cm_wire_reader_next(cf->r, f);
     if (rc != 0) return rc;
     if (cf->eof) return cm_wire_reader_end(cf->r);
+    /* The file's size bounds every frame in it: a frame declared past it is corrupt at once,
+     * rather than after the rest of the file was buffered waiting for it (the reader goes on
+     * one byte past its header). A capture still being written is read up to its size now. */
+    struct stat sb;
+    if (fstat(fileno(cf->fp), &sb) == 0 && S_ISREG(sb.st_mode)) reader_set_end(cf->r, (uint64_t)sb.st_size);
     size_t got = fread(cf->chunk, 1, FILE_CHUNK, cf->fp);
     if (got < FILE_CHUNK) {
       if (ferror(cf->fp)) {
@@ -1379,12 +1430,17 @@ int cm_wire_file_next(cm_wire_file *cf, cm_wire_frame *f) {
       cf->eof = 1;
     }
     if (got && (rc = cm_wire_reader_feed(cf->r, cf->chunk, got)) != 0) return rc;
+    if (cf->eof) cf->r->stream_end = cf->r->base + cf->r->tail;
   }
 }
 
 const char *cm_wire_file_errmsg(const cm_wire_file *cf) {
   if (!cf) return "";
   return cf->msg[0] ? cf->msg : cm_wire_reader_errmsg(cf->r);
+}
+
+uint64_t cm_wire_file_resyncs(const cm_wire_file *cf, uint64_t *bytes_skipped) {
+  return cm_wire_reader_resyncs(cf ? cf->r : NULL, bytes_skipped);
 }
 
 void cm_wire_file_close(cm_wire_file *cf) {

@@ -145,6 +145,7 @@ void cm_free(void *p);
 
 typedef struct cm_host cm_host;
 const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
+const char *cm_host_text(cm_host *h, const char *s, size_t len, size_t *out_len);
 int cm_host_source_stats(cm_host *h, int source, cm_stats *out);
 ]]
 

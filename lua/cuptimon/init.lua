@@ -312,7 +312,8 @@ end
 --- "detached"), exit_code (from the agent's BYE), message, stats (the agent's counters) and
 --- what the process lost, in records: dropped (all of it) = dropped_cupti + dropped_agent +
 --- dropped_exit + lost_wire; received, produced (received + dropped), lost_frames, incomplete
---- (1 when the final counts never arrived: the numbers are a lower bound), last_number.
+--- (1 when the final counts never arrived: the numbers are a lower bound), last_number,
+--- skipped_bytes (bytes of a capture skipped as corrupt; any makes the process incomplete).
 function M.on(event, fn)
   local list = hooks[event]
   if not list then
@@ -354,7 +355,8 @@ local stat_names = {
 --- processes that already exited included), as a table of numbers with records_by_kind keyed by
 --- kind name, and the losses in records: dropped (every record lost, also records_dropped) =
 --- dropped_cupti + dropped_agent + dropped_exit + lost_wire, received, produced, lost_frames,
---- incomplete (sources whose final counts never arrived), last_number. The lag: lag_s and
+--- incomplete (sources whose final counts never arrived), last_number, skipped_bytes (corrupt
+--- capture bytes skipped). The lag: lag_s and
 --- lag_peak_s (how far behind the records the script's view is: a batch's arrival less its newest
 --- record start, now and at its peak; the largest over sources for the sum), backlog_records (the
 --- records the agent had decoded and not yet sent at its last STATS), and by stage, in ns:

@@ -74,7 +74,7 @@ step nvtx_profiler python3 spec/gpu/torch_nvtx.py 200 profiler
 step nvtx_top "$LUA" scripts/top.lua --full-names --top 100000 -- python3 spec/gpu/torch_nvtx.py 200
 step nvtx_top_cmp python3 spec/gpu/compare_top.py "$OUT/nvtx_profiler.log" "$OUT/nvtx_top.log"
 step nvtx_nvtx "$LUA" scripts/nvtx.lua -- python3 spec/gpu/torch_nvtx.py 200
-step nvtx_timeline "$LUA" scripts/timeline.lua -o "$OUT/torch_trace.json" -- python3 spec/gpu/torch_nvtx.py 200
+step nvtx_timeline "$LUA" scripts/timeline.lua --force -o "$OUT/torch_trace.json" -- python3 spec/gpu/torch_nvtx.py 200
 step nvtx_trace_check "$LUA" -e "package.path='spec/?.lua;'..package.path
   local r, e = require('trace_check').file('$OUT/torch_trace.json')
   if not r then print('trace invalid: ' .. tostring(e)); os.exit(1) end

@@ -1,0 +1,89 @@
+-- spec/http_attack.lua: a hostile HTTP client for the specs of scripts/prometheus.lua (issue 19,
+-- item 6): it keeps N TCP connections open to the exporter, each either idle (it sends nothing)
+-- or a slowloris (one byte of a never-ending request head every DRIP_MS), and reopens each one
+-- as soon as the server closes it, so the pressure stays on for as long as the test runs. It runs
+-- on the caller's luv loop: whatever runs the loop (helpers.run_until, a scrape) drives it too.
+--
+--   local attack = require("http_attack").flood(port, 500, "idle", { reconnect_ms = 100 })
+--   ... scrape ...
+--   local st = attack.stop()   -- { opened =, closed_by_server =, open = }
+local uv = require "luv"
+
+local M = {}
+
+local HEAD = "GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: "
+
+--- Starts the flood; returns { stop = fn -> stats, stats = fn -> stats }. `mode` is "idle" or
+--- "slowloris". Options: drip_ms (200), a slowloris's pause between bytes; reconnect_ms (100),
+--- how soon a client the server closed comes back.
+function M.flood(port, n, mode, o)
+  o = o or {}
+  local drip_ms, reconnect_ms = o.drip_ms or 200, o.reconnect_ms or 100
+  assert(mode == "idle" or mode == "slowloris", "http_attack.flood: mode is idle or slowloris")
+  local st = { opened = 0, closed_by_server = 0, open = 0 }
+  local stopped = false
+  local conns = {}
+  local open_one
+
+  local function drop(c, by_server)
+    if not conns[c] then return end
+    local timer = conns[c].timer
+    conns[c] = nil
+    st.open = st.open - 1
+    if by_server then st.closed_by_server = st.closed_by_server + 1 end
+    if timer and not timer:is_closing() then timer:close() end
+    if not c:is_closing() then c:close() end
+    -- Reopen on the next loop turn, never inside the close's own callback chain.
+    if by_server and not stopped then
+      local t = uv.new_timer()
+      t:start(reconnect_ms, 0, function()
+        t:close()
+        if not stopped then open_one() end
+      end)
+    end
+  end
+
+  open_one = function()
+    local c = uv.new_tcp()
+    conns[c] = {}
+    st.open = st.open + 1
+    c:connect("127.0.0.1", port, function(err)
+      if err then return drop(c, true) end
+      st.opened = st.opened + 1
+      c:read_start(function(rerr, chunk)
+        if rerr or not chunk then drop(c, true) end
+      end)
+      if mode == "slowloris" and conns[c] then
+        local pos, t = 0, uv.new_timer()
+        conns[c].timer = t
+        t:start(drip_ms, drip_ms, function()
+          pos = pos + 1
+          local byte = pos <= #HEAD and HEAD:sub(pos, pos) or "a"
+          if not c:is_closing() then c:write(byte) end
+        end)
+      end
+    end)
+  end
+
+  -- Writing to a connection the server just closed raises SIGPIPE, which would end this process.
+  local sigpipe = uv.new_signal()
+  sigpipe:start("sigpipe", function() end)
+  for _ = 1, n do open_one() end
+  local function stats()
+    return { opened = st.opened, closed_by_server = st.closed_by_server, open = st.open }
+  end
+  return {
+    stats = stats,
+    stop = function()
+      stopped = true
+      local list = {}
+      for c in pairs(conns) do list[#list + 1] = c end
+      for _, c in ipairs(list) do drop(c, false) end
+      if not sigpipe:is_closing() then sigpipe:close() end
+      uv.run("nowait")
+      return stats()
+    end,
+  }
+end
+
+return M
