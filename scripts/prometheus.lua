@@ -622,7 +622,7 @@ if not ok then
   io.stderr:write(("prometheus.lua: cannot serve on %s port %d: %s\n"):format(host, port, tostring(err)))
   if not server:is_closing() then server:close() end
   cm.exit(1)
-else
+elseif not cm.checking() then
   local addr = server:getsockname()
   local shown = addr.family == "inet6" and "[" .. addr.ip .. "]" or addr.ip
   io.stderr:write(("prometheus.lua: serving http://%s:%d/metrics\n"):format(shown, addr.port))
