@@ -24,7 +24,7 @@ local opts = args.parse(arg, {
   driver = { false, "also count driver API calls" },
 })
 
-local per = cm.stats_by() -- function name -> count, sum, min, max of durations in ns
+local per = cm.stats_by { unit = "ns" } -- function name -> count, sum, min, max of durations in ns
 
 local driver_names = setmetatable({}, { __index = function(t, c)
   local v = "driver cbid " .. c

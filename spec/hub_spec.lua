@@ -708,7 +708,7 @@ describe("recipes", function()
     ["nvtx.lua"] = "pid 77 %([^)]*%)\nrange%s+ranges%s+ops%s+incl_us%s+excl_us%s+%% gpu\n",
     ["dump.lua"] = "kind%s+rows%s+file\nconcurrent_kernel%s+3000%s",
     ["memcpy_bw.lua"] = "copy kind%s+count%s+bytes%s+time_us%s+GB/s\nHtoD%s+1500%s+%d+%s+[%d.]+%s+[%d.]+\n"
-      .. "DtoH%s+1500.*HtoD: size histogram %(bytes%)\n  %[1K, 2K%)%s+%d+ |@+",
+      .. "DtoH%s+1500.*HtoD: size histogram %(bytes%)\n  %[1 KiB, 2 KiB%)%s+%d+ |@+",
     ["timeline.lua"] = "timeline.lua: wrote [^\n]*: 12000 slices %(3000 kernel, 3000 memcpy, 3000 memset, "
       .. "3000 runtime, 0 driver, 0 nvtx%), 0 marks, %d+ flows\n",
     ["idle.lua"] = "pid 77 wire_gen\ndevice%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n",

@@ -113,6 +113,7 @@ static void usage(FILE *out) {
 "  cm.stats(), cm.sources(), cm.exit(status)\n"
 "  cm.count(), cm.summary(), cm.hist(), cm.lhist(min, max, step), cm.quantiles(),\n"
 "  cm.count_by(), cm.sum_by(), cm.stats_by(), cm.topk(k)   aggregations that print themselves\n"
+"                    (name: \"s\" or { name = \"s\", unit = \"ns\" | \"bytes\" }: 18.6 us, 1.5 KiB)\n"
 "  cm.kernel_name(name [, full]), b:kernel_name(i)      a short demangled kernel name\n"
 "  cm.demangle(name)                                    the full demangled C++ name\n"
 "  cm.pm_sample{ metrics = {...}, interval_us = 1000, device = 0, fn = function(rows) end }\n"
