@@ -466,6 +466,9 @@ int main(int argc, char **argv) {
                        inproc.records_decoded == 0 && inproc.records_delivered == 0;
   if (!failed && !check) cm__hub_detach();
   int shut = cm_host_shutdown(h);
+  /* A cm.exit() whose delivery flush was still under way when the run ended chose the status in
+   * the shutdown (lua/cuptimon/init.lua, before the exit hooks). */
+  if (!requested) requested = cm_host_exit_requested(h, &asked);
   /* The exit hooks' tables go out now: the command's process may still be tearing down. */
   fflush(stdout);
   int errors = cm_host_error_count(h);

@@ -333,12 +333,33 @@ function M.on(event, fn)
   return fn
 end
 
---- Ends the script: a final flush, the exit hooks, then the host exits with `status`.
+-- How long cm.exit() waits for the live processes to deliver what they hold (as a detach does).
+local EXIT_FLUSH_MS = 5000
+local exiting -- the status of a cm.exit() whose delivery flush is under way, else nil
+
+--- Ends the script: every live process (`-- cmd`, --attach) first delivers the records it holds
+--- (a sync flush of at most 5 s: what the records produced before the call need to reach the
+--- observers), then the final flush, the exit hooks, and the host exits with `status`. The loop
+--- goes on meanwhile, so the observers see those records; a process that does not answer in time
+--- has its loss counted as usual. Without live processes (a replay, the in-process engine, or
+--- while the script loads) the exit comes at once. A second call while the flush runs changes
+--- nothing: the first status holds.
 function M.exit(status)
   if status ~= nil and type(status) ~= "number" then
     error("cuptimon.exit: the status must be a number", 2)
   end
-  core.exit(status or 0)
+  status = status or 0
+  if exiting ~= nil then return end
+  local live = false
+  if not core.check_mode() then
+    for _, s in ipairs(core.sources()) do live = live or s.kind == "agent" end
+  end
+  if not live then return core.exit(status) end
+  exiting = status
+  local ok = M.flush { sync = true, timeout_ms = EXIT_FLUSH_MS, done = function()
+    core.exit(status)
+  end }
+  if not ok then core.exit(status) end
 end
 
 local stats_cell = ffi.new("cm_stats")
@@ -1144,6 +1165,8 @@ local function event(name, a, b)
       io.stderr:write(("cuptimon: %d API callback events were dropped (the queue was full)\n")
         :format(api_counts.dropped))
     end
+    -- The run ended (the command exited) before a cm.exit()'s flush completed: its status holds.
+    if exiting ~= nil then core.exit(exiting) end
     run_hooks(hooks.exit, "exit hook")
   elseif name == "process_start" then
     batch.processes[a.source] = a

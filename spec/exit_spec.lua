@@ -1,0 +1,56 @@
+-- Specs of cm.exit() with live processes (issue 20, item 3): the records a process holds when
+-- the script exits reach the observers before the exit hooks (a sync flush with a deadline, as a
+-- detach does), and the status is the script's.
+-- luacheck: std +busted
+local helpers = require "helpers"
+
+local bin = helpers.binary()
+local fixture = helpers.root() .. "/spec/fixtures/exit_flush.lua"
+
+describe("cm.exit() with a live command", function()
+  -- The fake application writes its 500 kernel records at once, then sleeps: they sit in its
+  -- CUPTI buffer (not full, no flush cadence) when the script exits at 400 ms.
+  -- The application outlives cuptimon-lua: its output goes to a file, so that nothing it writes
+  -- after cuptimon-lua's exit lands in the output read here.
+  local function run(exit_status)
+    local app, why = helpers.agent_app()
+    if not app then return nil, why end
+    local log = os.tmpname()
+    local rc, out = helpers.sh(("%s %s 400 %d -- sh -c 'exec %s --records 500 --kinds kernel "
+      .. "--linger-ms 1500 >%s 2>&1'"):format(bin, fixture, exit_status, app, log))
+    helpers.sleep(50)
+    local f = assert(io.open(log))
+    local app_out = f:read("*a")
+    f:close()
+    os.remove(log)
+    assert.matches("fake_cuda_app: pid=%d+ init=1 records=500 ", app_out)
+    return rc, out
+  end
+
+  it("delivers what the process holds before the exit hooks", function()
+    local rc, out = run(0)
+    if not rc then
+      pending(out)
+      return
+    end
+    assert.are.equal(0, rc, out)
+    assert.matches("^records=500\n", out)
+    assert.is_nil(out:find("LOST", 1, true), out)
+  end)
+
+  it("exits with the status the script chose", function()
+    local rc, out = run(7)
+    if not rc then
+      pending(out)
+      return
+    end
+    assert.are.equal(7, rc, out)
+    assert.matches("^records=500\n", out)
+  end)
+
+  it("exits at once while the script loads", function()
+    local rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").exit(4)' -- sh -c 'echo ran'")
+      :format(bin))
+    assert.are.same({ 4, "" }, { rc, out })
+  end)
+end)
