@@ -35,15 +35,12 @@ local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
--- -o is --output (cuptimon.args knows only long options).
-local argv = { [0] = arg[0] }
-for i = 1, #arg do argv[i] = arg[i] == "-o" and "--output" or arg[i] end
-local opts = args.parse(argv, {
+local opts = args.parse(arg, {
   kinds = { "kernel,memcpy,memset,runtime", "comma-separated kinds to write" },
   fields = { "", "comma-separated fields to write (default: all)" },
   select = { "", "kinds and fields in cm_selection syntax (replaces --kinds and --fields)" },
   format = { "csv", "csv or jsonl" },
-  output = { "./", "output directory (ending in /) or file prefix" },
+  output = { "./", "output directory (ending in /) or file prefix", short = "o" },
 })
 if opts.format ~= "csv" and opts.format ~= "jsonl" then
   args.usage_error(("dump.lua: --format must be csv or jsonl, got %q"):format(opts.format))

@@ -19,7 +19,8 @@
 -- second); the agents flush CUPTI's buffers every 100 ms so that the second is current. On a spike, a trigger window (cuptimon.window) widens the process's tracing to the
 -- --select kinds for --ms, writes them to the capture, and narrows it back; when the window
 -- closes, one line names the kernel, the process and the capture, which --replay reads like any
--- other. Live processes only (`-- cmd`): a replay cannot be re-traced.
+-- other. Live processes only (`-- cmd`): a capture cannot be re-traced, so --replay is refused
+-- (status 2).
 --
 -- Example output:
 --   spike: pid 4242 (/usr/bin/train) kernel vectorAdd: p99 2.9 us > 3.0 x median 0.1 us (125 in the last second); recorded spike.4242.cmcap (2000 ms, 48210 records)
@@ -143,6 +144,17 @@ cm.every(STEP_MS, function()
     end
   end
   cur = nxt
+end)
+
+-- A capture cannot be re-traced: refuse it at its first process rather than watch in vain.
+local refused = false
+cm.on("process_start", function(p)
+  if p.kind ~= "replay" or refused then return end
+  refused = true
+  io.stderr:write("spike.lua: --replay cannot be used: spike.lua widens the tracing of live "
+    .. "processes when a kernel spikes, and a capture cannot be traced again; run it as "
+    .. "`cuptimon-lua scripts/spike.lua -- cmd args...`\n")
+  cm.exit(2)
 end)
 
 cm.on("exit", function() cm.print_shed_notes() end)

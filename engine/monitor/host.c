@@ -180,6 +180,8 @@ void cm__host_error(cm_host *h, const char *where, const char *msg) {
 
 int cm__host_in_dispatch(const cm_host *h) { return h->in_dispatch > 0; }
 
+int cm__host_inproc_error(const cm_host *h) { return h->inproc_failed ? h->inproc_err : 0; }
+
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms) {
   *flush_ms = h->flush_ms;
   *deliver_ms = h->deliver_ms;

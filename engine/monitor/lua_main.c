@@ -29,6 +29,7 @@
 #include "cuptimon_host.h"
 
 #include "attach.h"
+#include "host_internal.h"
 #include "hub.h"
 
 #define EXIT_USAGE 2
@@ -458,12 +459,14 @@ int main(int argc, char **argv) {
   int requested = cm_host_exit_requested(h, &asked);
   /* A script that observes, run with no command and no capture, watches this process only: when
    * its observers saw nothing at all (the in-process engine, source 1, was never handed a
-   * buffer), the likely mistake is a missing `-- cmd`; say so and fail rather than print an
-   * empty report with status 0. Scripts that observe nothing, or chose their status, are fine. */
+   * buffer, or could not even start: no GPU or driver here), the likely mistake is a missing
+   * `-- cmd`; say so and fail rather than print an empty report with status 0. Scripts that
+   * observe nothing, or chose their status, are fine. */
   cm_stats inproc;
   int nothing_traced = !failed && !check && !wants_hub && !requested &&
-                       cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
-                       inproc.records_decoded == 0 && inproc.records_delivered == 0;
+                       (cm__host_inproc_error(h) != 0 ||
+                        (cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
+                         inproc.records_decoded == 0 && inproc.records_delivered == 0));
   if (!failed && !check) cm__hub_detach();
   int shut = cm_host_shutdown(h);
   /* A cm.exit() whose delivery flush was still under way when the run ended chose the status in

@@ -604,6 +604,10 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
                                                    CUpti_SubscriberParams *pParams) {
   if (!subscriber) return CUPTI_ERROR_INVALID_PARAMETER;
   if (pParams && pParams->structSize == 0) return CUPTI_ERROR_INVALID_PARAMETER;
+  /* FAKE_CUPTI_SUBSCRIBE_RESULT=N: subscribing fails with CUPTI result N, as the real CUPTI does
+   * on a machine without a GPU or driver (CUPTI_ERROR_UNKNOWN, 999). */
+  const char *fail = getenv("FAKE_CUPTI_SUBSCRIBE_RESULT");
+  if (fail && atoi(fail) != 0) return (CUptiResult)atoi(fail);
   pthread_mutex_lock(&ctl.lock);
   if (ctl.foreign[0] || ctl.subscribed) {
     report_old_subscriber(pParams);
