@@ -7,8 +7,9 @@
 --
 -- Arguments:
 --   --kinds LIST     comma-separated kinds to write (default kernel,memcpy,memset,runtime)
---   --fields LIST    comma-separated fields to write of each kind that has them (default: all);
---                    a field no chosen kind has is a usage error
+--   --fields LIST    comma-separated fields to write of each kind that has them, in that order
+--                    (default: all, in the kind's field order); a field no chosen kind has is a
+--                    usage error
 --   --select SPEC    kinds and fields in cm_selection syntax, "kernel:name,start;memcpy:all";
 --                    replaces --kinds and --fields
 --   --format FMT     csv (default) or jsonl
@@ -16,8 +17,9 @@
 --                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...)
 --
 -- Each row starts with process_pid (the process that made the record: several processes share a
--- file), then the chosen fields in the kind's field order. Strings (kernel names, marker names)
--- are resolved; timestamps are integer nanoseconds on the trace clock, CLOCK_REALTIME, which the
+-- file), then the chosen fields in the order asked. Strings (kernel names, marker names) are
+-- resolved; a kernel's `name` is demangled as the tables show it (cm_demo_matmul<16>), and the
+-- compiler's mangled name is the field mangled_name (after `name` among all fields); timestamps are integer nanoseconds on the trace clock, CLOCK_REALTIME, which the
 -- file names first: a CSV opens with the comment line "# clock: CLOCK_REALTIME ns" (pandas:
 -- read_csv(path, comment="#")), a JSONL file with a metadata object. Rows are written per batch,
 -- so memory stays bounded whatever the length of the run. At exit the script prints the rows
@@ -55,12 +57,33 @@ local function kind_or_fail(name)
   return k
 end
 
-local function field_list(k, names)
-  if names == nil or names == "all" then return cm.registry.field_names(k) end
-  local want = {}
-  for _, f in ipairs(names) do want[f] = true end
+-- The kinds whose `name` is a kernel's, which the compiler mangles: `name` is written demangled,
+-- as the tables show it (cm_demo_matmul<16>), and the compiler's name is the column mangled_name.
+local KERNEL_KINDS = { concurrent_kernel = true, kernel_serial = true }
+local MANGLED = "mangled_name"
+
+local function has_field(k, f) return k.by_name[f] ~= nil or (f == MANGLED and KERNEL_KINDS[k.name]) end
+
+-- Every field of kind k in field order, mangled_name right after name.
+local function all_fields(k)
   local out = {}
-  for _, f in ipairs(cm.registry.field_names(k)) do if want[f] then out[#out + 1] = f end end
+  for _, f in ipairs(cm.registry.field_names(k)) do
+    out[#out + 1] = f
+    if f == "name" and KERNEL_KINDS[k.name] then out[#out + 1] = MANGLED end
+  end
+  return out
+end
+
+-- The fields of `names` that kind k has, in the order asked, each once ("all" or nil: every one).
+local function field_list(k, names)
+  if names == nil or names == "all" then return all_fields(k) end
+  local out, seen = {}, {}
+  for _, f in ipairs(names) do
+    if has_field(k, f) and not seen[f] then
+      out[#out + 1] = f
+      seen[f] = true
+    end
+  end
   return out
 end
 
@@ -72,9 +95,9 @@ local function choose(name, names)
   local fields = field_list(k, names)
   if names ~= nil and names ~= "all" then
     for _, f in ipairs(names) do
-      if not k.by_name[f] then
+      if not has_field(k, f) then
         args.usage_error(("dump.lua: kind %q has no field %q; valid fields: %s")
-          :format(name, f, table.concat(cm.registry.field_names(k), ", ")))
+          :format(name, f, table.concat(all_fields(k), ", ")))
       end
     end
   end
@@ -98,7 +121,7 @@ else
   if fields then
     for _, f in ipairs(fields) do
       local found = false
-      for _, name in ipairs(kinds) do found = found or kind_or_fail(name).by_name[f] ~= nil end
+      for _, name in ipairs(kinds) do found = found or has_field(kind_or_fail(name), f) end
       if not found then
         args.usage_error(("dump.lua: no chosen kind has the field %q"):format(f))
       end
@@ -166,8 +189,19 @@ local function open(c)
   return { file = f, path = path, rows = 0 }
 end
 
+-- What each kind observes: its fields, with `name` standing in for mangled_name.
 local sel = {}
-for name, c in pairs(chosen) do sel[name] = c.fields end
+for name, c in pairs(chosen) do
+  local list, seen = {}, {}
+  for _, f in ipairs(c.fields) do
+    local real = f == MANGLED and "name" or f
+    if not seen[real] then
+      list[#list + 1] = real
+      seen[real] = true
+    end
+  end
+  sel[name] = list
+end
 
 cm.observe(sel, function(b)
   local c = chosen[b.kind]
@@ -179,10 +213,19 @@ cm.observe(sel, function(b)
   local p = b:process()
   local pid = tostring(p and p.pid or 0)
   local fields, kind = c.fields, c.kind
+  -- How each column is read: "kernel" (the demangled kernel name), "str" (a string: the mangled
+  -- name is the string of `name`), or a number column.
   local cols, strs, keys = {}, {}, {}
   for j, f in ipairs(fields) do
-    cols[j] = b.cols[f]
-    strs[j] = kind.by_name[f].is_string
+    if f == MANGLED then
+      strs[j] = "name"
+    elseif f == "name" and KERNEL_KINDS[kind.name] then
+      strs[j] = "kernel"
+    elseif kind.by_name[f].is_string then
+      strs[j] = f
+    else
+      cols[j] = b.cols[f]
+    end
     keys[j] = json_string(f) .. ":"
   end
   local csv = opts.format == "csv"
@@ -192,7 +235,7 @@ cm.observe(sel, function(b)
     for j = 1, #fields do
       local v
       if strs[j] then
-        local s = b:str(fields[j], i) or ""
+        local s = (strs[j] == "kernel" and b:kernel_name(i) or b:str(strs[j], i)) or ""
         v = csv and csv_cell(s) or json_string(s)
       else
         v = int_text(cols[j][i])
