@@ -6,12 +6,12 @@
 -- Arguments:
 --   --top N     how many range names to show per process (default 20; at least 1)
 --
--- Each kernel, copy and memset is charged to the NVTX ranges (push/pop and start/end, nested,
--- per thread) open on the thread that launched it when the launching API call began: the GPU
--- record's correlation id finds the runtime or driver call (its thread and start time), and the
--- innermost range of that thread open at that time gets the exclusive time; it and every range
--- around it get the inclusive time (a name counts once per operation, so recursion does not
--- count twice). Work launched outside any range is charged to "(no range)"; work whose API call
+-- A range is named by its path: the ranges open on its thread when it began, outermost first,
+-- then its own name ("train/step" for a step inside train). Each kernel, copy and memset is
+-- charged to the NVTX ranges (push/pop and start/end, nested, per thread) open on the thread that
+-- launched it when the launching API call began: the GPU record's correlation id finds the
+-- runtime or driver call (its thread and start time), and the innermost range of that thread open
+-- at that time gets the exclusive time; it and every range around it get the inclusive time. Work launched outside any range is charged to "(no range)"; work whose API call
 -- was never seen to "(no API record)". Times are the summed GPU durations in microseconds;
 -- "% gpu" is the inclusive time's share of the process's GPU time.
 --
@@ -20,11 +20,12 @@
 -- forgotten), and a closed range is forgotten once the newest API call is that far past its end.
 --
 -- Example output:
---   pid 601 (/usr/bin/demo)
---   range                ranges   ops  incl_us  excl_us  % gpu
---   train                     1   510   3020.4     12.1   92.9
---   train/step               30   480   2980.2   2980.2   91.7
---   (no range)                -    67    231.0    231.0    7.1
+--   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda)
+--   range                ranges    ops    incl_us    excl_us  % gpu
+--   train                     1    423     3609.1        0.0   99.1
+--   train/step               30    423     3609.1     3609.1   99.1
+--   setup                     1      4       33.5       33.5    0.9
+--   3 range paths, 3642.6 us of GPU time
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
@@ -65,6 +66,15 @@ local function proc(b)
   return s
 end
 
+-- The innermost range open on thread tid at time t, or nil.
+local function enclosing(s, tid, t)
+  local best
+  for _, r in pairs(s.open) do
+    if r.tid == tid and r.start <= t and (not best or r.start > best.start) then best = r end
+  end
+  return best
+end
+
 local function stat(s, name)
   local e = s.stats[name]
   if not e then
@@ -79,8 +89,8 @@ local function attribute(s, tid, t, dur)
   local inner, inner_start, names = nil, -1, {}
   local function consider(r, stop)
     if r.start <= t and (stop == nil or t <= stop) then
-      names[r.name] = true
-      if r.start > inner_start then inner, inner_start = r.name, r.start end
+      names[r.path] = true
+      if r.start > inner_start then inner, inner_start = r.path, r.start end
     end
   end
   for _, r in ipairs(s.closed[tid] or {}) do consider(r, r.stop) end
@@ -145,7 +155,9 @@ cm.observe({ marker = { "flags", "timestamp", "id", "object_kind", "tid", "name"
     if bit.band(f, START) ~= 0 then
       local r = { name = b:str("name", i) or "?", start = t,
         tid = tonumber(ok[i]) == THREAD and tonumber(tid[i]) or 0 }
-      stat(s, r.name).ranges = stat(s, r.name).ranges + 1
+      local parent = enclosing(s, r.tid, t)
+      r.path = parent and parent.path .. "/" .. r.name or r.name
+      stat(s, r.path).ranges = stat(s, r.path).ranges + 1
       local stop = s.ended[mid]
       if stop then
         s.ended[mid] = nil
@@ -231,6 +243,6 @@ cm.on("exit", function()
     if n > 1 then print() end
     print(s.title)
     t:print()
-    print(("%d range names, %.1f us of GPU time"):format(#rows, s.total / 1e3))
+    print(("%d range paths, %.1f us of GPU time"):format(#rows, s.total / 1e3))
   end
 end)

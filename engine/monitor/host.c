@@ -182,6 +182,12 @@ int cm__host_in_dispatch(const cm_host *h) { return h->in_dispatch > 0; }
 
 int cm__host_inproc_error(const cm_host *h) { return h->inproc_failed ? h->inproc_err : 0; }
 
+int cm__host_observer_bound(const cm_host *h, uint32_t id) {
+  for (int i = 0; i < h->nobs; i++)
+    if (h->obs[i].id == id) return h->obs[i].source != 0;
+  return 0;
+}
+
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms) {
   *flush_ms = h->flush_ms;
   *deliver_ms = h->deliver_ms;

@@ -136,7 +136,7 @@ static void usage(FILE *out) {
 "  cuptimon-lua scripts/top.lua --top 20 -- python train.py\n"
 "  cuptimon-lua scripts/count.lua --per-process -- torchrun --nproc-per-node 8 train.py\n"
 "  cuptimon-lua --record run.%%p.cmcap -- ./my_cuda_app\n"
-"  cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/timeline.lua\n"
+"  cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/timeline.lua -o trace.json\n"
 "  cuptimon-lua -e 'local cm = require \"cuptimon\"; print(cm.version)'\n"
 "  cuptimon-lua --check my_script.lua\n"
 "  CUDA_INJECTION64_PATH=$PWD/libcuptimon-agent.so CUPTIMON_LISTEN=1 python train.py &\n"
