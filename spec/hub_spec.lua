@@ -210,11 +210,11 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
       :format(gen, gen)
     local rc, out = helpers.sh(("%s%s --record %s -- %s"):format(synth, bin, cap, cmd))
     assert.are.equal(0, rc, out)
-    assert.matches("has no %%p: each process is written to its own file, .*norec%.<pid>%.cmcap", out)
-    local n = 0
-    for _ in out:gmatch("recorded [^\n]*norec%.%d+%.cmcap[^\n]*") do n = n + 1 end
-    assert.are.equal(2, n, out)
-    local _, files = helpers.sh("ls " .. tmp .. "/norec.*.cmcap")
+    -- Without %p the first process writes the name as given, the second gets its pid.
+    assert.matches("%-%-record [^\n]*norec%.cmcap: another process, pid %d+, is recorded to [^\n]*norec%.%d+%.cmcap", out)
+    assert.matches("recorded [^\n]*norec%.cmcap: ", out)
+    assert.matches("recorded [^\n]*norec%.%d+%.cmcap: ", out)
+    local _, files = helpers.sh("ls " .. tmp .. "/norec.cmcap " .. tmp .. "/norec.*.cmcap")
     local reps = {}
     for path in files:gmatch("%S+") do reps[#reps + 1] = "--replay " .. path end
     assert.are.equal(2, #reps, files)
@@ -452,9 +452,9 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.are.same({ l.dropped, l.dropped, l.received, l.received },
       { r.dropped, r.records_dropped, r.received, r.observed }, out)
     -- --record counts records, not batches plus records.
-    assert.matches("recorded [^\n]*slow%.%d+%.cmcap: %d+ frames, %d+ batches, " .. l.received .. " records, "
+    assert.matches("recorded [^\n]*slow%.cmcap: %d+ frames, %d+ batches, " .. l.received .. " records, "
       .. l.dropped .. " dropped\n", out)
-    cap = out:match("recorded (%S+): ") -- the process's own file, named by its pid
+    cap = out:match("recorded (%S+): ") -- the one process's file, under the name given
     -- The loss line comes last, after the script's output and the capture summary.
     assert.matches("\ncuptimon%-lua: LOST " .. l.dropped .. " of " .. l.produced .. " records %([^)]*agent queue full or connection lost: "
       .. l.dropped_agent .. "%) in pid " .. want.pid .. "\n$", out)
@@ -573,6 +573,30 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     f = assert(io.open(d .. "/target"))
     assert.are.equal("keep\n", f:read("*a"))
     f:close()
+  end)
+
+  -- Issue 20, item 7: the pid was always inserted, so `--record run.cmcap` could never meet an
+  -- existing run.cmcap and the documented refusal never happened.
+  it("writes a single process's capture under the name given, refusing an existing one before the command runs", function()
+    local d = tmp .. "/i20"
+    os.execute("mkdir -p " .. d)
+    local function run(force)
+      return helpers.sh(("%s%s --record %s/run.cmcap %s -- sh -c 'echo COMMAND RAN; exec %s agent --records 1000 --kinds kernel'")
+        :format(synth, bin, d, force and "--force" or "", gen))
+    end
+    local rc, out = run()
+    assert.are.equal(0, rc, out)
+    assert.matches("recorded [^\n]*/i20/run%.cmcap: %d+ frames, %d+ batches, 1000 records, 0 dropped", out)
+    assert.is_nil(out:find("another process", 1, true), out)
+    rc, out = run()
+    assert.are.equal(2, rc, out)
+    assert.matches("%-%-record [^\n]*/i20/run%.cmcap: the file exists %(%-%-force replaces it", out)
+    assert.is_nil(out:find("COMMAND RAN", 1, true), out)
+    rc, out = run(true)
+    assert.are.equal(0, rc, out)
+    assert.matches("recorded [^\n]*/i20/run%.cmcap: ", out)
+    local _, files = helpers.sh("ls " .. d)
+    assert.are.equal("run.cmcap\n", files)
   end)
 
   it("refuses a FIFO, at start and per process, without hanging (item 8)", function()

@@ -874,7 +874,8 @@ end
 ---   ms = n        how long the window lasts (required; handle:close() ends it sooner)
 ---   pid = n       the process (default: every live process, one window each)
 ---   record = "f"  also write the window's records to a new capture per process ("%p" is the
----                 pid; the rules of --record: created new, mode 0600, never through a link)
+---                 pid; without it the pid goes before the extension, as each window writes a
+---                 file of its own; created new, mode 0600, never through a link)
 ---   force = true  replace an existing regular file
 ---   fn = f(b)     an observer of the window's extra selection, called for its batches
 ---   done = f(w)   called when a process's window closes (also the "window" event)
