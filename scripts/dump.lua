@@ -3,7 +3,7 @@
 --
 -- Usage: cuptimon-lua scripts/dump.lua [--kinds LIST] [--fields LIST] [--select SPEC]
 --          [--format csv|jsonl] [-o PATH] -- cmd args...
---        cuptimon-lua --replay run.cmcap scripts/dump.lua --kinds kernel,memcpy -o out/
+--        cuptimon-lua --replay run.cmcap scripts/dump.lua --fields name,start,stop,device,stream -o out/
 --
 -- Arguments:
 --   --kinds LIST     comma-separated kinds to write (default kernel,memcpy,memset,runtime)
@@ -26,13 +26,17 @@
 -- written per file.
 --
 -- Example output:
---   (kernel.csv)
+--   (out/kernel.csv)
 --   # clock: CLOCK_REALTIME ns
 --   process_pid,name,start,stop,device,stream
---   4242,cm_demo_matmul<16>,1752486514016012032,1752486514016031168,0,7
--- and on stdout:
---   kind                 rows file
---   concurrent_kernel     280 out/kernel.csv
+--   601,cm_demo_matmul<16>,1796230814380253094,1796230814380280806,0,14
+--   601,cm_demo_bias_relu,1796230814380288262,1796230814380289734,0,14
+--   (and on stdout:)
+--   kind                     rows file
+--   concurrent_kernel         300 out/kernel.csv
+--   memcpy                     66 out/memcpy.csv
+--   memset                     61 out/memset.csv
+--   runtime                   629 out/runtime.csv
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"

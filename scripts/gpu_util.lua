@@ -29,10 +29,10 @@
 -- agents or a capture alike. A run or capture without any sample (a capture recorded without PM
 -- sampling, say) is not an empty table: one line says why, and the status is 1.
 --
--- Example output:
---     pid dev  window_ms  sm%  tensor%  dram%  pcie_rd_GB/s  pcie_wr_GB/s  samples  kernels
---   4242   0          0 92.4     71.0   12.3          0.01          0.00       10  gemm_tc (9.8 ms)
---   4242   0        100  0.2      0.0    0.1          0.00          0.00       10  -
+-- Example output (spec/fixtures/pm_fake.cmcap, samples of the fake CUPTI, abridged):
+--     pid dev window_ms  sm% tensor% dram% pcie_rd_GB/s pcie_wr_GB/s samples                                    kernels
+--   20636   0         0 13.3    23.4  53.4         0.00         0.00      20 pm_kernel_a (5.0 ms), pm_kernel_b (5.0 ms)
+--   20636   0       300 13.4    23.4  53.4         0.00         0.00      20 pm_kernel_a (5.0 ms), pm_kernel_b (5.0 ms)
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local pm = require "cuptimon.pm"

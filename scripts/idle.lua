@@ -2,7 +2,7 @@
 -- the last runtime API call before each one (what the GPU was waiting on).
 --
 -- Usage: cuptimon-lua scripts/idle.lua [--gap-us N] [--top N] [--interval MS] -- cmd args...
---        cuptimon-lua --replay run.cmcap scripts/idle.lua
+--        cuptimon-lua --replay run.cmcap scripts/idle.lua --interval 1
 --
 -- Arguments:
 --   --gap-us N       a gap of at least N microseconds between two operations of a stream counts

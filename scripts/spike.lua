@@ -22,8 +22,10 @@
 -- other. Live processes only (`-- cmd`): a capture cannot be re-traced, so --replay is refused
 -- (status 2).
 --
--- Example output:
---   spike: pid 4242 (/usr/bin/train) kernel vectorAdd: p99 2.9 us > 3.0 x median 0.1 us (125 in the last second); recorded spike.4242.cmcap (2000 ms, 48210 records)
+-- Example output (spec/headers_spec.lua's fake CUDA application, its vectorAdd slowed):
+--   cuptimon-lua: recorded spike.21504.cmcap: 13 frames, 8 batches, 16000 records, 0 dropped
+--   spike: pid 21504 (.../fake_cuda_app) kernel vectorAdd: p99 2.9 us > 3 x median 0.1 us
+--     (1016 in the last second); recorded spike.21504.cmcap (2001 ms, 16000 records)
 local cm = require "cuptimon"
 local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"

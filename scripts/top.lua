@@ -22,10 +22,13 @@
 -- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
 --
 -- Example output:
---   pid 4242 (/usr/bin/demo), device 0
+--   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda), device 0
 --   Time (%) Total (us) Instances Avg (us) Med (us) P99 (us) Min (us) Max (us) Name
---       93.3       2863       150     19.1     19.2     30.0      5.2     30.1 cm_demo_matmul<16>
---        2.5         78        60      1.3      1.3      1.7      1.0      1.7 cm_demo_sgd_update<float>
+--       93.3       2863       150     19.1     21.0     30.0      5.2     30.1 cm_demo_matmul<16>
+--        2.5         78        60      1.3      1.0      1.7      1.0      1.7 cm_demo_sgd_update<float>
+--        1.5         48        30      1.6      1.6      1.7      1.6      1.7 cm_demo_loss_reduce
+--        1.4         42        30      1.4      1.4      1.5      1.3      1.5 cm_demo_bias_relu
+--        1.3         39        30      1.3      1.3      1.4      1.3      1.4 cm_demo_relu_backward
 --   5 kernel names, 3069 us of kernel time
 local cm = require "cuptimon"
 local agg = require "cuptimon.agg"
