@@ -51,6 +51,13 @@ describe("cuptimon.args", function()
     assert.are.same({ false, "top.lua: unknown option -x (see --help)" }, { ok, e.message })
   end)
 
+  it("says that cuptimon-lua's options go before the script", function()
+    local ok, e = parse({ "--replay", "run.cmcap" })
+    assert.are.same({ false, 2, "top.lua: unknown option --replay: monitor options go before the "
+      .. "script: `cuptimon-lua --replay run.cmcap " .. script .. " ...` (see --help)" },
+      { ok, e.exit_status, e.message })
+  end)
+
   it("takes a one-letter alias", function()
     local ok, o = parse({ "-o", "t.json" }, { output = { "", "the file", short = "o" } })
     assert.are.same({ true, "t.json" }, { ok, o.output })

@@ -392,8 +392,9 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
   }
   if (!script && nchunks == 0 && !(req.record && !check)) {
-    fprintf(stderr, "cuptimon-lua: no script given\n\n");
-    usage(stderr);
+    /* One line, not the whole help: the error is what the user needs to see. */
+    fprintf(stderr, "cuptimon-lua: no script given: cuptimon-lua SCRIPT.lua [args] -- cmd args... "
+            "(see --help)\n");
     return EXIT_USAGE;
   }
   if (check && !script) {

@@ -109,6 +109,12 @@ local function check_spec(spec)
   end
 end
 
+-- cuptimon-lua's own options (those a recipe does not define): given after the script, they
+-- reach the script, which says where they go.
+local MONITOR_OPTIONS = { replay = "CAPTURE", record = "CAPTURE", attach = "PIDS", select = "SPEC",
+  lua_path = "DIR", duration = "SECONDS", list = false, check = false, force = false,
+  allow_loss = false, verbose = false }
+
 -- The usage error for a positional argument the script does not take.
 local function stray(prog, script, a)
   if a:match("%.cmcap$") then
@@ -165,6 +171,11 @@ function M.parse(argt, spec, popts)
     if name then
       local key = name:gsub("%-", "_")
       local s = spec[key]
+      if not s and MONITOR_OPTIONS[key] ~= nil then
+        local v = MONITOR_OPTIONS[key] and (value or argt[i + 1] or MONITOR_OPTIONS[key])
+        usage_error("unknown option --%s: monitor options go before the script: `cuptimon-lua "
+          .. "--%s%s %s ...`", name, name, v and " " .. v or "", script or prog)
+      end
       if not s then
         local valid = {}
         for k in pairs(spec) do valid[#valid + 1] = flag(k) end
