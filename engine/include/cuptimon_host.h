@@ -61,7 +61,11 @@ enum {
   /* cm.exit() (cm_host_request_exit) only stops the loop; the embedder calls cm_host_shutdown
    * once uv_run returns, after work of its own (cuptimon-lua --attach detaches its agents first,
    * so that the final window is complete before the exit hooks run). */
-  CM_HOST_STOP_ON_EXIT = 1u << 2
+  CM_HOST_STOP_ON_EXIT = 1u << 2,
+  /* Errors printed on stderr keep their Lua traceback (cuptimon-lua --verbose); without it a
+   * printed error is its one-line message, which names the script's file and line. The "error"
+   * hooks get the whole message either way. */
+  CM_HOST_VERBOSE = 1u << 3
 };
 
 /* Creates a host on `loop` (which must outlive it). `opts` may be NULL. Returns 0 or a CM_E*

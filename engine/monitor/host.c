@@ -169,7 +169,13 @@ static void report(cm_host *h, const char *where) {
     lua_pop(L, 2);
     h->in_report = 0;
   }
-  if (!handled) fprintf(stderr, "cuptimon: error in %s: %s\n", where, msg);
+  if (!handled) {
+    /* The traceback runs through cuptimon's own modules: only --verbose shows it. */
+    const char *tb = (h->flags & CM_HOST_VERBOSE) ? NULL : strstr(msg, "\nstack traceback:");
+    int len = tb ? (int)(tb - msg) : (int)strlen(msg);
+    fprintf(stderr, "cuptimon: error in %s: %.*s%s\n", where, len, msg,
+            tb ? " (--verbose shows the traceback)" : "");
+  }
   lua_pop(L, 1);
 }
 

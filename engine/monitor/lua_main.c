@@ -95,6 +95,8 @@ static void usage(FILE *out) {
 "                    default for --record with no script is\n"
 "                    kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data\n"
 "  --lua-path DIR    load the cuptimon modules from DIR instead of the embedded copies\n"
+"  --verbose         print the Lua traceback of an error (without it an error is one line that\n"
+"                    names the script's file and line)\n"
 "  --allow-loss      exit with the usual status even when records were lost (the loss line\n"
 "                    is still printed); without it a run that lost records exits 3 instead of 0\n"
 "  -h, --help        show this help and exit\n"
@@ -288,7 +290,7 @@ static void close_walk(uv_handle_t *hd, void *arg) {
 
 int main(int argc, char **argv) {
   const char *chunks[64];
-  int nchunks = 0, check = 0, allow_loss = 0;
+  int nchunks = 0, check = 0, allow_loss = 0, verbose = 0;
   const char *lua_path = NULL;
   cm__main_request req = {0};
   const char *replays[64];
@@ -316,6 +318,8 @@ int main(int argc, char **argv) {
       req.force = 1;
     } else if (strcmp(a, "--allow-loss") == 0) {
       allow_loss = 1;
+    } else if (strcmp(a, "--verbose") == 0) {
+      verbose = 1;
     } else if (strcmp(a, "--list") == 0) {
       if (i + 1 < argc) {
         fprintf(stderr, "cuptimon-lua: --list takes no other argument\n");
@@ -404,7 +408,8 @@ int main(int argc, char **argv) {
 
   uv_loop_t loop;
   uv_loop_init(&loop);
-  cm_host_options opts = {.lua_path = lua_path, .flags = check ? CM_HOST_CHECK : 0};
+  cm_host_options opts = {.lua_path = lua_path,
+                          .flags = (check ? CM_HOST_CHECK : 0) | (verbose ? CM_HOST_VERBOSE : 0)};
   int wants_hub = req.cmd || req.nreplay || req.record || req.attach;
   if (wants_hub) opts.flags |= CM_HOST_NO_INPROC;
   /* --attach closes its windows after the loop and before the exit hooks (cm__hub_detach). */
