@@ -48,6 +48,25 @@ describe("cm.exit() with a live command", function()
     assert.matches("^records=500\n", out)
   end)
 
+  it("--duration ends a live run the same way, delivering what the process holds", function()
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
+      return
+    end
+    -- The fixture itself would wait 100 s; --duration 0.4 ends the run.
+    local uv = require "luv"
+    local t0 = uv.hrtime()
+    local rc, out = helpers.sh(("%s --duration 0.4 %s 100000 -- sh -c 'exec %s --records 500 "
+      .. "--kinds kernel --linger-ms 1500 >/dev/null 2>&1'"):format(bin, fixture, app))
+    assert.are.equal(0, rc, out)
+    assert.matches("^records=500\n", out)
+    assert.is_true((uv.hrtime() - t0) / 1e6 < 1400, "ended before the application did")
+    rc, out = helpers.sh(bin .. " --duration 0 -e 1")
+    assert.are.same({ 2, "cuptimon-lua: --duration needs a positive number of seconds, got 0 "
+      .. "(see --help)\n" }, { rc, out })
+  end)
+
   it("exits at once while the script loads", function()
     local rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").exit(4)' -- sh -c 'echo ran'")
       :format(bin))

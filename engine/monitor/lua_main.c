@@ -97,8 +97,13 @@ static void usage(FILE *out) {
 "  --lua-path DIR    load the cuptimon modules from DIR instead of the embedded copies\n"
 "  --verbose         print the Lua traceback of an error (without it an error is one line that\n"
 "                    names the script's file and line)\n"
+"  --duration SECS   end the run after SECS seconds, as cm.exit(0) would: live processes deliver\n"
+"                    what they hold first, then the exit hooks run (a command still running goes\n"
+"                    on untraced; --attach detaches)\n"
 "  --allow-loss      exit with the usual status even when records were lost (the loss line\n"
 "                    is still printed); without it a run that lost records exits 3 instead of 0\n"
+  );
+  fprintf(out,
 "  -h, --help        show this help and exit\n"
 "  -v, --version     show the versions of cuptimon, LuaJIT and libuv and exit\n"
 "  --                the rest of the line is the command to run and monitor\n"
@@ -283,6 +288,13 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
   return 1;
 }
 
+/* --duration: the run ends as if the script called cm.exit(0): live processes deliver what they
+ * hold first (lua/cuptimon/init.lua), then the exit hooks run. */
+static void duration_cb(uv_timer_t *t) {
+  cm_host *h = t->data;
+  cm_host_eval(h, "require('cuptimon').exit(0)", "=(--duration)");
+}
+
 static void close_walk(uv_handle_t *hd, void *arg) {
   (void)arg;
   if (!uv_is_closing(hd)) uv_close(hd, NULL);
@@ -292,6 +304,7 @@ int main(int argc, char **argv) {
   const char *chunks[64];
   int nchunks = 0, check = 0, allow_loss = 0, verbose = 0;
   const char *lua_path = NULL;
+  double duration_s = 0;
   cm__main_request req = {0};
   const char *replays[64];
   const char *script = NULL;
@@ -328,7 +341,7 @@ int main(int argc, char **argv) {
       return cm__attach_list(stdout);
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--replay") == 0 || strcmp(a, "--record") == 0 ||
                strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0 ||
-               strcmp(a, "--attach") == 0) {
+               strcmp(a, "--attach") == 0 || strcmp(a, "--duration") == 0) {
       if (i + 1 >= argc) {
         fprintf(stderr, "cuptimon-lua: %s needs an argument (see --help)\n", a);
         return EXIT_USAGE;
@@ -354,6 +367,14 @@ int main(int argc, char **argv) {
         req.attach = v;
       } else if (strcmp(a, "--record") == 0) {
         req.record = v;
+      } else if (strcmp(a, "--duration") == 0) {
+        char *end = NULL;
+        duration_s = strtod(v, &end);
+        if (!end || *end || end == v || !(duration_s > 0) || duration_s > 1e7) {
+          fprintf(stderr, "cuptimon-lua: --duration needs a positive number of seconds, got %s "
+                  "(see --help)\n", v);
+          return EXIT_USAGE;
+        }
       } else {
         lua_path = v;
       }
@@ -445,8 +466,17 @@ int main(int argc, char **argv) {
   int exit_at_load = !failed && cm_host_exit_requested(h, NULL);
   /* At function scope: the loop finishes closing them later, in cm_host_free's last turns. */
   uv_signal_t sigint, sigterm;
+  uv_timer_t duration;
+  int duration_on = 0;
   if (!failed && !check && !exit_at_load) {
     cm__hub_start();
+    if (duration_s > 0 && uv_timer_init(&loop, &duration) == 0) {
+      duration_on = 1;
+      duration.data = h;
+      uv_timer_start(&duration, duration_cb, (uint64_t)(duration_s * 1000 + 0.5), 0);
+      /* It ends the run; it does not keep a run alive that would end on its own. */
+      uv_unref((uv_handle_t *)&duration);
+    }
     uv_signal_init(&loop, &sigint);
     uv_signal_init(&loop, &sigterm);
     uv_signal_start(&sigint, on_signal, SIGINT);
@@ -458,6 +488,7 @@ int main(int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     /* The exit hooks come next, and a script may handle signals there itself (prometheus.lua's
      * --linger); the wait for the command below forwards them on its own. */
+    if (duration_on) uv_close((uv_handle_t *)&duration, NULL);
     uv_signal_stop(&sigint);
     uv_signal_stop(&sigterm);
     uv_close((uv_handle_t *)&sigint, NULL);
