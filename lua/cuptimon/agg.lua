@@ -177,6 +177,7 @@ local Count = class("count")
 function Count:add(n) self.count = self.count + (tonumber(n) or 1) return self end
 function Count:reset() self.count = 0 return self end
 function Count:format() return title(self) .. tostring(self.count) end
+--- A counter: :add([n]) counts n (default 1), .count holds the count.
 function M.count(name)
   local n, u = named("agg.count", name)
   return new(Count, { name = n, unit = u, count = 0 })
@@ -186,6 +187,7 @@ local Sum = class("sum")
 function Sum:add(v) self.sum = self.sum + tonumber(v) return self end
 function Sum:reset() self.sum = 0 return self end
 function Sum:format() return title(self) .. self.unit.value(self.sum) end
+--- A sum: :add(v) adds v (a number or an int64 cdata), .sum holds the sum.
 function M.sum(name)
   local n, u = named("agg.sum", name)
   return new(Sum, { name = n, unit = u, sum = 0 })
