@@ -9,7 +9,8 @@
 --   --interval MS    also show the tables every MS milliseconds, with the interval's instances
 --                    and time (+Instances, +Total) beside the totals; on a terminal the screen is
 --                    redrawn in place, otherwise each refresh is a table headed by its time
---                    (default 0: only the final table at exit)
+--                    (default 0: only the final table at exit). On a replay, MS of trace time
+--                    (the kernels' start times), as idle.lua's --interval
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
 --   --budget N       shed kinds (--shed, in order) of a process above N records per second,
@@ -35,6 +36,8 @@ local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
+local ffi = require "ffi"
+
 local opts = args.parse(arg, args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
@@ -43,6 +46,12 @@ local opts = args.parse(arg, args.with_budget {
   mangled = { false, "show the names as CUPTI reports them, mangled" },
 })
 cm.budget_from(opts)
+-- Live refreshes need records as they happen, not when CUPTI's buffers fill: the agents flush
+-- twice per interval (at most every 100 ms; a budget's 250 ms cadence is kept when faster).
+if opts.interval > 0 and opts.budget <= 0 then
+  local ms = math.max(100, math.floor(opts.interval / 2))
+  cm.configure { flush_ms = ms, deliver_ms = ms }
+end
 local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
 
 -- group key ("pid:device") -> { title =, pid =, device =, names = stats_by, sketch = { name -> sketch } }
@@ -64,10 +73,29 @@ local function group_of(b, device)
   return g
 end
 
+-- --interval on a replay counts trace time (a capture replays as fast as it is read, so wall time
+-- says nothing): the tables are shown whenever the kernels' start times pass another interval
+-- since the first kernel's; a gap of several intervals gives one table.
+local replay = false
+local trace_next, trace_base -- uint64 ns: the next boundary, the first start
+local interval_ns = ffi.new("uint64_t", opts.interval * 1000000)
+local refresh -- function(heading), set below
+local wall_timer
+
 cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
   local start, stop, device = b.start, b.stop, b.device
   local g, gdev
   for i = 0, b.n - 1 do
+    if replay and opts.interval > 0 then
+      local s = start[i]
+      if not trace_base then
+        trace_base, trace_next = s + 0, s + interval_ns
+      elseif s >= trace_next then
+        refresh(("== trace time +%d ms, every %d ms"):format(
+          tonumber(ffi.cast("int64_t", trace_next - trace_base)) / 1e6, opts.interval))
+        while s >= trace_next do trace_next = trace_next + interval_ns end
+      end
+    end
     local d = device[i]
     if d ~= gdev then g, gdev = group_of(b, d), d end
     local name, dur = b:kernel_name(i, form), tonumber(stop[i] - start[i])
@@ -140,18 +168,34 @@ local function report(deltas)
   cm.print_shed_notes()
 end
 
-if opts.interval > 0 then
-  local tty = require("luv").guess_handle(1) == "tty"
-  cm.every(opts.interval, function()
-    if tty then
-      io.write("\27[H\27[2J") -- home and clear: the screen is redrawn in place
-    else
-      print(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
+local tty = require("luv").guess_handle(1) == "tty"
+refresh = function(heading)
+  if tty then
+    io.write("\27[H\27[2J") -- home and clear: the screen is redrawn in place
+  else
+    print(heading)
+  end
+  report(true)
+  if not tty then print() end
+  io.stdout:flush()
+end
+local function replaying()
+  if replay then return true end
+  for _, s in ipairs(cm.sources()) do
+    if s.kind == "replay" then
+      replay = true
+      if wall_timer then wall_timer:close() end
     end
-    report(true)
-    if not tty then print() end
-    io.stdout:flush()
+  end
+  return replay
+end
+if opts.interval > 0 then
+  wall_timer = cm.every(opts.interval, function()
+    -- Nothing to show before the first process attaches (and it may be a replay).
+    if replaying() or #cm.sources() == 0 then return end
+    refresh(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
   end)
+  cm.on("process_start", replaying)
 end
 cm.on("exit", function()
   if opts.interval > 0 then print("== at exit") end

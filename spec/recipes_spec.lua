@@ -63,6 +63,22 @@ describe("recipes on examples/demo.cmcap", function()
     assert.are.equal(tonumber(want), n)
   end)
 
+  -- Issue 20: top --interval on a replay refreshed by wall time (one empty table, then the end);
+  -- it counts trace time, as idle.lua does.
+  it("top: --interval on a replay refreshes by trace time, the deltas adding up", function()
+    local out = run("top.lua --interval 1 --top 1")
+    local heads, plus = {}, 0
+    for h in out:gmatch("\n?(== [^\n]*)") do heads[#heads + 1] = h end
+    assert.are.same({ "== trace time +1 ms, every 1 ms", "== trace time +2 ms, every 1 ms",
+      "== trace time +3 ms, every 1 ms", "== trace time +4 ms, every 1 ms", "== at exit" }, heads)
+    for n in out:gmatch("\n%s*[%d.]+%s+%d+%s+%d+%s+%d+%s+(%d+)%s+[%d.]+%s+[^\n]*cm_demo_matmul") do
+      plus = plus + tonumber(n)
+    end
+    local last = tonumber(out:match("== trace time %+4 ms.-\n%s*[%d.]+%s+%d+%s+(%d+)%s"))
+    assert.are.equal(last, plus, out) -- each refresh's +Instances: the instances up to the last
+    assert.matches("== at exit\n.-\n%s*[%d.]+%s+%d+%s+150%s[^\n]*cm_demo_matmul<16>", out)
+  end)
+
   it("nvtx: inclusive >= exclusive, exclusive sums to the GPU time, ranges nest", function()
     local out = run("nvtx.lua")
     local excl, total = 0, tonumber(out:match("([%d.]+) us of GPU time"))

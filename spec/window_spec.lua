@@ -151,6 +151,19 @@ describe("trigger windows, the budget and spike with the real agent", function()
     assert.is_nil(out:find("warning", 1, true), out)
   end)
 
+  -- top --interval once refreshed "no kernels" while the agents held every record: nothing
+  -- flushed CUPTI's buffers before they filled (issue 20).
+  it("top --interval shows the kernels of a live run as it goes", function()
+    local rc, out = helpers.sh(("%s %s --interval 300 --top 1 -- %s --records 200 --kinds kernel "
+      .. "--rounds 6 --pause-ms 300"):format(bin, script("top.lua"), app))
+    assert.are.equal(0, rc, out)
+    local refreshes = 0
+    for _ in out:gmatch("== %d+%-%d+%-%d+T[%d:]+Z, every 300 ms\npid %d+ ") do
+      refreshes = refreshes + 1
+    end
+    assert.is_true(refreshes >= 2, out)
+  end)
+
   it("spike stays quiet when no kernel turns slow", function()
     local rc, out = helpers.sh(("cd %s && %s %s --ms 500 --record quiet.%%p.cmcap -- %s --records 4000 --kinds kernel --rounds 10 --pause-ms 250")
       :format(tmp, bin, script("spike.lua"), app))
