@@ -72,7 +72,8 @@ w("runs (live, in process, on a replay).")
 w()
 w("Contents: [cuptimon](#cuptimon), [handles](#handles), [the batch](#the-batch),")
 w("[aggregations](#aggregations-cuptimonagg), [tables](#tables-cuptimontable),")
-w("[options](#recipe-options-cuptimonargs), [PM sampling](#pm-sampling-cuptimonpm),")
+w("[options](#recipe-options-cuptimonargs), [filters](#name-filters-cuptimonfilter),")
+w("[PM sampling](#pm-sampling-cuptimonpm),")
 w("[enums](#enum-names-cuptimonenums), [kinds and fields](#kinds-and-fields).")
 w()
 
@@ -96,6 +97,8 @@ section("Aggregations (cuptimon.agg)", "Also `cm.count()`, `cm.hist()`, ... (`cm
 section("Tables (cuptimon.table)", nil, documented("table.lua", { ["M."] = "tabulate.",
   ["Table:"] = "t:" }))
 section("Recipe options (cuptimon.args)", nil, documented("args.lua", { ["M."] = "args." }))
+section("Name filters (cuptimon.filter)", nil, documented("filter.lua", { ["M."] = "filter.",
+  ["Filter:"] = "f:" }))
 section("PM sampling (cuptimon.pm)", nil, documented("pm.lua", { ["M."] = "pm." }))
 section("Enum names (cuptimon.enums)", nil, documented("enums.lua", { ["M."] = "enums." }))
 

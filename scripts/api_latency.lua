@@ -6,6 +6,8 @@
 -- Arguments:
 --   --top N      how many functions to show, by total time (default 20; at least 1)
 --   --driver     also count driver API calls (shown by cbid number)
+--   --filter REGEX   only the functions whose name matches REGEX (POSIX extended)
+--   --exclude REGEX  leave out the functions whose name matches REGEX
 --
 -- Function names come from cuptimon.cbid, generated from CUPTI's cupti_runtime_cbid.h; an id it
 -- does not know is shown as "cbid N".
@@ -19,10 +21,11 @@ local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_filter({
   top = { 20, "how many functions to show", min = 1, integer = true },
   driver = { false, "also count driver API calls" },
-})
+}, "API functions"))
+local names = args.filter(opts, "api_latency.lua")
 
 local per = cm.stats_by { unit = "ns" } -- function name -> count, sum, min, max of durations in ns
 
@@ -35,7 +38,10 @@ end })
 local function observer(name_of)
   return function(b)
     local id, start, stop = b.cbid, b.start, b.stop
-    for i = 0, b.n - 1 do per:add(name_of(tonumber(id[i])), stop[i] - start[i]) end
+    for i = 0, b.n - 1 do
+      local name = name_of(tonumber(id[i]))
+      if names:keep(name) then per:add(name, stop[i] - start[i]) end
+    end
   end
 end
 

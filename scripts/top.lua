@@ -13,6 +13,9 @@
 --                    (the kernels' start times), as idle.lua's --interval
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
+--   --filter REGEX   only the kernels whose name (as shown) matches REGEX, a POSIX extended
+--                    regular expression ("^cm_demo_(matmul|relu)"); Time (%) is then their share
+--   --exclude REGEX  leave out the kernels whose name matches REGEX
 --   --budget N       shed kinds (--shed, in order) of a process above N records per second,
 --                    and say so under the tables
 --
@@ -38,13 +41,14 @@ local tabulate = require "cuptimon.table"
 
 local ffi = require "ffi"
 
-local opts = args.parse(arg, args.with_budget {
+local opts = args.parse(arg, args.with_filter(args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
-})
+}, "kernels"))
+local names = args.filter(opts, "top.lua")
 cm.budget_from(opts)
 -- Live refreshes need records as they happen, not when CUPTI's buffers fill: the agents flush
 -- twice per interval (at most every 100 ms; a budget's 250 ms cadence is kept when faster).
@@ -96,16 +100,19 @@ cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
         while s >= trace_next do trace_next = trace_next + interval_ns end
       end
     end
-    local d = device[i]
-    if d ~= gdev then g, gdev = group_of(b, d), d end
-    local name, dur = b:kernel_name(i, form), tonumber(stop[i] - start[i])
-    g.names:add(name, dur)
-    local s = g.sketch[name]
-    if not s then
-      s = agg.sketch()
-      g.sketch[name] = s
+    local name = b:kernel_name(i, form)
+    if names:keep(name) then
+      local d = device[i]
+      if d ~= gdev then g, gdev = group_of(b, d), d end
+      local dur = tonumber(stop[i] - start[i])
+      g.names:add(name, dur)
+      local s = g.sketch[name]
+      if not s then
+        s = agg.sketch()
+        g.sketch[name] = s
+      end
+      s:add(dur)
     end
-    s:add(dur)
   end
 end)
 

@@ -79,6 +79,24 @@ describe("recipes on examples/demo.cmcap", function()
     assert.matches("== at exit\n.-\n%s*[%d.]+%s+%d+%s+150%s[^\n]*cm_demo_matmul<16>", out)
   end)
 
+  it("top and api_latency: --filter and --exclude keep the names a regular expression picks", function()
+    local names = {}
+    for line in run("top.lua --filter 'relu|loss'"):gmatch("[^\n]+") do
+      names[#names + 1] = line:match("^%s*[%d.]+%s+%d+%s+%d+%s.* (%S+)$")
+    end
+    assert.are.same({ "cm_demo_loss_reduce", "cm_demo_bias_relu", "cm_demo_relu_backward" }, names)
+    local out = run("top.lua --exclude '^cm_demo_(matmul|sgd)'")
+    assert.is_nil(out:find("matmul", 1, true), out)
+    assert.matches("\n3 kernel names, 128 us of kernel time\n", out)
+    out = run("api_latency.lua --filter '^cudaEvent' --exclude Destroy")
+    assert.matches("\ncudaEventSynchronize%s+30%s", out)
+    assert.is_nil(out:find("cudaEventDestroy", 1, true), out)
+    assert.is_nil(out:find("cudaLaunchKernel", 1, true), out)
+    local rc, err = helpers.sh(("%s --replay %s %s/scripts/top.lua --filter '('"):format(bin, capture, root))
+    assert.are.same({ 2, 'top.lua: --filter "(" is not a valid regular expression: Unmatched ( or \\( (see --help)\n' },
+      { rc, err })
+  end)
+
   it("nvtx: inclusive >= exclusive, exclusive sums to the GPU time, ranges nest", function()
     local out = run("nvtx.lua")
     local excl, total = 0, tonumber(out:match("([%d.]+) us of GPU time"))

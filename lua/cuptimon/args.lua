@@ -217,6 +217,21 @@ function M.list(s)
   return t
 end
 
+--- Adds --filter REGEX and --exclude REGEX to a recipe's option spec (and returns it), and
+--- M.filter(opts, prog) builds the filter they ask for (cuptimon.filter), raising the usage error
+--- of a bad expression.
+function M.with_filter(spec, what)
+  spec.filter = { "", ("only %s matching this POSIX extended regular expression"):format(what) }
+  spec.exclude = { "", ("leave out %s matching this regular expression"):format(what) }
+  return spec
+end
+
+function M.filter(opts, prog)
+  local f, err = require("cuptimon.filter").new(opts.filter, opts.exclude)
+  if not f then M.usage_error(("%s: %s (see --help)"):format(prog, err)) end
+  return f
+end
+
 --- Adds the record-rate budget's options to a recipe's option spec (and returns it):
 --- --budget N (records per second per process; 0, the default: no budget), --shed LIST (the
 --- kinds shed, in order) and --hold-ms MS. The recipe starts the budget with
