@@ -737,7 +737,7 @@ describe("recipes", function()
     ["timeline.lua"] = "timeline.lua: wrote [^\n]*: 12000 slices %(3000 kernel, 3000 memcpy, 3000 memset, "
       .. "3000 runtime, 0 driver, 0 nvtx%), 0 marks, %d+ flows\n",
     ["idle.lua"] = "pid 77 wire_gen\ndevice%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n",
-    ["api_latency.lua"] = "api%s+calls%s+total_us%s+avg_us%s+min_us%s+max_us\n.*cudaLaunchKernel%s+1000",
+    ["api_latency.lua"] = "Time %(%%%)%s+Total %(us%)%s+Num Calls%s+Avg %(us%)%s+Med %(us%)%s+Min %(us%)%s+Max %(us%)%s+StdDev %(us%)%s+Name\n.*%s1000%s[^\n]*cudaLaunchKernel",
   }
   for _, r in ipairs(recipes) do
     it(r .. " runs over a capture with the expected output shape", function()
