@@ -8,6 +8,8 @@
 --   --driver     also count driver API calls (shown by cbid number)
 --   --filter REGEX   only the functions whose name matches REGEX (POSIX extended)
 --   --exclude REGEX  leave out the functions whose name matches REGEX
+--   --sort BY        the order of the rows: total (time, the default), calls, avg, max, min, or
+--                    name
 --
 -- The columns are nsys stats' cuda_api_sum, in microseconds: Time (%) is the function's share of
 -- the time in all the functions shown, Med comes from a quantile sketch (cuptimon.agg.sketch,
@@ -23,11 +25,12 @@ local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, args.with_filter({
+local opts = args.parse(arg, args.with_sort(args.with_filter({
   top = { 20, "how many functions to show", min = 1, integer = true },
   driver = { false, "also count driver API calls" },
-}, "API functions"))
+}, "API functions")))
 local names = args.filter(opts, "api_latency.lua")
+local order = args.sort_order(opts, "api_latency.lua")
 
 local agg = require "cuptimon.agg"
 
@@ -76,7 +79,7 @@ cm.on("exit", function()
     { "Name", align = "left" },
   }
   local all = per:total()
-  for _, e in ipairs(per:sorted(opts.top)) do
+  for _, e in ipairs(per:sorted(opts.top, order)) do
     local n = e.count
     local var = n > 1 and (squares[e.key] - e.sum * e.sum / n) / (n - 1) or 0
     t:add(all > 0 and 100 * e.sum / all or 0, e.sum / 1e3, n, e.avg / 1e3,

@@ -16,6 +16,8 @@
 --   --filter REGEX   only the kernels whose name (as shown) matches REGEX, a POSIX extended
 --                    regular expression ("^cm_demo_(matmul|relu)"); Time (%) is then their share
 --   --exclude REGEX  leave out the kernels whose name matches REGEX
+--   --sort BY        the order of the rows: total (time, the default), instances, avg, max, min,
+--                    or name
 --   --budget N       shed kinds (--shed, in order) of a process above N records per second,
 --                    and say so under the tables
 --
@@ -41,14 +43,15 @@ local tabulate = require "cuptimon.table"
 
 local ffi = require "ffi"
 
-local opts = args.parse(arg, args.with_filter(args.with_budget {
+local opts = args.parse(arg, args.with_sort(args.with_filter(args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
-}, "kernels"))
+}, "kernels")))
 local names = args.filter(opts, "top.lua")
+local order = args.sort_order(opts, "top.lua")
 cm.budget_from(opts)
 -- Live refreshes need records as they happen, not when CUPTI's buffers fill: the agents flush
 -- twice per interval (at most every 100 ms; a budget's 250 ms cadence is kept when faster).
@@ -142,7 +145,7 @@ local function print_group(key, g, deltas)
   local t = tabulate.new(cols)
   local prev = last[key] or {}
   local now = {}
-  for _, e in ipairs(g.names:sorted(opts.top)) do
+  for _, e in ipairs(g.names:sorted(opts.top, order)) do
     local s = g.sketch[e.key]
     local row = { all > 0 and 100 * e.sum / all or 0, e.sum / 1e3, e.count }
     if deltas then

@@ -186,7 +186,7 @@ describe("agg maps", function()
     assert.are.equal(47, m:total())
     assert.are.equal(4, m:len())
     assert.has_error(function() m:sorted(nil, "size") end,
-      'map:sorted: order must be "value" or "key", got "size"')
+      'map:sorted: order must be "value", "key", "count", "sum", "avg", "min" or "max", got "size"')
   end)
   it("stats_by totals sums and gives averages", function()
     local m = agg.stats_by()

@@ -90,6 +90,24 @@ describe("recipes on examples/demo.cmcap", function()
     assert.matches("\n%s+1%.5%s+2143%.7%s+300%s+7%.1%s+6%.1%s+4%.6%s+141%.6%s+8%.2 cudaLaunchKernel\n", out)
   end)
 
+  it("top and api_latency: --sort orders the rows", function()
+    local function names(out)
+      local t = {}
+      for line in out:gmatch("[^\n]+") do t[#t + 1] = line:match("^%s*[%d.]+%s+[%d.]+%s+%d+%s.* (%S+)$") end
+      return t
+    end
+    assert.are.same({ "cm_demo_bias_relu", "cm_demo_loss_reduce", "cm_demo_matmul<16>",
+      "cm_demo_relu_backward", "cm_demo_sgd_update<float>" }, names(run("top.lua --sort name")))
+    -- The demo's loss_reduce and bias_relu have 30 instances each: ties go by name.
+    assert.are.same({ "cm_demo_matmul<16>", "cm_demo_sgd_update<float>", "cm_demo_bias_relu",
+      "cm_demo_loss_reduce", "cm_demo_relu_backward" }, names(run("top.lua --sort instances")))
+    assert.are.same("cudaLaunchKernel", names(run("api_latency.lua --sort calls --top 1"))[1])
+    local rc, out = helpers.sh(("%s --replay %s %s/scripts/top.lua --sort bogus"):format(bin,
+      capture, root))
+    assert.are.same({ 2, "top.lua: --sort must be total, instances, avg, max, min or name, got "
+      .. "\"bogus\" (see --help)\n" }, { rc, out })
+  end)
+
   it("top and api_latency: --filter and --exclude keep the names a regular expression picks", function()
     local names = {}
     for line in run("top.lua --filter 'relu|loss'"):gmatch("[^\n]+") do

@@ -532,13 +532,19 @@ local function key_less(a, b)
   return a < b
 end
 
+local orders = { value = true, key = true, count = true, sum = true, avg = true, min = true,
+  max = true }
+
 --- The entries, at most n, as { { key=, count=, sum=, min=, max=, avg=, value= }, ... } (value is
 --- what the map ranks by: the count for count_by, else the sum). order: "value" (the default:
---- by value descending, ties by key) or "key" (by key ascending: numbers by value, then strings).
+--- by value descending, ties by key), "key" (by key ascending: numbers by value, then strings),
+--- or "count", "sum", "avg", "min", "max" (by that figure descending, ties by key).
 function Map:sorted(n, order)
-  if order ~= nil and order ~= "value" and order ~= "key" then
-    error(("map:sorted: order must be \"value\" or \"key\", got %q"):format(tostring(order)), 2)
+  if order ~= nil and not orders[order] then
+    error(("map:sorted: order must be \"value\", \"key\", \"count\", \"sum\", \"avg\", "
+      .. "\"min\" or \"max\", got %q"):format(tostring(order)), 2)
   end
+  local by = order ~= nil and order ~= "key" and order or "value"
   local list = {}
   for k, e in pairs(self.entries) do
     list[#list + 1] = { key = k, count = e.count, sum = e.sum, min = e.min, max = e.max,
@@ -548,7 +554,7 @@ function Map:sorted(n, order)
     table.sort(list, function(a, b) return key_less(a.key, b.key) end)
   else
     table.sort(list, function(a, b)
-      if a.value ~= b.value then return a.value > b.value end
+      if a[by] ~= b[by] then return a[by] > b[by] end
       if type(a.key) == type(b.key) and type(a.key) ~= "boolean" then return a.key < b.key end
       return tostring(a.key) < tostring(b.key)
     end)

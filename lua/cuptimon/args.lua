@@ -232,6 +232,27 @@ function M.filter(opts, prog)
   return f
 end
 
+-- --sort's choices -> the order of cuptimon.agg's map:sorted.
+local sort_orders = { total = "sum", instances = "count", calls = "count", avg = "avg",
+  max = "max", min = "min", name = "key" }
+
+--- Adds --sort total|instances|avg|max|min|name to a recipe's option spec (and returns it);
+--- M.sort_order(opts, prog) gives the map:sorted order it asks for, raising the usage error of
+--- an unknown choice.
+function M.with_sort(spec)
+  spec.sort = { "total", "the order of the rows: total, instances, avg, max, min or name" }
+  return spec
+end
+
+function M.sort_order(opts, prog)
+  local o = sort_orders[opts.sort]
+  if not o then
+    M.usage_error(("%s: --sort must be total, instances, avg, max, min or name, got %q (see "
+      .. "--help)"):format(prog, tostring(opts.sort)))
+  end
+  return o
+end
+
 --- Adds the record-rate budget's options to a recipe's option spec (and returns it):
 --- --budget N (records per second per process; 0, the default: no budget), --shed LIST (the
 --- kinds shed, in order) and --hold-ms MS. The recipe starts the budget with
