@@ -5,7 +5,8 @@
 --
 -- Arguments:
 --   --kinds LIST      comma-separated kinds to count (default: the common ones)
---   --per-process     one table per process (pid) as well as the total
+--   --per-process     one table per process as well as the total, each under the process's
+--                     title line ("pid 4242 (/usr/bin/python3)")
 --   --budget N        shed kinds (--shed, in order) of a process above N records per second,
 --                     and say so under the table
 --
@@ -38,13 +39,17 @@ end
 
 local total = cm.count_by()  -- kind name -> records
 local by_pid = {}            -- pid -> count_by kind name
+local titles = {}            -- pid -> the process's title line
 
 cm.observe(sel, function(b)
   total:add(b.kind, b.n)
   if opts.per_process then
     local p = b:process()
     local pid = p and p.pid or 0
-    by_pid[pid] = by_pid[pid] or cm.count_by()
+    if not by_pid[pid] then
+      by_pid[pid] = cm.count_by()
+      titles[pid] = cm.process_title(p)
+    end
     by_pid[pid]:add(b.kind, b.n)
   end
 end)
@@ -62,7 +67,8 @@ cm.on("exit", function()
     for pid in pairs(by_pid) do pids[#pids + 1] = pid end
     table.sort(pids)
     for _, pid in ipairs(pids) do
-      print_table("pid " .. pid, by_pid[pid])
+      print(titles[pid])
+      print_table("kind", by_pid[pid])
       print()
     end
   end

@@ -48,7 +48,7 @@ local function proc(b)
   if not s then
     local p = b:process()
     s = {
-      title = ("pid %d (%s)"):format(p and p.pid or 0, p and p.exe or "?"),
+      title = cm.process_title(p),
       pid = p and p.pid or 0,
       open = {},      -- marker id -> { name =, tid =, start = }, a range not yet ended
       ended = {},     -- marker id -> end time, an END seen before its START

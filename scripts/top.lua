@@ -73,8 +73,7 @@ local function group_of(b, device)
   local g = groups[key]
   if not g then
     g = { pid = pid, device = device, names = agg.stats_by(), sketch = {},
-      title = ("pid %d (%s)%s, device %d"):format(pid, p and p.exe or "?",
-        p and p.env and p.env.RANK and ", rank " .. p.env.RANK or "", device) }
+      title = ("%s, device %d"):format(cm.process_title(p), device) }
     groups[key] = g
   end
   return g

@@ -31,8 +31,8 @@ describe("cuptimon-lua --replay", function()
     local rc, out = helpers.sh(("%s --replay %s --replay %s %s --per-process"):format(bin, a, b,
       script("count.lua")))
     assert.are.equal(0, rc, out)
-    assert.matches("pid 111%s+records\nconcurrent_kernel%s+5000\nmemcpy%s+5000\ntotal%s+10000", out)
-    assert.matches("pid 222%s+records\nconcurrent_kernel%s+3000\nruntime%s+3000\ntotal%s+6000", out)
+    assert.matches("pid 111 %([^)]*%)\nkind%s+records\nconcurrent_kernel%s+5000\nmemcpy%s+5000\ntotal%s+10000", out)
+    assert.matches("pid 222 %([^)]*%)\nkind%s+records\nconcurrent_kernel%s+3000\nruntime%s+3000\ntotal%s+6000", out)
     assert.matches("kind%s+records\nconcurrent_kernel%s+8000\nmemcpy%s+5000\nruntime%s+3000\ntotal%s+16000", out)
   end)
 
@@ -173,7 +173,7 @@ describe("cuptimon-lua -- cmd (synthetic agents)", function()
     local rc, out = helpers.sh(("%s%s %s --per-process -- %s"):format(synth, bin, script("count.lua"), cmd))
     assert.are.equal(0, rc, out)
     local pids = {}
-    for n in out:gmatch("pid %d+%s+records\nconcurrent_kernel%s+(%d+)") do pids[#pids + 1] = tonumber(n) end
+    for n in out:gmatch("pid %d+ %([^)]*%)\nkind%s+records\nconcurrent_kernel%s+(%d+)") do pids[#pids + 1] = tonumber(n) end
     table.sort(pids)
     assert.are.same({ 2000, 4000 }, pids)
     assert.matches("kind%s+records\nconcurrent_kernel%s+6000", out)
@@ -736,7 +736,7 @@ describe("recipes", function()
       .. "DtoH%s+1500.*HtoD: size histogram %(bytes%)\n  %[1 KiB, 2 KiB%)%s+%d+ |@+",
     ["timeline.lua"] = "timeline.lua: wrote [^\n]*: 12000 slices %(3000 kernel, 3000 memcpy, 3000 memset, "
       .. "3000 runtime, 0 driver, 0 nvtx%), 0 marks, %d+ flows\n",
-    ["idle.lua"] = "pid 77 wire_gen\ndevice%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n",
+    ["idle.lua"] = "pid 77 %([^)]*wire_gen%)\ndevice%s+stream%s+ops%s+span_us%s+busy_us%s+busy%%%s+gaps%s+max_gap_us\n",
     ["api_latency.lua"] = "Time %(%%%)%s+Total %(us%)%s+Num Calls%s+Avg %(us%)%s+Med %(us%)%s+Min %(us%)%s+Max %(us%)%s+StdDev %(us%)%s+Name\n.*%s1000%s[^\n]*cudaLaunchKernel",
   }
   for _, r in ipairs(recipes) do

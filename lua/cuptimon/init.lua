@@ -413,6 +413,15 @@ function M.process(id)
   return nil
 end
 
+--- The one line that names a process above a recipe's table: "pid 4242 (/usr/bin/python3)",
+--- with ", rank 1" when its RANK environment variable is set. `p`: a process table (cm.process,
+--- b:process()), or nil for an unknown one.
+function M.process_title(p)
+  p = p or {}
+  return ("pid %d (%s)%s"):format(p.pid or 0, p.exe or "?",
+    p.env and p.env.RANK and ", rank " .. p.env.RANK or "")
+end
+
 --- Whether the host only checks the script (cuptimon-lua --check).
 function M.checking() return core.check_mode() end
 
