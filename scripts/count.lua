@@ -11,10 +11,14 @@
 --                     and say so under the table
 --
 -- Example output:
---   kind                      records
---   concurrent_kernel           50000
---   memcpy                      50000
---   total                      100000
+--   kind                        records
+--   concurrent_kernel               300
+--   marker                           67
+--   memcpy                           66
+--   memset                           61
+--   runtime                         629
+--   synchronization                  64
+--   total                          1187
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"

@@ -411,4 +411,15 @@ cm.on("exit", function()
     end
   end
   print(#names > 0 and ("stragglers: " .. table.concat(names, ", ")) or "no straggler")
+  -- No rank began a step: the table has no step figures, and the straggler test saw nothing.
+  local begun = 0
+  for _, r in ipairs(order) do begun = begun + r.begun end
+  if begun == 0 then
+    io.stderr:write(opts.step_kernel ~= "" and ("ranks.lua: no step: no launch of a kernel "
+      .. "named %q; --step-kernel takes a name as top.lua shows it\n"):format(opts.step_kernel)
+      or ("ranks.lua: no step: no NVTX range named %q; name the step's range with --step NAME, "
+      .. "or count steps by the launches of one kernel with --step-kernel NAME\n")
+      :format(opts.step))
+    cm.exit(1)
+  end
 end)
