@@ -13,8 +13,14 @@
 --   --select SPEC    kinds and fields in cm_selection syntax, "kernel:name,start;memcpy:all";
 --                    replaces --kinds and --fields
 --   --format FMT     csv (default) or jsonl
+--   --raw            write enum values and runtime cbids as numbers, not names
 --   --output PATH    (or -o PATH) where to write: PATH/KIND.EXT when PATH is a directory or ends in "/" (it is
 --                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...)
+--
+-- Enum fields (copy_kind, src_kind, ...; docs/lua-api.md lists them) and runtime cbids are written
+-- as names ("HtoD", "cudaLaunchKernel"), or with --raw as their numbers. In JSON Lines a 64-bit
+-- integer above 2^53, every timestamp among them, is a string of its exact digits, since most
+-- JSON readers hold numbers as doubles.
 --
 -- Each row starts with process_pid (the process that made the record: several processes share a
 -- file), then the chosen fields in the order asked. Strings (kernel names, marker names) are
@@ -39,7 +45,10 @@
 --   runtime                   629 out/runtime.csv
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local cbid = require "cuptimon.cbid"
+local enums = require "cuptimon.enums"
 local tabulate = require "cuptimon.table"
+local ffi = require "ffi"
 
 local opts = args.parse(arg, {
   kinds = { "kernel,memcpy,memset,runtime", "comma-separated kinds to write" },
@@ -47,6 +56,7 @@ local opts = args.parse(arg, {
   select = { "", "kinds and fields in cm_selection syntax (replaces --kinds and --fields)" },
   format = { "csv", "csv or jsonl" },
   output = { "./", "output directory (ending in /) or file prefix", short = "o" },
+  raw = { false, "write enum values and runtime cbids as numbers" },
 })
 if opts.format ~= "csv" and opts.format ~= "jsonl" then
   args.usage_error(("dump.lua: --format must be csv or jsonl, got %q"):format(opts.format))
@@ -175,6 +185,10 @@ local function int_text(v)
   return (tostring(v):gsub("U?LL$", ""))
 end
 
+-- JSON numbers are doubles to most readers (jq, pandas, Python's json): a 64-bit integer above
+-- 2^53 (every CLOCK_REALTIME timestamp) goes as a string of its exact decimal digits.
+local EXACT = ffi.new("uint64_t", 2 ^ 53)
+
 -- kind name -> { file =, path =, rows =, writer = function(b) }
 local outs = {}
 
@@ -218,8 +232,9 @@ cm.observe(sel, function(b)
   local pid = tostring(p and p.pid or 0)
   local fields, kind = c.fields, c.kind
   -- How each column is read: "kernel" (the demangled kernel name), "str" (a string: the mangled
-  -- name is the string of `name`), or a number column.
-  local cols, strs, keys = {}, {}, {}
+  -- name is the string of `name`), or a number column, written as the name of its value when it
+  -- is an enum or a runtime cbid (names[j]: value -> name), unless --raw.
+  local cols, strs, keys, names, wide = {}, {}, {}, {}, {}
   for j, f in ipairs(fields) do
     if f == MANGLED then
       strs[j] = "name"
@@ -229,6 +244,13 @@ cm.observe(sel, function(b)
       strs[j] = f
     else
       cols[j] = b.cols[f]
+      local fi = kind.by_name[f]
+      wide[j] = fi.width == 8
+      if not opts.raw then
+        local e = enums.of(fi.doc)
+        if e then names[j] = enums.values[e]
+        elseif f == "cbid" and kind.name == "runtime" then names[j] = cbid.runtime end
+      end
     end
     keys[j] = json_string(f) .. ":"
   end
@@ -242,7 +264,14 @@ cm.observe(sel, function(b)
         local s = (strs[j] == "kernel" and b:kernel_name(i) or b:str(strs[j], i)) or ""
         v = csv and csv_cell(s) or json_string(s)
       else
-        v = int_text(cols[j][i])
+        local x = cols[j][i]
+        local name = names[j] and names[j][tonumber(x)]
+        if name then
+          v = csv and csv_cell(name) or json_string(name)
+        else
+          v = int_text(x)
+          if not csv and wide[j] and x > EXACT then v = '"' .. v .. '"' end
+        end
       end
       cells[j + 1] = csv and v or keys[j] .. v
     end
