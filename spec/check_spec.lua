@@ -7,13 +7,7 @@ local uv = require "luv"
 local bin = helpers.binary()
 local root = helpers.root()
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = helpers.read
 
 local function write(path, s)
   local f = assert(io.open(path, "wb"))

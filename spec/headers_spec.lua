@@ -106,13 +106,7 @@ local function find_run(have, want, from)
   end
 end
 
-local function read(path)
-  local f = io.open(path, "rb")
-  if not f then return nil end
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = helpers.read
 
 -- Checks that `block` (an example block) has the shape of what the command printed (`out`) and
 -- wrote in `dir`.
@@ -176,21 +170,7 @@ local function scrape(cmd)
   local port = tonumber(text():match("serving http://[^:]+:(%d+)/metrics"))
   local body
   if port and not status then
-    local c, got, done = uv.new_tcp(), {}, false
-    c:connect("127.0.0.1", port, function(cerr)
-      assert(not cerr, cerr)
-      c:write("GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-      c:read_start(function(rerr, chunk)
-        if rerr or not chunk then
-          done = true
-          c:close()
-        else
-          got[#got + 1] = chunk
-        end
-      end)
-    end)
-    helpers.run_until(function() return done end, 10000)
-    body = table.concat(got):match("\r\n\r\n(.*)$")
+    body = select(3, helpers.http(port, "GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"))
   end
   if not status then proc:kill("sigterm") end
   helpers.run_until(function() return status ~= nil end, 60000)

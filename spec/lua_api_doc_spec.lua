@@ -6,12 +6,7 @@ local helpers = require "helpers"
 
 local root = helpers.root()
 
-local function read(path)
-  local f = assert(io.open(path, "rb"))
-  local s = f:read("*a")
-  f:close()
-  return s
-end
+local read = helpers.read
 
 describe("docs/lua-api.md", function()
   local doc = read(root .. "/docs/lua-api.md")
