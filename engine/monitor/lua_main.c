@@ -16,11 +16,13 @@
  * one loss line after everything else and exits 3 where it would have exited 0 (--allow-loss
  * keeps the 0): results computed over incomplete data must not pass for complete ones.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <luajit.h>
 #include <uv.h>
@@ -44,6 +46,8 @@ static void usage(FILE *out) {
 "       cuptimon-lua --list\n"
 "       cuptimon-lua [options] -e 'lua chunk' [-e ...] [-- cmd args...]\n"
 "       cuptimon-lua --check script.lua [script args...]\n"
+"  (a recipe also goes by its name: `cuptimon-lua top -- cmd` runs the installed\n"
+"   share/cuptimon/scripts/top.lua)\n"
 "\n"
 "Runs a Lua script that observes CUDA activity through CUPTI: kernels, memory copies, API calls,\n"
 "NVTX ranges and more, delivered to the script as columns (FFI arrays) on a libuv event loop.\n"
@@ -296,6 +300,26 @@ static void duration_cb(uv_timer_t *t) {
   cm_host_eval(h, "require('cuptimon').exit(0)", "=(--duration)");
 }
 
+/* A recipe named without a path ("top", "top.lua") that is not a file here: the installed recipe
+ * of that name, <bin>/../share/cuptimon/scripts/NAME.lua beside this binary, into buf (cap
+ * bytes). Returns buf, or `name` unchanged when there is no such recipe (loading it then fails
+ * naming it). */
+static const char *find_recipe(const char *name, char *buf, size_t cap) {
+  if (strchr(name, '/') || access(name, F_OK) == 0) return name;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return name;
+  exe[n] = 0;
+  char *slash = strrchr(exe, '/');
+  if (!slash) return name;
+  *slash = 0;
+  size_t len = strlen(name);
+  const char *ext = len > 4 && strcmp(name + len - 4, ".lua") == 0 ? "" : ".lua";
+  int w = snprintf(buf, cap, "%s/../share/cuptimon/scripts/%s%s", exe, name, ext);
+  if (w < 0 || (size_t)w >= cap || access(buf, R_OK) != 0) return name;
+  return buf;
+}
+
 static void close_walk(uv_handle_t *hd, void *arg) {
   (void)arg;
   if (!uv_is_closing(hd)) uv_close(hd, NULL);
@@ -396,6 +420,8 @@ int main(int argc, char **argv) {
       break;
     }
   }
+  char recipe[PATH_MAX + 64];
+  if (script) script = find_recipe(script, recipe, sizeof recipe);
   if (req.cmd && req.cmd_argc == 0) {
     fprintf(stderr, "cuptimon-lua: `--` must be followed by a command to run\n");
     return EXIT_USAGE;
