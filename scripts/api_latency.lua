@@ -8,6 +8,7 @@
 --   --driver     also count driver API calls (shown by cbid number)
 --   --filter REGEX   only the functions whose name matches REGEX (POSIX extended)
 --   --exclude REGEX  leave out the functions whose name matches REGEX
+--   --format FMT     text (an aligned table, the default), csv, or json (an object per row)
 --   --sort BY        the order of the rows: total (time, the default), calls, avg, max, min, or
 --                    name
 --
@@ -25,10 +26,11 @@ local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, args.with_sort(args.with_filter({
+local opts = args.parse(arg, args.with_output(args.with_sort(args.with_filter({
   top = { 20, "how many functions to show", min = 1, integer = true },
   driver = { false, "also count driver API calls" },
-}, "API functions")))
+}, "API functions"))))
+args.output(opts, "api_latency.lua")
 local names = args.filter(opts, "api_latency.lua")
 local order = args.sort_order(opts, "api_latency.lua")
 

@@ -7,6 +7,8 @@
 --   --kinds LIST      comma-separated kinds to count (default: the common ones)
 --   --per-process     one table per process as well as the total, each under the process's
 --                     title line ("pid 4242 (/usr/bin/python3)")
+--   --format FMT      text (aligned tables, the default), csv, or json (an object per row); a
+--                     process's rows carry its pid
 --   --budget N        shed kinds (--shed, in order) of a process above N records per second,
 --                     and say so under the table
 --
@@ -23,11 +25,12 @@ local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, args.with_budget {
+local opts = args.parse(arg, args.with_output(args.with_budget {
   kinds = { "kernel,memcpy,memcpy2,memset,runtime,driver,synchronization,cuda_event,marker,overhead",
     "comma-separated kinds to count" },
   per_process = { false, "also print the counts of each process" },
-})
+}))
+args.output(opts, "count.lua")
 cm.budget_from(opts)
 
 -- One cheap field per kind: the count needs only b.n.
@@ -58,8 +61,9 @@ cm.observe(sel, function(b)
   end
 end)
 
-local function print_table(title, counts)
-  local t = tabulate.new { { title, width = 24 }, { "records", "%d", width = 10 } }
+local function print_table(title, counts, context)
+  local t = tabulate.new({ { title, width = 24 }, { "records", "%d", width = 10 } },
+    { context = context })
   for _, e in ipairs(counts:sorted(nil, "key")) do t:add(e.key, e.count) end
   t:add("total", counts:total())
   t:print()
@@ -71,11 +75,11 @@ cm.on("exit", function()
     for pid in pairs(by_pid) do pids[#pids + 1] = pid end
     table.sort(pids)
     for _, pid in ipairs(pids) do
-      print(titles[pid])
-      print_table("kind", by_pid[pid])
-      print()
+      tabulate.note(titles[pid])
+      print_table("kind", by_pid[pid], { pid = pid })
+      tabulate.note("")
     end
   end
-  print_table("kind", total)
+  print_table("kind", total, opts.per_process and { pid = "all" } or nil)
   cm.print_shed_notes()
 end)

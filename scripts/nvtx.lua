@@ -5,6 +5,7 @@
 --
 -- Arguments:
 --   --top N     how many range names to show per process (default 20; at least 1)
+--   --format FMT  text (aligned tables, the default), csv, or json (an object per row, with pid)
 --
 -- A range is named by its path: the ranges open on its thread when it began, outermost first,
 -- then its own name ("train/step" for a step inside train). Each kernel, copy and memset is
@@ -31,11 +32,12 @@ local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 local bit = require "bit"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_output {
   top = { 20, "how many range names to show per process", min = 1, integer = true },
   horizon_ms = { 10000, "how long (trace time) an API call waits for its GPU work", min = 1,
     integer = true },
 })
+args.output(opts, "nvtx.lua")
 local horizon = opts.horizon_ms * 1e6
 
 local START, END = 2, 4 -- CUPTI_ACTIVITY_FLAG_MARKER_START, _END
@@ -214,7 +216,7 @@ cm.on("exit", function()
   local list = {}
   for _, s in pairs(procs) do list[#list + 1] = s end
   table.sort(list, function(a, b) return a.pid < b.pid end)
-  if #list == 0 then print("no records") end
+  if #list == 0 then tabulate.note("no records") end
   for n, s in ipairs(list) do
     catch_up(s, true)
     for _, d in pairs(s.gpu) do
@@ -230,9 +232,10 @@ cm.on("exit", function()
       if a.e.incl ~= b.e.incl then return a.e.incl > b.e.incl end
       return a.name < b.name
     end)
-    local t = tabulate.new { { "range", width = 20, max = 48 }, { "ranges", "%d", width = 6 },
+    local t = tabulate.new({ { "range", width = 20, max = 48 }, { "ranges", "%d", width = 6 },
       { "ops", "%d", width = 6 }, { "incl_us", "%.1f", width = 10 },
-      { "excl_us", "%.1f", width = 10 }, { "% gpu", "%.1f", width = 6 } }
+      { "excl_us", "%.1f", width = 10 }, { "% gpu", "%.1f", width = 6 } },
+      { context = { pid = s.pid } })
     for i = 1, math.min(#rows, opts.top) do
       local r = rows[i]
       local ranges = r.e.ranges
@@ -240,9 +243,9 @@ cm.on("exit", function()
       t:add(r.name, ranges, r.e.ops, r.e.incl / 1e3,
         r.e.excl / 1e3, s.total > 0 and 100 * r.e.incl / s.total or 0)
     end
-    if n > 1 then print() end
-    print(s.title)
+    if n > 1 then tabulate.note("") end
+    tabulate.note(s.title)
     t:print()
-    print(("%d range paths, %.1f us of GPU time"):format(#rows, s.total / 1e3))
+    tabulate.note(("%d range paths, %.1f us of GPU time"):format(#rows, s.total / 1e3))
   end
 end)

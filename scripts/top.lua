@@ -16,6 +16,8 @@
 --   --filter REGEX   only the kernels whose name (as shown) matches REGEX, a POSIX extended
 --                    regular expression ("^cm_demo_(matmul|relu)"); Time (%) is then their share
 --   --exclude REGEX  leave out the kernels whose name matches REGEX
+--   --format FMT     text (aligned tables, the default), csv, or json (an object per row); each
+--                    row carries its pid and device (and its refresh with --interval)
 --   --sort BY        the order of the rows: total (time, the default), instances, avg, max, min,
 --                    or name
 --   --budget N       shed kinds (--shed, in order) of a process above N records per second,
@@ -43,13 +45,14 @@ local tabulate = require "cuptimon.table"
 
 local ffi = require "ffi"
 
-local opts = args.parse(arg, args.with_sort(args.with_filter(args.with_budget {
+local opts = args.parse(arg, args.with_output(args.with_sort(args.with_filter(args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
-}, "kernels")))
+}, "kernels"))))
+args.output(opts, "top.lua")
 local names = args.filter(opts, "top.lua")
 local order = args.sort_order(opts, "top.lua")
 cm.budget_from(opts)
@@ -86,6 +89,7 @@ local replay = false
 local trace_next, trace_base -- uint64 ns: the next boundary, the first start
 local interval_ns = ffi.new("uint64_t", opts.interval * 1000000)
 local refresh -- function(heading), set below
+local refreshes = 0 -- how many refreshes were shown
 local wall_timer
 
 cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
@@ -141,7 +145,10 @@ local function print_group(key, g, deltas)
     cols[#cols + 1] = { c, "%.1f", width = 8 }
   end
   cols[#cols + 1] = { "Name", align = "left" }
-  local t = tabulate.new(cols)
+  -- Machine-readable rows say whose they are, and which refresh (1, 2, ..., "exit") with
+  -- --interval.
+  local t = tabulate.new(cols, { context = { pid = g.pid, device = g.device,
+    refresh = opts.interval > 0 and (deltas and refreshes or "exit") or nil } })
   local prev = last[key] or {}
   local now = {}
   for _, e in ipairs(g.names:sorted(opts.top, order)) do
@@ -162,30 +169,31 @@ local function print_group(key, g, deltas)
     for k, e in pairs(g.names.entries) do now[k] = { count = e.count, sum = e.sum } end
     last[key] = now
   end
-  print(g.title)
+  tabulate.note(g.title)
   t:print()
-  print(("%d kernel names, %.0f us of kernel time"):format(g.names:len(), all / 1e3))
+  tabulate.note(("%d kernel names, %.0f us of kernel time"):format(g.names:len(), all / 1e3))
 end
 
 local function report(deltas)
   local list = sorted_groups()
-  if #list == 0 then print("no kernels") end
+  if #list == 0 then tabulate.note("no kernels") end
   for i, e in ipairs(list) do
-    if i > 1 then print() end
+    if i > 1 then tabulate.note("") end
     print_group(e.key, e.g, deltas)
   end
   cm.print_shed_notes()
 end
 
-local tty = require("luv").guess_handle(1) == "tty"
+local tty = require("luv").guess_handle(1) == "tty" and tabulate.output() == "text"
 refresh = function(heading)
+  refreshes = refreshes + 1
   if tty then
     io.write("\27[H\27[2J") -- home and clear: the screen is redrawn in place
   else
-    print(heading)
+    tabulate.note(heading)
   end
   report(true)
-  if not tty then print() end
+  if not tty then tabulate.note("") end
   io.stdout:flush()
 end
 local function replaying()
@@ -207,6 +215,6 @@ if opts.interval > 0 then
   cm.on("process_start", replaying)
 end
 cm.on("exit", function()
-  if opts.interval > 0 then print("== at exit") end
+  if opts.interval > 0 then tabulate.note("== at exit") end
   report(false)
 end)

@@ -90,6 +90,26 @@ describe("recipes on examples/demo.cmcap", function()
     assert.matches("\n%s+1%.5%s+2143%.7%s+300%s+7%.1%s+6%.1%s+4%.6%s+141%.6%s+8%.2 cudaLaunchKernel\n", out)
   end)
 
+  -- Issue 20: the table recipes' results go to pandas or jq without scraping.
+  it("top, count, nvtx and api_latency: --format csv and json", function()
+    local csv = run("top.lua --format csv --top 2")
+    assert.matches("^pid,device,Time %(%%%),Total %(us%),Instances,Avg %(us%),Med %(us%),P99 %(us%),"
+      .. "Min %(us%),Max %(us%),Name\n601,0,93%.%d+,2862%.989,150,[%d.]+,[%d.]+,[%d.]+,5%.217,30%.08,"
+      .. "cm_demo_matmul<16>\n601,0,[^\n]*cm_demo_sgd_update<float>\n$", csv)
+    local json = run("top.lua --format json --top 1")
+    assert.matches('^{"pid":601,"device":0,"Time %(%%%)":93%.%d+,"Total %(us%)":2862%.989,'
+      .. '"Instances":150,[^\n]*"Name":"cm_demo_matmul<16>"}\n$', json)
+    local count = run("count.lua --per-process --format csv")
+    assert.matches("^pid,kind,records\n601,concurrent_kernel,300\n.*\n601,total,1187\nall,"
+      .. "concurrent_kernel,300\n.*\nall,total,1187\n$", count)
+    assert.matches('^{"pid":601,"range":"train","ranges":1,"ops":423,', run("nvtx.lua --format json"))
+    assert.matches("^Time %(%%%),Total %(us%),Num Calls,", run("api_latency.lua --format csv"))
+    local rc, out = helpers.sh(("%s --replay %s %s/scripts/top.lua --format xml"):format(bin,
+      capture, root))
+    assert.are.same({ 2, 'top.lua: --format: the output format must be text, csv or json, got '
+      .. '"xml" (see --help)\n' }, { rc, out })
+  end)
+
   it("top and api_latency: --sort orders the rows", function()
     local function names(out)
       local t = {}

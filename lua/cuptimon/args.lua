@@ -253,6 +253,18 @@ function M.sort_order(opts, prog)
   return o
 end
 
+--- Adds --format text|csv|json to a recipe's option spec (and returns it); M.output(opts, prog)
+--- sets cuptimon.table's output to it, raising the usage error of an unknown choice.
+function M.with_output(spec)
+  spec.format = { "text", "text (aligned tables), csv, or json (JSON Lines: an object per row)" }
+  return spec
+end
+
+function M.output(opts, prog)
+  local ok, err = require("cuptimon.table").set_output(opts.format)
+  if not ok then M.usage_error(("%s: --format: %s (see --help)"):format(prog, err)) end
+end
+
 --- Adds the record-rate budget's options to a recipe's option spec (and returns it):
 --- --budget N (records per second per process; 0, the default: no budget), --shed LIST (the
 --- kinds shed, in order) and --hold-ms MS. The recipe starts the budget with
