@@ -67,6 +67,20 @@ describe("cm.exit() with a live command", function()
       .. "(see --help)\n" }, { rc, out })
   end)
 
+  it("from an exit hook, with the command's processes still attached, chooses the status", function()
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
+      return
+    end
+    -- gpu_util.lua does this when no PM sample arrived.
+    local rc, out = helpers.sh(("%s -e 'local cm = require \"cuptimon\"; cm.observe({ kernel = "
+      .. "{ \"start\" } }, function() end); cm.on(\"exit\", function() print(\"hook\"); "
+      .. "cm.exit(5) end)' -- %s --records 100 --kinds kernel"):format(bin, app))
+    assert.are.equal(5, rc, out)
+    assert.matches("\nhook\n", out)
+  end)
+
   it("exits at once while the script loads", function()
     local rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").exit(4)' -- sh -c 'echo ran'")
       :format(bin))

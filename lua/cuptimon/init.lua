@@ -336,13 +336,15 @@ end
 -- How long cm.exit() waits for the live processes to deliver what they hold (as a detach does).
 local EXIT_FLUSH_MS = 5000
 local exiting -- the status of a cm.exit() whose delivery flush is under way, else nil
+local ending = false -- the exit hooks run: the final flush is done, nothing more is delivered
 
 --- Ends the script: every live process (`-- cmd`, --attach) first delivers the records it holds
 --- (a sync flush of at most 5 s: what the records produced before the call need to reach the
 --- observers), then the final flush, the exit hooks, and the host exits with `status`. The loop
 --- goes on meanwhile, so the observers see those records; a process that does not answer in time
---- has its loss counted as usual. Without live processes (a replay, the in-process engine, or
---- while the script loads) the exit comes at once. A second call while the flush runs changes
+--- has its loss counted as usual. Without live processes (a replay, the in-process engine, while
+--- the script loads, or from an exit hook: the status of the run is then `status`) the exit
+--- comes at once. A second call while the flush runs changes
 --- nothing: the first status holds.
 function M.exit(status)
   if status ~= nil and type(status) ~= "number" then
@@ -351,7 +353,7 @@ function M.exit(status)
   status = status or 0
   if exiting ~= nil then return end
   local live = false
-  if not core.check_mode() then
+  if not core.check_mode() and not ending then
     for _, s in ipairs(core.sources()) do live = live or s.kind == "agent" end
   end
   if not live then return core.exit(status) end
@@ -1177,6 +1179,7 @@ local function event(name, a, b)
     end
     -- The run ended (the command exited) before a cm.exit()'s flush completed: its status holds.
     if exiting ~= nil then core.exit(exiting) end
+    ending = true
     run_hooks(hooks.exit, "exit hook")
   elseif name == "process_start" then
     batch.processes[a.source] = a
