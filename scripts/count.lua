@@ -82,4 +82,5 @@ cm.on("exit", function()
   end
   print_table("kind", total, opts.per_process and { pid = "all" } or nil)
   cm.print_shed_notes()
+  cm.print_lag_notes()
 end)

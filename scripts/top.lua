@@ -182,6 +182,7 @@ local function report(deltas)
     print_group(e.key, e.g, deltas)
   end
   cm.print_shed_notes()
+  cm.print_lag_notes()
 end
 
 local tty = require("luv").guess_handle(1) == "tty" and tabulate.output() == "text"

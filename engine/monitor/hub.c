@@ -181,6 +181,7 @@ typedef struct hub {
   uv_timer_t scan_timer;
   int scan_init;
   int detach_pending;
+  cm__gate_stats gate_lost; /* the gate's counts when it stopped (lost: handshakes cut short) */
 } hub;
 
 static hub *g_hub;
@@ -205,6 +206,7 @@ static void stop_gate(hub *hb) {
     cm__gate_stop(hb->gate);
     cm__gate_stats st;
     cm__gate_get_stats(hb->gate, &st);
+    hb->gate_lost = st;
     uint64_t closed = st.refused_uid + st.wrong_token + st.bad_hello + st.oversized +
                       st.timed_out + st.evicted;
     if (closed > 3)
@@ -1333,6 +1335,14 @@ int cm__hub_signal(int signum) {
     cm__proc_kill(&hb->proc);
   }
   return 1;
+}
+
+int cm__hub_lost_handshakes(int32_t *pids, int max) {
+  hub *hb = g_hub;
+  if (!hb) return 0;
+  int n = (int)hb->gate_lost.lost, kept = n < 16 ? n : 16;
+  for (int i = 0; i < kept && i < max; i++) pids[i] = hb->gate_lost.lost_pids[i];
+  return n;
 }
 
 int cm__hub_finished(int *status) {

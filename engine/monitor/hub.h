@@ -48,6 +48,9 @@ int cm__hub_signal(int signum);
 /* Whether the hub has finished (the command exited and its agents are done, or every capture was
  * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
 int cm__hub_finished(int *status);
+/* The processes the gate closed in the middle of their HELLO (they are not traced), once the gate
+ * has stopped: returns how many, and writes up to `max` of their pids. */
+int cm__hub_lost_handshakes(int32_t *pids, int max);
 /* The hub may finish on the BYE of the command's own process, before the process is reaped (its
  * CUDA teardown can take a few hundred ms): after the exit hooks, this runs the loop until the
  * supervisor has reaped it, so that cm__hub_finished gives the real status. Forwarded signals
@@ -149,6 +152,9 @@ struct cm__wsrc {
   /* Counters of what reached us. */
   uint64_t frames, batches, records, bytes;
   uint64_t records_by_kind[CM_KIND_MAX];
+  /* A live agent's lag as the monitor sees it: CLOCK_REALTIME at a BATCH's arrival less the
+   * newest start of its records, for the last batch that had a start column, and the peak. */
+  uint64_t lag_ns, lag_peak_ns;
   uint64_t seq;
   int warned_missing;
 
