@@ -81,6 +81,8 @@ cm.on("exit", function()
     end
   end
   print_table("kind", total, opts.per_process and { pid = "all" } or nil)
-  cm.print_shed_notes()
-  cm.print_lag_notes()
+  -- In csv or json output the notes go to stderr: stdout holds the data alone.
+  local notes = tabulate.output() == "text" and io.stdout or io.stderr
+  cm.print_shed_notes(notes)
+  cm.print_lag_notes(notes)
 end)

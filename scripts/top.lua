@@ -181,8 +181,10 @@ local function report(deltas)
     if i > 1 then tabulate.note("") end
     print_group(e.key, e.g, deltas)
   end
-  cm.print_shed_notes()
-  cm.print_lag_notes()
+  -- In csv or json output the notes go to stderr: stdout holds the data alone.
+  local notes = tabulate.output() == "text" and io.stdout or io.stderr
+  cm.print_shed_notes(notes)
+  cm.print_lag_notes(notes)
 end
 
 local tty = require("luv").guess_handle(1) == "tty" and tabulate.output() == "text"

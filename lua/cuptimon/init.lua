@@ -1170,12 +1170,12 @@ function M.budget_from(opts)
   return M.budget { records_per_s = rate, lag_ms = lag, shed = list, hold_ms = opts.hold_ms }
 end
 
+local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (process_exit)
+
 --- Lines that say how far behind the script's view ran, for each process whose records reached
 --- the script more than `min_s` seconds (default 1) late at some point: a view that is behind is
 --- late, not incomplete (losses have their own LOST line). Now and at the peak, with the records
 --- the agent still held (cm.stats(): lag_s, lag_peak_s, backlog_records).
-local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (process_exit)
-
 function M.lag_notes(min_s)
   min_s = min_s or 1
   local out, seen = {}, {}
