@@ -53,7 +53,9 @@ typedef struct cm_host_options {
 
 enum {
   /* Validate only: observers check their selections against the field registry, but no engine
-   * is created, no timer starts and no batch is delivered (cuptimon-lua --check). */
+   * is created, no timer starts and no batch is delivered (cuptimon-lua --check); the script's
+   * calls that write files, create directories, bind sockets or start processes are stand-ins
+   * that do nothing (lua/cuptimon/check.lua). */
   CM_HOST_CHECK = 1u << 0,
   /* Do not create the in-process engine source on the first observer (a host that attaches its
    * own sources, such as the live-agent hub or a replay). */
