@@ -32,7 +32,7 @@ pc=$(find "$P" -name cuptimon.pc -path '*/pkgconfig/*' | head -n 1)
 libdir=$(dirname "$(dirname "$pc")")
 for f in bin/cuptimon-lua include/cuptimon.h include/cuptimon_wire.h include/cuptimon_host.h \
     share/lua/5.1/cuptimon/init.lua share/cuptimon/scripts/top.lua \
-    share/cuptimon/scripts/count.lua; do
+    share/cuptimon/scripts/count.lua share/cuptimon/demo.cmcap; do
   [ -f "$P/$f" ] || fail "$f is not installed"
 done
 for f in libcuptimon-agent.so libcuptimon.so libcuptimon.a libcuptimon_host.a \
@@ -90,6 +90,10 @@ grep -q "wrote 5000 kernel records" "$tmp/embed_script.out" || fail "embed_scrip
 
 run replay "cm_demo_matmul" "$P/bin/cuptimon-lua" --replay "$src/examples/demo.cmcap" \
   "$P/share/cuptimon/scripts/top.lua"
+# A recipe by its name, on the installed demo capture (issue 20).
+run recipe_by_name "cm_demo_matmul" "$P/bin/cuptimon-lua" --replay "$P/share/cuptimon/demo.cmcap" top
+run recipe_by_name_lua "concurrent_kernel +300" "$P/bin/cuptimon-lua" \
+  --replay "$P/share/cuptimon/demo.cmcap" count.lua
 
 # The installed binary injects the installed agent (CUPTIMON_AGENT is unset): every kernel the
 # fake application writes reaches the script.

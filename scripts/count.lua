@@ -5,24 +5,32 @@
 --
 -- Arguments:
 --   --kinds LIST      comma-separated kinds to count (default: the common ones)
---   --per-process     one table per process (pid) as well as the total
+--   --per-process     one table per process as well as the total, each under the process's
+--                     title line ("pid 4242 (/usr/bin/python3)")
+--   --format FMT      text (aligned tables, the default), csv, or json (an object per row); a
+--                     process's rows carry its pid
 --   --budget N        shed kinds (--shed, in order) of a process above N records per second,
 --                     and say so under the table
 --
 -- Example output:
---   kind                      records
---   concurrent_kernel           50000
---   memcpy                      50000
---   total                      100000
+--   kind                        records
+--   concurrent_kernel               300
+--   marker                           67
+--   memcpy                           66
+--   memset                           61
+--   runtime                         629
+--   synchronization                  64
+--   total                          1187
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, args.with_budget {
+local opts = args.parse(arg, args.with_output(args.with_budget {
   kinds = { "kernel,memcpy,memcpy2,memset,runtime,driver,synchronization,cuda_event,marker,overhead",
     "comma-separated kinds to count" },
   per_process = { false, "also print the counts of each process" },
-})
+}))
+args.output(opts, "count.lua")
 cm.budget_from(opts)
 
 -- One cheap field per kind: the count needs only b.n.
@@ -38,19 +46,24 @@ end
 
 local total = cm.count_by()  -- kind name -> records
 local by_pid = {}            -- pid -> count_by kind name
+local titles = {}            -- pid -> the process's title line
 
 cm.observe(sel, function(b)
   total:add(b.kind, b.n)
   if opts.per_process then
     local p = b:process()
     local pid = p and p.pid or 0
-    by_pid[pid] = by_pid[pid] or cm.count_by()
+    if not by_pid[pid] then
+      by_pid[pid] = cm.count_by()
+      titles[pid] = cm.process_title(p)
+    end
     by_pid[pid]:add(b.kind, b.n)
   end
 end)
 
-local function print_table(title, counts)
-  local t = tabulate.new { { title, width = 24 }, { "records", "%d", width = 10 } }
+local function print_table(title, counts, context)
+  local t = tabulate.new({ { title, width = 24 }, { "records", "%d", width = 10 } },
+    { context = context })
   for _, e in ipairs(counts:sorted(nil, "key")) do t:add(e.key, e.count) end
   t:add("total", counts:total())
   t:print()
@@ -62,11 +75,14 @@ cm.on("exit", function()
     for pid in pairs(by_pid) do pids[#pids + 1] = pid end
     table.sort(pids)
     for _, pid in ipairs(pids) do
-      print_table("pid " .. pid, by_pid[pid])
-      print()
+      tabulate.note(titles[pid])
+      print_table("kind", by_pid[pid], { pid = pid })
+      tabulate.note("")
     end
   end
-  print_table("kind", total)
-  cm.print_shed_notes()
-  cm.print_lag_notes()
+  print_table("kind", total, opts.per_process and { pid = "all" } or nil)
+  -- In csv or json output the notes go to stderr: stdout holds the data alone.
+  local notes = tabulate.output() == "text" and io.stdout or io.stderr
+  cm.print_shed_notes(notes)
+  cm.print_lag_notes(notes)
 end)

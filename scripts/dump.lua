@@ -3,51 +3,64 @@
 --
 -- Usage: cuptimon-lua scripts/dump.lua [--kinds LIST] [--fields LIST] [--select SPEC]
 --          [--format csv|jsonl] [-o PATH] -- cmd args...
---        cuptimon-lua --replay run.cmcap scripts/dump.lua --kinds kernel,memcpy -o out/
+--        cuptimon-lua --replay run.cmcap scripts/dump.lua --fields name,start,stop,device,stream -o out/
 --
 -- Arguments:
 --   --kinds LIST     comma-separated kinds to write (default kernel,memcpy,memset,runtime)
---   --fields LIST    comma-separated fields to write of each kind that has them (default: all);
---                    a field no chosen kind has is a usage error
+--   --fields LIST    comma-separated fields to write of each kind that has them, in that order
+--                    (default: all, in the kind's field order); a field no chosen kind has is a
+--                    usage error
 --   --select SPEC    kinds and fields in cm_selection syntax, "kernel:name,start;memcpy:all";
 --                    replaces --kinds and --fields
 --   --format FMT     csv (default) or jsonl
+--   --raw            write enum values and runtime cbids as numbers, not names
 --   --output PATH    (or -o PATH) where to write: PATH/KIND.EXT when PATH is a directory or ends in "/" (it is
 --                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...);
 --                    files are created, never written through a symlink: one that exists is
 --                    refused
 --   --force          replace output files that exist and are regular files
 --
+-- Enum fields (copy_kind, src_kind, ...; docs/lua-api.md lists them) and runtime cbids are written
+-- as names ("HtoD", "cudaLaunchKernel"), or with --raw as their numbers. In JSON Lines a 64-bit
+-- integer above 2^53, every timestamp among them, is a string of its exact digits, since most
+-- JSON readers hold numbers as doubles.
+--
 -- Each row starts with process_pid (the process that made the record: several processes share a
--- file), then the chosen fields in the kind's field order. Strings (kernel names, marker names)
--- are resolved; timestamps are integer nanoseconds on the trace clock, CLOCK_REALTIME, which the
+-- file), then the chosen fields in the order asked. Strings (kernel names, marker names) are
+-- resolved; a kernel's `name` is demangled as the tables show it (cm_demo_matmul<16>), and the
+-- compiler's mangled name is the field mangled_name (after `name` among all fields); timestamps are integer nanoseconds on the trace clock, CLOCK_REALTIME, which the
 -- file names first: a CSV opens with the comment line "# clock: CLOCK_REALTIME ns" (pandas:
 -- read_csv(path, comment="#")), a JSONL file with a metadata object. Rows are written per batch,
 -- so memory stays bounded whatever the length of the run. At exit the script prints the rows
 -- written per file.
 --
 -- Example output:
---   (kernel.csv)
+--   (out/kernel.csv)
 --   # clock: CLOCK_REALTIME ns
 --   process_pid,name,start,stop,device,stream
---   4242,cm_demo_matmul<16>,1752486514016012032,1752486514016031168,0,7
--- and on stdout:
---   kind                 rows file
---   concurrent_kernel     280 out/kernel.csv
+--   601,cm_demo_matmul<16>,1796230814380253094,1796230814380280806,0,14
+--   601,cm_demo_bias_relu,1796230814380288262,1796230814380289734,0,14
+--   (and on stdout:)
+--   kind                     rows file
+--   concurrent_kernel         300 out/kernel.csv
+--   memcpy                     66 out/memcpy.csv
+--   memset                     61 out/memset.csv
+--   runtime                   629 out/runtime.csv
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
+local cbid = require "cuptimon.cbid"
+local enums = require "cuptimon.enums"
 local tabulate = require "cuptimon.table"
+local ffi = require "ffi"
 
--- -o is --output (cuptimon.args knows only long options).
-local argv = { [0] = arg[0] }
-for i = 1, #arg do argv[i] = arg[i] == "-o" and "--output" or arg[i] end
-local opts = args.parse(argv, {
+local opts = args.parse(arg, {
   kinds = { "kernel,memcpy,memset,runtime", "comma-separated kinds to write" },
   fields = { "", "comma-separated fields to write (default: all)" },
   select = { "", "kinds and fields in cm_selection syntax (replaces --kinds and --fields)" },
   format = { "csv", "csv or jsonl" },
-  output = { "./", "output directory (ending in /) or file prefix" },
+  output = { "./", "output directory (ending in /) or file prefix", short = "o" },
   force = { false, "replace output files that exist (regular files only)" },
+  raw = { false, "write enum values and runtime cbids as numbers" },
 })
 if opts.format ~= "csv" and opts.format ~= "jsonl" then
   args.usage_error(("dump.lua: --format must be csv or jsonl, got %q"):format(opts.format))
@@ -62,12 +75,33 @@ local function kind_or_fail(name)
   return k
 end
 
-local function field_list(k, names)
-  if names == nil or names == "all" then return cm.registry.field_names(k) end
-  local want = {}
-  for _, f in ipairs(names) do want[f] = true end
+-- The kinds whose `name` is a kernel's, which the compiler mangles: `name` is written demangled,
+-- as the tables show it (cm_demo_matmul<16>), and the compiler's name is the column mangled_name.
+local KERNEL_KINDS = { concurrent_kernel = true, kernel_serial = true }
+local MANGLED = "mangled_name"
+
+local function has_field(k, f) return k.by_name[f] ~= nil or (f == MANGLED and KERNEL_KINDS[k.name]) end
+
+-- Every field of kind k in field order, mangled_name right after name.
+local function all_fields(k)
   local out = {}
-  for _, f in ipairs(cm.registry.field_names(k)) do if want[f] then out[#out + 1] = f end end
+  for _, f in ipairs(cm.registry.field_names(k)) do
+    out[#out + 1] = f
+    if f == "name" and KERNEL_KINDS[k.name] then out[#out + 1] = MANGLED end
+  end
+  return out
+end
+
+-- The fields of `names` that kind k has, in the order asked, each once ("all" or nil: every one).
+local function field_list(k, names)
+  if names == nil or names == "all" then return all_fields(k) end
+  local out, seen = {}, {}
+  for _, f in ipairs(names) do
+    if has_field(k, f) and not seen[f] then
+      out[#out + 1] = f
+      seen[f] = true
+    end
+  end
   return out
 end
 
@@ -79,9 +113,9 @@ local function choose(name, names)
   local fields = field_list(k, names)
   if names ~= nil and names ~= "all" then
     for _, f in ipairs(names) do
-      if not k.by_name[f] then
+      if not has_field(k, f) then
         args.usage_error(("dump.lua: kind %q has no field %q; valid fields: %s")
-          :format(name, f, table.concat(cm.registry.field_names(k), ", ")))
+          :format(name, f, table.concat(all_fields(k), ", ")))
       end
     end
   end
@@ -105,7 +139,7 @@ else
   if fields then
     for _, f in ipairs(fields) do
       local found = false
-      for _, name in ipairs(kinds) do found = found or kind_or_fail(name).by_name[f] ~= nil end
+      for _, name in ipairs(kinds) do found = found or has_field(kind_or_fail(name), f) end
       if not found then
         args.usage_error(("dump.lua: no chosen kind has the field %q"):format(f))
       end
@@ -155,6 +189,10 @@ local function int_text(v)
   return (tostring(v):gsub("U?LL$", ""))
 end
 
+-- JSON numbers are doubles to most readers (jq, pandas, Python's json): a 64-bit integer above
+-- 2^53 (every CLOCK_REALTIME timestamp) goes as a string of its exact decimal digits.
+local EXACT = ffi.new("uint64_t", 2 ^ 53)
+
 -- kind name -> { file =, path =, rows =, writer = function(b) }
 local outs = {}
 
@@ -173,8 +211,19 @@ local function open(c)
   return { file = f, path = path, rows = 0 }
 end
 
+-- What each kind observes: its fields, with `name` standing in for mangled_name.
 local sel = {}
-for name, c in pairs(chosen) do sel[name] = c.fields end
+for name, c in pairs(chosen) do
+  local list, seen = {}, {}
+  for _, f in ipairs(c.fields) do
+    local real = f == MANGLED and "name" or f
+    if not seen[real] then
+      list[#list + 1] = real
+      seen[real] = true
+    end
+  end
+  sel[name] = list
+end
 
 cm.observe(sel, function(b)
   local c = chosen[b.kind]
@@ -186,10 +235,27 @@ cm.observe(sel, function(b)
   local p = b:process()
   local pid = tostring(p and p.pid or 0)
   local fields, kind = c.fields, c.kind
-  local cols, strs, keys = {}, {}, {}
+  -- How each column is read: "kernel" (the demangled kernel name), "str" (a string: the mangled
+  -- name is the string of `name`), or a number column, written as the name of its value when it
+  -- is an enum or a runtime cbid (names[j]: value -> name), unless --raw.
+  local cols, strs, keys, names, wide = {}, {}, {}, {}, {}
   for j, f in ipairs(fields) do
-    cols[j] = b.cols[f]
-    strs[j] = kind.by_name[f].is_string
+    if f == MANGLED then
+      strs[j] = "name"
+    elseif f == "name" and KERNEL_KINDS[kind.name] then
+      strs[j] = "kernel"
+    elseif kind.by_name[f].is_string then
+      strs[j] = f
+    else
+      cols[j] = b.cols[f]
+      local fi = kind.by_name[f]
+      wide[j] = fi.width == 8
+      if not opts.raw then
+        local e = enums.of(fi.doc)
+        if e then names[j] = enums.values[e]
+        elseif f == "cbid" and kind.name == "runtime" then names[j] = cbid.runtime end
+      end
+    end
     keys[j] = json_string(f) .. ":"
   end
   local csv = opts.format == "csv"
@@ -199,10 +265,17 @@ cm.observe(sel, function(b)
     for j = 1, #fields do
       local v
       if strs[j] then
-        local s = b:str(fields[j], i) or ""
+        local s = (strs[j] == "kernel" and b:kernel_name(i) or b:str(strs[j], i)) or ""
         v = csv and csv_cell(s) or json_string(s)
       else
-        v = int_text(cols[j][i])
+        local x = cols[j][i]
+        local name = names[j] and names[j][tonumber(x)]
+        if name then
+          v = csv and csv_cell(name) or json_string(name)
+        else
+          v = int_text(x)
+          if not csv and wide[j] and x > EXACT then v = '"' .. v .. '"' end
+        end
       end
       cells[j + 1] = csv and v or keys[j] .. v
     end

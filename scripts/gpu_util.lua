@@ -26,12 +26,13 @@
 -- window has begun (its kernels have had time to arrive), the rest at the end. A value is the
 -- mean over the window's samples; "-" when the process sent no value for it. A kernel counts in
 -- the window where it starts, with its duration. Samples come from the in-process engine, live
--- agents or a capture alike.
+-- agents or a capture alike. A run or capture without any sample (a capture recorded without PM
+-- sampling, say) is not an empty table: one line says why, and the status is 1.
 --
--- Example output:
---     pid dev  window_ms  sm%  tensor%  dram%  pcie_rd_GB/s  pcie_wr_GB/s  samples  kernels
---   4242   0          0 92.4     71.0   12.3          0.01          0.00       10  gemm_tc (9.8 ms)
---   4242   0        100  0.2      0.0    0.1          0.00          0.00       10  -
+-- Example output (spec/fixtures/pm_fake.cmcap, samples of the fake CUPTI, abridged):
+--     pid dev window_ms  sm% tensor% dram% pcie_rd_GB/s pcie_wr_GB/s samples                                    kernels
+--   20636   0         0 13.3    23.4  53.4         0.00         0.00      20 pm_kernel_a (5.0 ms), pm_kernel_b (5.0 ms)
+--   20636   0       300 13.4    23.4  53.4         0.00         0.00      20 pm_kernel_a (5.0 ms), pm_kernel_b (5.0 ms)
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local pm = require "cuptimon.pm"
@@ -193,7 +194,27 @@ end)
 
 cm.every(1000, print_ready)
 
+local replayed = false
+cm.on("process_start", function(p) replayed = replayed or p.kind == "replay" end)
+
+-- Whether any process and device sent a sample (kernels alone make a state too).
+local function sampled()
+  for _, st in ipairs(order) do if st.base then return true end end
+  return false
+end
+
 cm.on("exit", function()
+  if not sampled() then
+    -- No process sent a sample: say why instead of printing nothing with status 0.
+    io.stderr:write(replayed and "gpu_util.lua: the capture holds no PM samples: it was recorded "
+      .. "without PM sampling (record a run under gpu_util.lua, or timeline.lua --pm-devices)\n"
+      or "gpu_util.lua: no PM samples arrived: no process sampled devices " .. opts.devices
+      .. " before the run ended (a CUDA program must run under `-- cmd`, long enough for one "
+      .. "interval)\n")
+    for _, r in ipairs(requests) do r:close() end
+    cm.exit(1)
+    return
+  end
   for _, st in ipairs(order) do
     local last = -1
     for w in pairs(st.windows) do if w > last then last = w end end

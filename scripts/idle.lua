@@ -2,7 +2,7 @@
 -- the last runtime API call before each one (what the GPU was waiting on).
 --
 -- Usage: cuptimon-lua scripts/idle.lua [--gap-us N] [--top N] [--interval MS] -- cmd args...
---        cuptimon-lua --replay run.cmcap scripts/idle.lua
+--        cuptimon-lua --replay run.cmcap scripts/idle.lua --interval 1
 --
 -- Arguments:
 --   --gap-us N       a gap of at least N microseconds between two operations of a stream counts
@@ -11,8 +11,9 @@
 --   --interval MS    also show busy % per stream in buckets of MS milliseconds (default 0: only
 --                    the overall table)
 --
--- One set of tables per process, titled by pid and executable (and rank when its RANK
--- environment variable is set: "pid 4242 python3 rank 1"). Kernels, copies and memsets are
+-- One set of tables per process, titled as every recipe titles a process (cm.process_title): pid
+-- and executable, and rank when its RANK environment variable is set ("pid 4242
+-- (/usr/bin/python3), rank 1"). Kernels, copies and memsets are
 -- attributed to (device, stream). Busy is the summed duration of the stream's operations, span
 -- runs from its first start to its last stop, and busy% is busy over span. Times are microseconds
 -- from the first record of the process. Gaps are measured in arrival order: an operation that
@@ -24,7 +25,7 @@
 -- that arrived after it.
 --
 -- Example output:
---   pid 601 cuptimon_demo_cuda
+--   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda)
 --   device stream     ops     span_us     busy_us  busy%    gaps  max_gap_us
 --        0      7       4        93.2        33.5   35.9       2        29.1
 --        0     13      30      4504.2       387.2    8.6      29       546.4
@@ -64,8 +65,7 @@ local function process(b, t0)
   local pr = procs[b.source]
   if not pr then
     local p = b:process() or {}
-    pr = { pid = p.pid or 0, exe = p.exe and p.exe:match("([^/]*)$") or "?", base = t0,
-      rank = p.env and p.env.RANK,
+    pr = { pid = p.pid or 0, title = cm.process_title(p), base = t0,
       streams = {}, order = {}, gaps = {}, ring_stop = {}, ring_cbid = {}, ring_n = 0 }
     procs[b.source] = pr
     proc_order[#proc_order + 1] = pr
@@ -168,7 +168,7 @@ local function print_process(pr)
     if a.device ~= b.device then return a.device < b.device end
     return a.stream < b.stream
   end)
-  print(("pid %d %s%s"):format(pr.pid, pr.exe, pr.rank and " rank " .. pr.rank or ""))
+  print(pr.title)
   local t = tabulate.new {
     { "device", "%d", width = 6, align = "right" }, { "stream", "%d", width = 6 },
     { "ops", "%d", width = 7 }, { "span_us", "%.1f", width = 11 },

@@ -14,10 +14,10 @@
 --   DtoH              30            120        47.2     0.00
 --
 --   HtoD: size histogram (bytes)
---     [64K, 128K)             1 |@                   |
---     [128K, 256K)            1 |@                   |
---     [256K, 512K)            0 |                    |
---     [512K, 1M)             30 |@@@@@@@@@@@@@@@@@@@@|
+--     [64 KiB, 128 KiB)         1 |@                   |
+--     [128 KiB, 256 KiB)        1 |@                   |
+--     [256 KiB, 512 KiB)        0 |                    |
+--     [512 KiB, 1 MiB)         30 |@@@@@@@@@@@@@@@@@@@@|
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
@@ -28,8 +28,8 @@ local opts = args.parse(arg, { no_hist = { false, "print only the bandwidth tabl
 local kind_names = { [0] = "unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA",
   "DtoD", "HtoH", "PtoP" }
 
-local bytes = cm.sum_by()   -- copy kind -> count and bytes
-local time = cm.sum_by()    -- copy kind -> nanoseconds
+local bytes = cm.sum_by { unit = "bytes" } -- copy kind -> count and bytes
+local time = cm.sum_by { unit = "ns" }     -- copy kind -> nanoseconds
 local sizes = {}            -- copy kind -> log2 histogram of copy sizes
 
 cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop" } }, function(b)
@@ -38,7 +38,7 @@ cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop" } }, function(b)
     local k = tonumber(ck[i])
     bytes:add(k, nbytes[i])
     time:add(k, stop[i] - start[i])
-    sizes[k] = sizes[k] or cm.hist()
+    sizes[k] = sizes[k] or cm.hist { unit = "bytes" }
     sizes[k]:add(nbytes[i])
   end
 end)

@@ -5,13 +5,14 @@
 --
 -- Arguments:
 --   --top N     how many range names to show per process (default 20; at least 1)
+--   --format FMT  text (aligned tables, the default), csv, or json (an object per row, with pid)
 --
--- Each kernel, copy and memset is charged to the NVTX ranges (push/pop and start/end, nested,
--- per thread) open on the thread that launched it when the launching API call began: the GPU
--- record's correlation id finds the runtime or driver call (its thread and start time), and the
--- innermost range of that thread open at that time gets the exclusive time; it and every range
--- around it get the inclusive time (a name counts once per operation, so recursion does not
--- count twice). Work launched outside any range is charged to "(no range)"; work whose API call
+-- A range is named by its path: the ranges open on its thread when it began, outermost first,
+-- then its own name ("train/step" for a step inside train). Each kernel, copy and memset is
+-- charged to the NVTX ranges (push/pop and start/end, nested, per thread) open on the thread that
+-- launched it when the launching API call began: the GPU record's correlation id finds the
+-- runtime or driver call (its thread and start time), and the innermost range of that thread open
+-- at that time gets the exclusive time; it and every range around it get the inclusive time. Work launched outside any range is charged to "(no range)"; work whose API call
 -- was never seen to "(no API record)". Times are the summed GPU durations in microseconds;
 -- "% gpu" is the inclusive time's share of the process's GPU time.
 --
@@ -20,21 +21,23 @@
 -- forgotten), and a closed range is forgotten once the newest API call is that far past its end.
 --
 -- Example output:
---   pid 601 (/usr/bin/demo)
---   range                ranges   ops  incl_us  excl_us  % gpu
---   train                     1   510   3020.4     12.1   92.9
---   train/step               30   480   2980.2   2980.2   91.7
---   (no range)                -    67    231.0    231.0    7.1
+--   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda)
+--   range                ranges    ops    incl_us    excl_us  % gpu
+--   train                     1    423     3609.1        0.0   99.1
+--   train/step               30    423     3609.1     3609.1   99.1
+--   setup                     1      4       33.5       33.5    0.9
+--   3 range paths, 3642.6 us of GPU time
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 local bit = require "bit"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_output {
   top = { 20, "how many range names to show per process", min = 1, integer = true },
   horizon_ms = { 10000, "how long (trace time) an API call waits for its GPU work", min = 1,
     integer = true },
 })
+args.output(opts, "nvtx.lua")
 local horizon = opts.horizon_ms * 1e6
 
 local START, END = 2, 4 -- CUPTI_ACTIVITY_FLAG_MARKER_START, _END
@@ -47,7 +50,7 @@ local function proc(b)
   if not s then
     local p = b:process()
     s = {
-      title = ("pid %d (%s)"):format(p and p.pid or 0, p and p.exe or "?"),
+      title = cm.process_title(p),
       pid = p and p.pid or 0,
       open = {},      -- marker id -> { name =, tid =, start = }, a range not yet ended
       ended = {},     -- marker id -> end time, an END seen before its START
@@ -65,6 +68,15 @@ local function proc(b)
   return s
 end
 
+-- The innermost range open on thread tid at time t, or nil.
+local function enclosing(s, tid, t)
+  local best
+  for _, r in pairs(s.open) do
+    if r.tid == tid and r.start <= t and (not best or r.start > best.start) then best = r end
+  end
+  return best
+end
+
 local function stat(s, name)
   local e = s.stats[name]
   if not e then
@@ -79,8 +91,8 @@ local function attribute(s, tid, t, dur)
   local inner, inner_start, names = nil, -1, {}
   local function consider(r, stop)
     if r.start <= t and (stop == nil or t <= stop) then
-      names[r.name] = true
-      if r.start > inner_start then inner, inner_start = r.name, r.start end
+      names[r.path] = true
+      if r.start > inner_start then inner, inner_start = r.path, r.start end
     end
   end
   for _, r in ipairs(s.closed[tid] or {}) do consider(r, r.stop) end
@@ -145,7 +157,9 @@ cm.observe({ marker = { "flags", "timestamp", "id", "object_kind", "tid", "name"
     if bit.band(f, START) ~= 0 then
       local r = { name = b:str("name", i) or "?", start = t,
         tid = tonumber(ok[i]) == THREAD and tonumber(tid[i]) or 0 }
-      stat(s, r.name).ranges = stat(s, r.name).ranges + 1
+      local parent = enclosing(s, r.tid, t)
+      r.path = parent and parent.path .. "/" .. r.name or r.name
+      stat(s, r.path).ranges = stat(s, r.path).ranges + 1
       local stop = s.ended[mid]
       if stop then
         s.ended[mid] = nil
@@ -202,7 +216,7 @@ cm.on("exit", function()
   local list = {}
   for _, s in pairs(procs) do list[#list + 1] = s end
   table.sort(list, function(a, b) return a.pid < b.pid end)
-  if #list == 0 then print("no records") end
+  if #list == 0 then tabulate.note("no records") end
   for n, s in ipairs(list) do
     catch_up(s, true)
     for _, d in pairs(s.gpu) do
@@ -218,9 +232,10 @@ cm.on("exit", function()
       if a.e.incl ~= b.e.incl then return a.e.incl > b.e.incl end
       return a.name < b.name
     end)
-    local t = tabulate.new { { "range", width = 20, max = 48 }, { "ranges", "%d", width = 6 },
+    local t = tabulate.new({ { "range", width = 20, max = 48 }, { "ranges", "%d", width = 6 },
       { "ops", "%d", width = 6 }, { "incl_us", "%.1f", width = 10 },
-      { "excl_us", "%.1f", width = 10 }, { "% gpu", "%.1f", width = 6 } }
+      { "excl_us", "%.1f", width = 10 }, { "% gpu", "%.1f", width = 6 } },
+      { context = { pid = s.pid } })
     for i = 1, math.min(#rows, opts.top) do
       local r = rows[i]
       local ranges = r.e.ranges
@@ -228,9 +243,9 @@ cm.on("exit", function()
       t:add(r.name, ranges, r.e.ops, r.e.incl / 1e3,
         r.e.excl / 1e3, s.total > 0 and 100 * r.e.incl / s.total or 0)
     end
-    if n > 1 then print() end
-    print(s.title)
+    if n > 1 then tabulate.note("") end
+    tabulate.note(s.title)
     t:print()
-    print(("%d range names, %.1f us of GPU time"):format(#rows, s.total / 1e3))
+    tabulate.note(("%d range paths, %.1f us of GPU time"):format(#rows, s.total / 1e3))
   end
 end)

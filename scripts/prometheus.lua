@@ -65,18 +65,18 @@
 -- their first 50 ms, so a scraper gets in and is answered while hundreds of such clients keep
 -- coming back (spec/prometheus_spec.lua, with spec/http_attack.lua).
 --
--- Example output (curl http://127.0.0.1:9464/metrics, abridged):
+-- Example output (curl http://127.0.0.1:9464/metrics on examples/demo.cmcap, abridged):
 --   # HELP cuptimon_kernel_launches_total Kernels run.
 --   # TYPE cuptimon_kernel_launches_total counter
---   cuptimon_kernel_launches_total{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>"} 150
+--   cuptimon_kernel_launches_total{host="vm",pid="601",executable="cuptimon_demo_cuda",device="0",kernel="cm_demo_matmul<16>"} 150
 --   # TYPE cuptimon_kernel_duration_seconds histogram
---   cuptimon_kernel_duration_seconds_bucket{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>",le="2.5e-05"} 120
---   cuptimon_kernel_duration_seconds_bucket{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>",le="+Inf"} 150
---   cuptimon_kernel_duration_seconds_sum{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>"} 0.002863000
---   cuptimon_kernel_duration_seconds_count{host="gpu1",pid="4242",executable="demo",device="0",kernel="cm_demo_matmul<16>"} 150
---   cuptimon_memcpy_bytes_total{host="gpu1",pid="4242",executable="demo",device="0",copy_kind="HtoD"} 4194304
---   cuptimon_records_total{host="gpu1",pid="4242",executable="demo",kind="concurrent_kernel"} 300
---   cuptimon_records_dropped_total{host="gpu1",pid="4242",executable="demo",cause="cupti"} 0
+--   cuptimon_kernel_duration_seconds_bucket{host="vm",pid="601",executable="cuptimon_demo_cuda",device="0",kernel="cm_demo_matmul<16>",le="2.5e-05"} 90
+--   cuptimon_kernel_duration_seconds_bucket{host="vm",pid="601",executable="cuptimon_demo_cuda",device="0",kernel="cm_demo_matmul<16>",le="+Inf"} 150
+--   cuptimon_kernel_duration_seconds_sum{host="vm",pid="601",executable="cuptimon_demo_cuda",device="0",kernel="cm_demo_matmul<16>"} 0.002862989
+--   cuptimon_kernel_duration_seconds_count{host="vm",pid="601",executable="cuptimon_demo_cuda",device="0",kernel="cm_demo_matmul<16>"} 150
+--   cuptimon_memcpy_bytes_total{host="vm",pid="601",executable="cuptimon_demo_cuda",device="0",copy_kind="HtoD"} 16973824
+--   cuptimon_records_total{host="vm",pid="601",executable="cuptimon_demo_cuda",kind="concurrent_kernel"} 300
+--   cuptimon_records_dropped_total{host="vm",pid="601",executable="cuptimon_demo_cuda",cause="cupti"} 0
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local pm = require "cuptimon.pm"
@@ -707,7 +707,7 @@ if not ok then
   io.stderr:write(("prometheus.lua: cannot serve on %s port %d: %s\n"):format(host, port, tostring(err)))
   if not server:is_closing() then server:close() end
   cm.exit(1)
-else
+elseif not cm.checking() then
   local addr = server:getsockname()
   local shown = addr.family == "inet6" and "[" .. addr.ip .. "]" or addr.ip
   io.stderr:write(("prometheus.lua: serving http://%s:%d/metrics\n"):format(shown, addr.port))

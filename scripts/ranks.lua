@@ -38,12 +38,14 @@
 -- the processes seen; collectives are matched once that many ranks launched them (at exit, with
 -- those that did). Memory is bounded by the lag between the ranks.
 --
--- Example output (two fake ranks, rank 1 made slower by 1 ms per step):
+-- Example output (spec/fixtures/ranks: two fake ranks, rank 1 slower by 1 ms per step):
+--   straggler: rank 1 (pid 24184, device 1) steps 1-3: own time 3.00 ms, 50% over the median
+--     2.00 ms of the other ranks (step 3.00 ms, waiting 0.00 ms)
+--   == at exit
 --   rank local   pid device steps kernels step_med_ms step_last_ms  busy% comm_ms wait_ms
---      0     0  4242      0    12      24       3.000        3.000   80.6   16.80   12.00
---      1     1  4243      1    12      24       3.000        3.000   80.6    4.80    0.00
---   straggler: rank 1 (pid 4243, device 1) steps 1-3: own time 3.00 ms, 50% over the median
---   2.00 ms of the other ranks (step 3.00 ms, waiting 0.00 ms)
+--      0     0 24183      0     8      16       3.000        3.000   81.2   11.20    8.00
+--      1     1 24184      1     8      16       3.000        3.000   81.2    3.20    0.00
+--   stragglers: rank 1 (pid 24184, device 1) 1 time
 local cm = require "cuptimon"
 local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
@@ -409,4 +411,15 @@ cm.on("exit", function()
     end
   end
   print(#names > 0 and ("stragglers: " .. table.concat(names, ", ")) or "no straggler")
+  -- No rank began a step: the table has no step figures, and the straggler test saw nothing.
+  local begun = 0
+  for _, r in ipairs(order) do begun = begun + r.begun end
+  if begun == 0 then
+    io.stderr:write(opts.step_kernel ~= "" and ("ranks.lua: no step: no launch of a kernel "
+      .. "named %q; --step-kernel takes a name as top.lua shows it\n"):format(opts.step_kernel)
+      or ("ranks.lua: no step: no NVTX range named %q; name the step's range with --step NAME, "
+      .. "or count steps by the launches of one kernel with --step-kernel NAME\n")
+      :format(opts.step))
+    cm.exit(1)
+  end
 end)

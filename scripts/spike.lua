@@ -19,10 +19,13 @@
 -- second); the agents flush CUPTI's buffers every 100 ms so that the second is current. On a spike, a trigger window (cuptimon.window) widens the process's tracing to the
 -- --select kinds for --ms, writes them to the capture, and narrows it back; when the window
 -- closes, one line names the kernel, the process and the capture, which --replay reads like any
--- other. Live processes only (`-- cmd`): a replay cannot be re-traced.
+-- other. Live processes only (`-- cmd`): a capture cannot be re-traced, so --replay is refused
+-- (status 2).
 --
--- Example output:
---   spike: pid 4242 (/usr/bin/train) kernel vectorAdd: p99 2.9 us > 3.0 x median 0.1 us (125 in the last second); recorded spike.4242.cmcap (2000 ms, 48210 records)
+-- Example output (spec/headers_spec.lua's fake CUDA application, its vectorAdd slowed):
+--   cuptimon-lua: recorded spike.21504.cmcap: 13 frames, 8 batches, 16000 records, 0 dropped
+--   spike: pid 21504 (.../fake_cuda_app) kernel vectorAdd: p99 2.9 us > 3 x median 0.1 us
+--     (1016 in the last second); recorded spike.21504.cmcap (2001 ms, 16000 records)
 local cm = require "cuptimon"
 local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
@@ -143,6 +146,17 @@ cm.every(STEP_MS, function()
     end
   end
   cur = nxt
+end)
+
+-- A capture cannot be re-traced: refuse it at its first process rather than watch in vain.
+local refused = false
+cm.on("process_start", function(p)
+  if p.kind ~= "replay" or refused then return end
+  refused = true
+  io.stderr:write("spike.lua: --replay cannot be used: spike.lua widens the tracing of live "
+    .. "processes when a kernel spikes, and a capture cannot be traced again; run it as "
+    .. "`cuptimon-lua scripts/spike.lua -- cmd args...`\n")
+  cm.exit(2)
 end)
 
 cm.on("exit", function() cm.print_shed_notes() end)

@@ -48,26 +48,13 @@ local pm = require "cuptimon.pm"
 local ffi = require "ffi"
 
 local opts = args.parse(arg, {
-  output = { "", "the trace file to write (required)" },
+  output = { "", "the trace file to write (required)", short = "o" },
   force = { false, "replace FILE if it exists (a regular file only)" },
   window = { 65536, "API calls and GPU operations kept waiting for a flow partner", min = 16,
     integer = true },
   pm_devices = { "", "devices to sample GPU utilization on with PM sampling (default none)" },
   pm_interval_us = { 1000, "PM sampling interval in microseconds", min = 20, integer = true },
 })
--- -o FILE (as with nsys -o) arrives as two positional arguments.
-local rest = {}
-local i = 1
-while opts[i] ~= nil do
-  if opts[i] == "-o" and opts[i + 1] ~= nil then
-    opts.output = opts[i + 1]
-    i = i + 2
-  else
-    rest[#rest + 1] = opts[i]
-    i = i + 1
-  end
-end
-if #rest > 0 then args.usage_error("timeline.lua: unexpected argument " .. rest[1] .. " (see --help)") end
 if opts.output == "" then args.usage_error("timeline.lua: -o FILE is required (see --help)") end
 
 local WINDOW = opts.window -- entries kept per process (per generation) waiting for a partner

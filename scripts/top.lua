@@ -9,9 +9,17 @@
 --   --interval MS    also show the tables every MS milliseconds, with the interval's instances
 --                    and time (+Instances, +Total) beside the totals; on a terminal the screen is
 --                    redrawn in place, otherwise each refresh is a table headed by its time
---                    (default 0: only the final table at exit)
+--                    (default 0: only the final table at exit). On a replay, MS of trace time
+--                    (the kernels' start times), as idle.lua's --interval
 --   --full-names     show whole demangled signatures (default: name and template arguments)
 --   --mangled        show the names as CUPTI reports them, mangled
+--   --filter REGEX   only the kernels whose name (as shown) matches REGEX, a POSIX extended
+--                    regular expression ("^cm_demo_(matmul|relu)"); Time (%) is then their share
+--   --exclude REGEX  leave out the kernels whose name matches REGEX
+--   --format FMT     text (aligned tables, the default), csv, or json (an object per row); each
+--                    row carries its pid and device (and its refresh with --interval)
+--   --sort BY        the order of the rows: total (time, the default), instances, avg, max, min,
+--                    or name
 --   --budget N       shed kinds (--shed, in order) of a process above N records per second,
 --                    and say so under the tables
 --
@@ -22,24 +30,38 @@
 -- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
 --
 -- Example output:
---   pid 4242 (/usr/bin/demo), device 0
+--   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda), device 0
 --   Time (%) Total (us) Instances Avg (us) Med (us) P99 (us) Min (us) Max (us) Name
---       93.3       2863       150     19.1     19.2     30.0      5.2     30.1 cm_demo_matmul<16>
---        2.5         78        60      1.3      1.3      1.7      1.0      1.7 cm_demo_sgd_update<float>
+--       93.3       2863       150     19.1     21.0     30.0      5.2     30.1 cm_demo_matmul<16>
+--        2.5         78        60      1.3      1.0      1.7      1.0      1.7 cm_demo_sgd_update<float>
+--        1.5         48        30      1.6      1.6      1.7      1.6      1.7 cm_demo_loss_reduce
+--        1.4         42        30      1.4      1.4      1.5      1.3      1.5 cm_demo_bias_relu
+--        1.3         39        30      1.3      1.3      1.4      1.3      1.4 cm_demo_relu_backward
 --   5 kernel names, 3069 us of kernel time
 local cm = require "cuptimon"
 local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, args.with_budget {
+local ffi = require "ffi"
+
+local opts = args.parse(arg, args.with_output(args.with_sort(args.with_filter(args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
-})
+}, "kernels"))))
+args.output(opts, "top.lua")
+local names = args.filter(opts, "top.lua")
+local order = args.sort_order(opts, "top.lua")
 cm.budget_from(opts)
+-- Live refreshes need records as they happen, not when CUPTI's buffers fill: the agents flush
+-- twice per interval (at most every 100 ms; a budget's 250 ms cadence is kept when faster).
+if opts.interval > 0 and opts.budget <= 0 then
+  local ms = math.max(100, math.floor(opts.interval / 2))
+  cm.configure { flush_ms = ms, deliver_ms = ms }
+end
 local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
 
 -- group key ("pid:device") -> { title =, pid =, device =, names = stats_by, sketch = { name -> sketch } }
@@ -54,27 +76,49 @@ local function group_of(b, device)
   local g = groups[key]
   if not g then
     g = { pid = pid, device = device, names = agg.stats_by(), sketch = {},
-      title = ("pid %d (%s)%s, device %d"):format(pid, p and p.exe or "?",
-        p and p.env and p.env.RANK and ", rank " .. p.env.RANK or "", device) }
+      title = ("%s, device %d"):format(cm.process_title(p), device) }
     groups[key] = g
   end
   return g
 end
 
+-- --interval on a replay counts trace time (a capture replays as fast as it is read, so wall time
+-- says nothing): the tables are shown whenever the kernels' start times pass another interval
+-- since the first kernel's; a gap of several intervals gives one table.
+local replay = false
+local trace_next, trace_base -- uint64 ns: the next boundary, the first start
+local interval_ns = ffi.new("uint64_t", opts.interval * 1000000)
+local refresh -- function(heading), set below
+local refreshes = 0 -- how many refreshes were shown
+local wall_timer
+
 cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
   local start, stop, device = b.start, b.stop, b.device
   local g, gdev
   for i = 0, b.n - 1 do
-    local d = device[i]
-    if d ~= gdev then g, gdev = group_of(b, d), d end
-    local name, dur = b:kernel_name(i, form), tonumber(stop[i] - start[i])
-    g.names:add(name, dur)
-    local s = g.sketch[name]
-    if not s then
-      s = agg.sketch()
-      g.sketch[name] = s
+    if replay and opts.interval > 0 then
+      local s = start[i]
+      if not trace_base then
+        trace_base, trace_next = s + 0, s + interval_ns
+      elseif s >= trace_next then
+        refresh(("== trace time +%d ms, every %d ms"):format(
+          tonumber(ffi.cast("int64_t", trace_next - trace_base)) / 1e6, opts.interval))
+        while s >= trace_next do trace_next = trace_next + interval_ns end
+      end
     end
-    s:add(dur)
+    local name = b:kernel_name(i, form)
+    if names:keep(name) then
+      local d = device[i]
+      if d ~= gdev then g, gdev = group_of(b, d), d end
+      local dur = tonumber(stop[i] - start[i])
+      g.names:add(name, dur)
+      local s = g.sketch[name]
+      if not s then
+        s = agg.sketch()
+        g.sketch[name] = s
+      end
+      s:add(dur)
+    end
   end
 end)
 
@@ -101,10 +145,13 @@ local function print_group(key, g, deltas)
     cols[#cols + 1] = { c, "%.1f", width = 8 }
   end
   cols[#cols + 1] = { "Name", align = "left" }
-  local t = tabulate.new(cols)
+  -- Machine-readable rows say whose they are, and which refresh (1, 2, ..., "exit") with
+  -- --interval.
+  local t = tabulate.new(cols, { context = { pid = g.pid, device = g.device,
+    refresh = opts.interval > 0 and (deltas and refreshes or "exit") or nil } })
   local prev = last[key] or {}
   local now = {}
-  for _, e in ipairs(g.names:sorted(opts.top)) do
+  for _, e in ipairs(g.names:sorted(opts.top, order)) do
     local s = g.sketch[e.key]
     local row = { all > 0 and 100 * e.sum / all or 0, e.sum / 1e3, e.count }
     if deltas then
@@ -122,36 +169,55 @@ local function print_group(key, g, deltas)
     for k, e in pairs(g.names.entries) do now[k] = { count = e.count, sum = e.sum } end
     last[key] = now
   end
-  print(g.title)
+  tabulate.note(g.title)
   t:print()
-  print(("%d kernel names, %.0f us of kernel time"):format(g.names:len(), all / 1e3))
+  tabulate.note(("%d kernel names, %.0f us of kernel time"):format(g.names:len(), all / 1e3))
 end
 
 local function report(deltas)
   local list = sorted_groups()
-  if #list == 0 then print("no kernels") end
+  if #list == 0 then tabulate.note("no kernels") end
   for i, e in ipairs(list) do
-    if i > 1 then print() end
+    if i > 1 then tabulate.note("") end
     print_group(e.key, e.g, deltas)
   end
-  cm.print_shed_notes()
-  cm.print_lag_notes()
+  -- In csv or json output the notes go to stderr: stdout holds the data alone.
+  local notes = tabulate.output() == "text" and io.stdout or io.stderr
+  cm.print_shed_notes(notes)
+  cm.print_lag_notes(notes)
 end
 
-if opts.interval > 0 then
-  local tty = require("luv").guess_handle(1) == "tty"
-  cm.every(opts.interval, function()
-    if tty then
-      io.write("\27[H\27[2J") -- home and clear: the screen is redrawn in place
-    else
-      print(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
+local tty = require("luv").guess_handle(1) == "tty" and tabulate.output() == "text"
+refresh = function(heading)
+  refreshes = refreshes + 1
+  if tty then
+    io.write("\27[H\27[2J") -- home and clear: the screen is redrawn in place
+  else
+    tabulate.note(heading)
+  end
+  report(true)
+  if not tty then tabulate.note("") end
+  io.stdout:flush()
+end
+local function replaying()
+  if replay then return true end
+  for _, s in ipairs(cm.sources()) do
+    if s.kind == "replay" then
+      replay = true
+      if wall_timer then wall_timer:close() end
     end
-    report(true)
-    if not tty then print() end
-    io.stdout:flush()
+  end
+  return replay
+end
+if opts.interval > 0 then
+  wall_timer = cm.every(opts.interval, function()
+    -- Nothing to show before the first process attaches (and it may be a replay).
+    if replaying() or #cm.sources() == 0 then return end
+    refresh(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
   end)
+  cm.on("process_start", replaying)
 end
 cm.on("exit", function()
-  if opts.interval > 0 then print("== at exit") end
+  if opts.interval > 0 then tabulate.note("== at exit") end
   report(false)
 end)

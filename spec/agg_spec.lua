@@ -10,12 +10,50 @@ describe("agg.count / agg.sum / agg.stats", function()
     assert.are.equal(100, c.count)
     assert.are.equal(5050, s.sum)
     assert.are.same({ 100, 5050, 1, 100, 50.5 }, { st.count, st.sum, st.min, st.max, st:avg() })
-    assert.are.equal("lat\ncount 100, sum 4.9K, min 1, avg 50.5, max 100", tostring(st))
+    assert.are.equal("lat\ncount 100, sum 5.05K, min 1, avg 50.5, max 100", tostring(st))
   end)
   it("accepts int64 cdata values", function()
     local s = agg.sum()
     s:add(ffi.new("uint64_t", 7) - ffi.new("uint64_t", 2))
     assert.are.equal(5, s.sum)
+  end)
+end)
+
+describe("agg units", function()
+  -- Counts and durations scale by 1000, only bytes by 1024 (issue 20, item 2): a stats_by of
+  -- kernel durations once printed "sum 2.7M avg 18.6K" for 2.7 ms and 18.6 us.
+  it("prints counts with SI prefixes, durations in ns/us/ms/s and bytes in KiB/MiB", function()
+    local got = {}
+    for _, v in ipairs { 999, 1500, 5050, 999500, 2.7e6, -1500 } do
+      got[#got + 1] = agg.human(v) .. " " .. agg.human_ns(v) .. " " .. agg.human_bytes(v)
+    end
+    assert.are.same({ "999 999 ns 999 B", "1.5K 1.5 us 1.46 KiB", "5.05K 5.05 us 4.93 KiB",
+      "1M 1 ms 976 KiB", "2.7M 2.7 ms 2.57 MiB", "-1.5K -1.5 us -1.46 KiB" }, got)
+    assert.are.same({ "1.5 s", "90 s", "inf", "nan" },
+      { agg.human_ns(1.5e9), agg.human_ns(9e10), agg.human(1 / 0), agg.human(0 / 0) })
+    assert.are.equal("18.6 us", agg.format_value(18600, "ns"))
+  end)
+  it("gives stats_by of durations in ns their unit", function()
+    local s = agg.stats_by { name = "kernel time", unit = "ns" }
+    for _ = 1, 145 do s:add("k", 18600) end
+    assert.are.equal("kernel time\nk  count      145  sum   2.7 ms  avg  18.6 us  min  18.6 us  max  18.6 us",
+      tostring(s))
+    local c = agg.stats_by("launches")
+    for _ = 1, 2 do c:add("k", 1.35e6) end
+    assert.matches("sum     2.7M  avg    1.35M", tostring(c))
+  end)
+  it("labels a histogram of bytes in KiB and MiB", function()
+    local h = agg.hist { unit = "bytes" }
+    h:add(65536); h:add(600000)
+    local text = h:format { width = 4 }
+    assert.matches("^%[64 KiB, 128 KiB%)%s+1 |@@@@|\n", text)
+    assert.matches("\n%[512 KiB, 1 MiB%)%s+1 |@@@@|$", text)
+  end)
+  it("refuses an unknown unit, naming the valid ones", function()
+    assert.has_error(function() agg.hist { unit = "s" } end,
+      "agg.hist: unknown unit \"s\"; valid units: ns, bytes (none for plain numbers)")
+    assert.has_error(function() agg.stats_by { name = "x", units = "ns" } end,
+      "agg.stats_by: unknown option \"units\"; valid options: name, unit")
   end)
 end)
 
@@ -47,9 +85,9 @@ describe("agg.hist", function()
     h:add(1500); h:add(1600); h:add(5000)
     local want = table.concat({
       "ns",
-      "[1K, 2K)                2 |" .. ("@"):rep(52) .. "|",
-      "[2K, 4K)                0 |" .. (" "):rep(52) .. "|",
-      "[4K, 8K)                1 |" .. ("@"):rep(26) .. (" "):rep(26) .. "|",
+      "[1Ki, 2Ki)              2 |" .. ("@"):rep(52) .. "|",
+      "[2Ki, 4Ki)              0 |" .. (" "):rep(52) .. "|",
+      "[4Ki, 8Ki)              1 |" .. ("@"):rep(26) .. (" "):rep(26) .. "|",
     }, "\n")
     assert.are.equal(want, tostring(h))
   end)
@@ -110,7 +148,7 @@ describe("agg.quantiles", function()
     for v = 1000, 1, -1 do q:add(v) end
     assert.are.same({ 500, 900, 990, 1000, 1 }, { q:quantile(0.5), q:quantile(0.9),
       q:quantile(0.99), q:quantile(1), q:quantile(0) })
-    assert.are.equal("n 1000: p50 500, p90 900, p99 990, p100 1000", tostring(q))
+    assert.are.equal("n 1000: p50 500, p90 900, p99 990, p100 1K", tostring(q))
   end)
   it("is nil when empty", function()
     assert.is_nil(agg.quantiles():quantile(0.5))
@@ -148,7 +186,7 @@ describe("agg maps", function()
     assert.are.equal(47, m:total())
     assert.are.equal(4, m:len())
     assert.has_error(function() m:sorted(nil, "size") end,
-      'map:sorted: order must be "value" or "key", got "size"')
+      'map:sorted: order must be "value", "key", "count", "sum", "avg", "min" or "max", got "size"')
   end)
   it("stats_by totals sums and gives averages", function()
     local m = agg.stats_by()

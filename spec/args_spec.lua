@@ -14,7 +14,7 @@ local spec = {
 }
 
 -- Parses argv (script arg[0] = `script`); returns ok, result, captured stdout.
-local function parse(argv, sp)
+local function parse(argv, sp, popts)
   local t = { [0] = script }
   for i, a in ipairs(argv) do t[i] = a end
   local out = {}
@@ -22,17 +22,45 @@ local function parse(argv, sp)
   local fake = { write = function(_, ...) for _, s in ipairs({ ... }) do out[#out + 1] = s end end,
     flush = function() end }
   io.stdout = fake -- luacheck: ignore 122
-  local ok, res = pcall(args.parse, t, sp or spec)
+  local ok, res = pcall(args.parse, t, sp or spec, popts)
   io.stdout = real -- luacheck: ignore 122
   return ok, res, table.concat(out)
 end
 
 describe("cuptimon.args", function()
   it("fills defaults and converts values", function()
-    local ok, o = parse({ "--top", "3", "--full-names", "--interval=250", "pos" })
+    local ok, o = parse({ "--top", "3", "--full-names", "--interval=250", "pos" }, nil,
+      { positional = true })
     assert.is_true(ok)
     assert.are.same({ 3, 250, true, false, "x", "pos" },
       { o.top, o.interval, o.full_names, o.mangled, o.extra, o[1] })
+  end)
+
+  -- A stray argument was once ignored: `count.lua examples/demo.cmcap` counted nothing and
+  -- exited 0 (issue 20, item 4).
+  it("refuses a positional argument the script does not take, naming what was meant", function()
+    local ok, e = parse({ "examples/demo.cmcap" })
+    assert.are.same({ false, 2, "top.lua: unexpected argument examples/demo.cmcap: did you mean "
+      .. "--replay? `cuptimon-lua --replay examples/demo.cmcap " .. script .. "` (see --help)" },
+      { ok, e.exit_status, e.message })
+    ok, e = parse({ "python" })
+    assert.are.same({ false, 2, "top.lua: unexpected argument python: top.lua takes no positional "
+      .. "argument; a command to monitor goes after `--`: `cuptimon-lua " .. script .. " -- python "
+      .. "...` (see --help)" }, { ok, e.exit_status, e.message })
+    ok, e = parse({ "-x" })
+    assert.are.same({ false, "top.lua: unknown option -x (see --help)" }, { ok, e.message })
+  end)
+
+  it("says that cuptimon-lua's options go before the script", function()
+    local ok, e = parse({ "--replay", "run.cmcap" })
+    assert.are.same({ false, 2, "top.lua: unknown option --replay: monitor options go before the "
+      .. "script: `cuptimon-lua --replay run.cmcap " .. script .. " ...` (see --help)" },
+      { ok, e.exit_status, e.message })
+  end)
+
+  it("takes a one-letter alias", function()
+    local ok, o = parse({ "-o", "t.json" }, { output = { "", "the file", short = "o" } })
+    assert.are.same({ true, "t.json" }, { ok, o.output })
   end)
 
   it("rejects --top 0 and --top -1 with exit request 2 naming the bound", function()

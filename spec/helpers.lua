@@ -121,6 +121,41 @@ function M.record(cmd, prefix)
   return rc, out, table.concat(caps, " "), dir, #caps
 end
 
+--- The contents of the file at `path`, or nil when it cannot be read.
+function M.read(path)
+  local f = io.open(path, "rb")
+  if not f then return nil end
+  local s = f:read("*a")
+  f:close()
+  return s
+end
+
+--- Sends `request` to 127.0.0.1:`port` over TCP on the host's loop and reads until the peer
+--- closes; returns the HTTP status, the head and the body of the answer (asserting that one
+--- came within 10 s).
+function M.http(port, request)
+  local uv = require "luv"
+  local c = uv.new_tcp()
+  local got, done = {}, false
+  c:connect("127.0.0.1", port, function(cerr)
+    assert(not cerr, cerr)
+    c:write(request)
+    c:read_start(function(rerr, chunk)
+      if rerr or not chunk then
+        done = true
+        c:close()
+      else
+        got[#got + 1] = chunk
+      end
+    end)
+  end)
+  assert(M.run_until(function() return done end, 10000), "no answer")
+  local text = table.concat(got)
+  local head, body = text:match("^(.-)\r\n\r\n(.*)$")
+  local status = tonumber((head or ""):match("^HTTP/1%.1 (%d+) "))
+  return status, head, body
+end
+
 --- The repository's root directory.
 function M.root()
   return os.getenv("CUPTIMON_SOURCE_DIR") or "."

@@ -53,27 +53,7 @@ local function start(captures, argv)
 end
 
 -- Sends `request` to the port and returns the status, the head and the body of the answer.
-local function http(port, request)
-  local c = uv.new_tcp()
-  local got, done = {}, false
-  c:connect("127.0.0.1", port, function(cerr)
-    assert(not cerr, cerr)
-    c:write(request)
-    c:read_start(function(rerr, chunk)
-      if rerr or not chunk then
-        done = true
-        c:close()
-      else
-        got[#got + 1] = chunk
-      end
-    end)
-  end)
-  assert.is_true(helpers.run_until(function() return done end, 10000), "no answer")
-  local text = table.concat(got)
-  local head, body = text:match("^(.-)\r\n\r\n(.*)$")
-  local status = tonumber((head or ""):match("^HTTP/1%.1 (%d+) "))
-  return status, head, body
-end
+local http = helpers.http
 
 local function get(port, path)
   return http(port, ("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nUser-Agent: spec\r\n\r\n"):format(path))

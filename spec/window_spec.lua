@@ -172,6 +172,9 @@ describe("trigger windows, the budget and spike with the real agent", function()
     local lines = {}
     for l in out:gmatch("spike: [^\n]*") do lines[#lines + 1] = l end
     assert.are.equal(1, #lines, out)
+    -- Its own window widens the selection: that never warns (issue 20, item 6; it once said "a
+    -- concurrent_kernel batch lacks 40 of the fields an observer selected").
+    assert.is_nil(out:find("warning", 1, true), out)
     local file = lines[1]:match("^spike: pid " .. a.pid .. " %([^)]*%) kernel vectorAdd: p99 [%d.]+ us > 3 x median [%d.]+ us %(%d+ in the last second%); recorded (spike%." .. a.pid .. "%.cmcap) %(%d+ ms, %d+ records%)$")
     assert.is_not_nil(file, out)
     local rc2, t, rout = replay_counts(tmp .. "/" .. file)
@@ -179,6 +182,29 @@ describe("trigger windows, the budget and spike with the real agent", function()
     assert.is_true(t.concurrent_kernel > 0 and t.runtime > 0, rout)
     -- The window traced runtime, which nothing else selected: the app wrote exactly those.
     assert.are.equal(a.runtime, t.runtime, rout)
+  end)
+
+  it("a window that widens an observer's selection never warns about the narrow batches", function()
+    -- The process holds 2000 records decoded with { start } when the window asks for every
+    -- kernel field: they reach the window's observer without those, as they must, silently.
+    local rc, out = helpers.sh(("%s %s -- sh -c 'exec %s --records 2000 --kinds kernel "
+      .. "--linger-ms 1500 >/dev/null 2>&1'"):format(bin, fixture("window_widen.lua"), app))
+    assert.are.equal(0, rc, out)
+    assert.matches("window records=%d+\nrecords=2000\n", out)
+    assert.is_nil(out:find("warning", 1, true), out)
+  end)
+
+  -- top --interval once refreshed "no kernels" while the agents held every record: nothing
+  -- flushed CUPTI's buffers before they filled (issue 20).
+  it("top --interval shows the kernels of a live run as it goes", function()
+    local rc, out = helpers.sh(("%s %s --interval 300 --top 1 -- %s --records 200 --kinds kernel "
+      .. "--rounds 6 --pause-ms 300"):format(bin, script("top.lua"), app))
+    assert.are.equal(0, rc, out)
+    local refreshes = 0
+    for _ in out:gmatch("== %d+%-%d+%-%d+T[%d:]+Z, every 300 ms\npid %d+ ") do
+      refreshes = refreshes + 1
+    end
+    assert.is_true(refreshes >= 2, out)
   end)
 
   it("spike stays quiet when no kernel turns slow", function()

@@ -487,6 +487,14 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
                     old[0] ? old : "unknown");
     goto fail_decoder;
   }
+  if (r == CUPTI_ERROR_UNKNOWN) {
+    /* What CUPTI answers when there is no NVIDIA driver or no device to trace. */
+    rc = cm__seterr(CM_ECUPTI,
+                    "cuptiSubscribe failed: CUPTI_ERROR_UNKNOWN (999): no GPU or driver: CUPTI "
+                    "finds no NVIDIA driver or device it can use here (nvidia-smi shows what the "
+                    "machine has)");
+    goto fail_decoder;
+  }
   if (r != CUPTI_SUCCESS) {
     rc = cm__cupti_err(&e->cupti, r, "cuptiSubscribe");
     goto fail_decoder;

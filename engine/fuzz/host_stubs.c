@@ -34,6 +34,13 @@ void cm__host_error(cm_host *h, const char *where, const char *msg) {
   stub_errors++;
 }
 
+/* The stub's observers are never bound to one source (no trigger windows here). */
+int cm__host_observer_bound(const cm_host *h, uint32_t id) {
+  if (h != stub_host) fail("cm__host_observer_bound without the host");
+  (void)id;
+  return 0;
+}
+
 int stub_host_observe(const char *spec) {
   if (stub_nobs == STUB_MAX_OBS) return -1;
   stub_obs *o = &stub_obs_tab[stub_nobs];

@@ -53,7 +53,9 @@ typedef struct cm_host_options {
 
 enum {
   /* Validate only: observers check their selections against the field registry, but no engine
-   * is created, no timer starts and no batch is delivered (cuptimon-lua --check). */
+   * is created, no timer starts and no batch is delivered (cuptimon-lua --check); the script's
+   * calls that write files, create directories, bind sockets or start processes are stand-ins
+   * that do nothing (lua/cuptimon/check.lua). */
   CM_HOST_CHECK = 1u << 0,
   /* Do not create the in-process engine source on the first observer (a host that attaches its
    * own sources, such as the live-agent hub or a replay). */
@@ -61,7 +63,11 @@ enum {
   /* cm.exit() (cm_host_request_exit) only stops the loop; the embedder calls cm_host_shutdown
    * once uv_run returns, after work of its own (cuptimon-lua --attach detaches its agents first,
    * so that the final window is complete before the exit hooks run). */
-  CM_HOST_STOP_ON_EXIT = 1u << 2
+  CM_HOST_STOP_ON_EXIT = 1u << 2,
+  /* Errors printed on stderr keep their Lua traceback (cuptimon-lua --verbose); without it a
+   * printed error is its one-line message, which names the script's file and line. The "error"
+   * hooks get the whole message either way. */
+  CM_HOST_VERBOSE = 1u << 3
 };
 
 /* Creates a host on `loop` (which must outlive it). `opts` may be NULL. Returns 0 or a CM_E*

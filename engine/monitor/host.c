@@ -171,7 +171,13 @@ static void report(cm_host *h, const char *where) {
     lua_pop(L, 2);
     h->in_report = 0;
   }
-  if (!handled) fprintf(stderr, "cuptimon: error in %s: %s\n", where, msg);
+  if (!handled) {
+    /* The traceback runs through cuptimon's own modules: only --verbose shows it. */
+    const char *tb = (h->flags & CM_HOST_VERBOSE) ? NULL : strstr(msg, "\nstack traceback:");
+    int len = tb ? (int)(tb - msg) : (int)strlen(msg);
+    fprintf(stderr, "cuptimon: error in %s: %.*s%s\n", where, len, msg,
+            tb ? " (--verbose shows the traceback)" : "");
+  }
   lua_pop(L, 1);
 }
 
@@ -181,6 +187,14 @@ void cm__host_error(cm_host *h, const char *where, const char *msg) {
 }
 
 int cm__host_in_dispatch(const cm_host *h) { return h->in_dispatch > 0; }
+
+int cm__host_inproc_error(const cm_host *h) { return h->inproc_failed ? h->inproc_err : 0; }
+
+int cm__host_observer_bound(const cm_host *h, uint32_t id) {
+  for (int i = 0; i < h->nobs; i++)
+    if (h->obs[i].id == id) return h->obs[i].source != 0;
+  return 0;
+}
 
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms) {
   *flush_ms = h->flush_ms;
@@ -1237,6 +1251,17 @@ static int host_init(lua_State *L) {
   lua_pushcfunction(L, core_os_exit);
   lua_setfield(L, -2, "exit");
   lua_pop(L, 1);
+
+  /* --check: the script's calls that write, bind or start something do nothing
+   * (lua/cuptimon/check.lua says which). */
+  if (h->flags & CM_HOST_CHECK) {
+    lua_getglobal(L, "require");
+    lua_pushstring(L, "cuptimon.check");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "install");
+    lua_call(L, 0, 0);
+    lua_pop(L, 1);
+  }
   return 0;
 }
 

@@ -18,6 +18,13 @@ int cm__host_in_dispatch(const cm_host *h);
 /* Reports a runtime failure of the source (`where` names it, `msg` says what happened) through
  * the host's one reporting path: the script's "error" hooks, the error count, stderr. */
 void cm__host_error(cm_host *h, const char *where, const char *msg);
+/* Whether observer `id` is bound to one source: a trigger window's (cm.window), which widens
+ * the selection itself, so the batches decoded before the widening that lack its fields are
+ * expected, skipped for it without a warning. */
+int cm__host_observer_bound(const cm_host *h, uint32_t id);
+/* The CM_E* code the in-process engine failed to start with when a script observed (no GPU or
+ * driver, no CUPTI), or 0 when it started or was never needed. */
+int cm__host_inproc_error(const cm_host *h);
 /* The cadences the script asked for with cuptimon.configure (0 when it did not). */
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms);
 

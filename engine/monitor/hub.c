@@ -782,7 +782,7 @@ static int live_window_begin(cm_source *s, const char *path, int force, cm__wind
   if (!win) return CM_ENOMEM;
   if (path) {
     cm_wire_hello hl;
-    int rc = cm__record_new(&win->rec, path, force);
+    int rc = cm__record_new(&win->rec, path, (force ? CM__RECORD_FORCE : 0) | CM__RECORD_EACH_PID);
     if (!rc && (!c->hello || cm_wire_decode_hello(&c->hello_frame, &hl))) rc = CM_EIO;
     if (!rc) {
       win->cap = cm__record_open(win->rec, (uint32_t)c->kpid, &hl);
@@ -1413,7 +1413,7 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
    * disposition in the command, so it still gets the default. */
   signal(SIGPIPE, SIG_IGN);
   if (req->record) {
-    int rc = cm__record_new(&hb->rec, req->record, req->force);
+    int rc = cm__record_new(&hb->rec, req->record, req->force ? CM__RECORD_FORCE : 0);
     if (rc) return rc;
   }
   const char *sel = req->select;

@@ -16,11 +16,13 @@
  * one loss line after everything else and exits 3 where it would have exited 0 (--allow-loss
  * keeps the 0): results computed over incomplete data must not pass for complete ones.
  */
+#include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <luajit.h>
 #include <uv.h>
@@ -29,6 +31,7 @@
 #include "cuptimon_host.h"
 
 #include "attach.h"
+#include "host_internal.h"
 #include "hub.h"
 
 #define EXIT_USAGE 2
@@ -42,7 +45,9 @@ static void usage(FILE *out) {
 "       cuptimon-lua [options] --attach PID[,PID...] | --attach all  script.lua [script args...]\n"
 "       cuptimon-lua --list\n"
 "       cuptimon-lua [options] -e 'lua chunk' [-e ...] [-- cmd args...]\n"
-"       cuptimon-lua --check script.lua\n"
+"       cuptimon-lua --check script.lua [script args...]\n"
+"  (a recipe also goes by its name: `cuptimon-lua top -- cmd` runs the installed\n"
+"   share/cuptimon/scripts/top.lua)\n"
 "\n"
 "Runs a Lua script that observes CUDA activity through CUPTI: kernels, memory copies, API calls,\n"
 "NVTX ranges and more, delivered to the script as columns (FFI arrays) on a libuv event loop.\n"
@@ -56,10 +61,12 @@ static void usage(FILE *out) {
 "                    script consumes. A truncated capture replays up to its last whole frame;\n"
 "                    a corrupt stretch is skipped to the next valid frame; each with a warning\n"
 "                    naming the byte offset (and the bytes skipped).\n"
-"  --record CAPTURE  writes every agent's frames to one new file per process: %%p in CAPTURE\n"
-"                    becomes the pid (without %%p the pid goes before the extension:\n"
-"                    run.cmcap -> run.<pid>.cmcap), with or without a script, and prints a\n"
-"                    summary line per capture. Existing files are refused (see --force).\n"
+"  --record CAPTURE  writes every agent's frames to one new file per process, with or without a\n"
+"                    script, and prints a summary line per capture: the first process writes\n"
+"                    CAPTURE as named and any further one gets its pid before the extension\n"
+"                    (run.<pid>.cmcap); %%p in CAPTURE names every file by its pid instead.\n"
+"                    Existing files are refused (see --force), CAPTURE itself before the\n"
+"                    command runs.\n"
 "  --attach PID,...  attaches the script to running processes whose agent is dormant (started\n"
 "                    with CUDA_INJECTION64_PATH=.../libcuptimon-agent.so CUPTIMON_LISTEN=1: no\n"
 "                    kind is traced until a script attaches). The script sees the same events\n"
@@ -79,8 +86,10 @@ static void usage(FILE *out) {
   fprintf(out,
 "Options:\n"
 "  -e CHUNK          run the Lua chunk CHUNK (repeatable; runs before the script, if any)\n"
-"  --check           load the script and validate its selections without tracing, then exit:\n"
-"                    0 when it is valid, 1 with the message otherwise\n"
+"  --check           load the script and validate its options and selections without tracing,\n"
+"                    then exit: 0 when it is valid, 1 with the message otherwise (2 for a usage\n"
+"                    error). Nothing changes: what the script opens for writing, creates, binds\n"
+"                    or starts while it loads is a stand-in that does nothing\n"
 "  --replay FILE     replay a capture (repeatable)\n"
 "  --record FILE     record what the command's agents send to a capture FILE\n"
 "  --force           let --record replace existing regular files\n"
@@ -90,15 +99,23 @@ static void usage(FILE *out) {
 "                    default for --record with no script is\n"
 "                    kernel;memcpy;memcpy2;memset;runtime;synchronization;marker;marker_data\n"
 "  --lua-path DIR    load the cuptimon modules from DIR instead of the embedded copies\n"
+"  --verbose         print the Lua traceback of an error (without it an error is one line that\n"
+"                    names the script's file and line)\n"
+"  --duration SECS   end the run after SECS seconds, as cm.exit(0) would: live processes deliver\n"
+"                    what they hold first, then the exit hooks run (a command still running goes\n"
+"                    on untraced; --attach detaches)\n"
 "  --allow-loss      exit with the usual status even when records were lost (the loss line\n"
 "                    is still printed); without it a run that lost records exits 3 instead of 0\n"
+  );
+  fprintf(out,
 "  -h, --help        show this help and exit\n"
 "  -v, --version     show the versions of cuptimon, LuaJIT and libuv and exit\n"
 "  --                the rest of the line is the command to run and monitor\n"
 "\n"
 "The script receives its arguments as `arg` (arg[0] is the script) and as `...`.\n"
 "\n"
-"Lua API (local cm = require \"cuptimon\"):\n"
+"Lua API (local cm = require \"cuptimon\"; the whole reference, every kind and field included, is\n"
+"docs/lua-api.md):\n"
 "  cm.observe({ kernel = {\"name\",\"start\",\"stop\"}, memcpy = \"all\" }, function(b) ... end)\n"
 "                    b.n records; b.start[i] typed columns (i from 0); b:str(\"name\", i);\n"
 "                    b:process() / cm.process(b.source): pid, ppid, host, exe, argv, devices, env\n"
@@ -111,6 +128,7 @@ static void usage(FILE *out) {
 "  cm.stats(), cm.sources(), cm.exit(status)\n"
 "  cm.count(), cm.summary(), cm.hist(), cm.lhist(min, max, step), cm.quantiles(),\n"
 "  cm.count_by(), cm.sum_by(), cm.stats_by(), cm.topk(k)   aggregations that print themselves\n"
+"                    (name: \"s\" or { name = \"s\", unit = \"ns\" | \"bytes\" }: 18.6 us, 1.5 KiB)\n"
 "  cm.kernel_name(name [, full]), b:kernel_name(i)      a short demangled kernel name\n"
 "  cm.demangle(name)                                    the full demangled C++ name\n"
 "  cm.pm_sample{ metrics = {...}, interval_us = 1000, device = 0, fn = function(rows) end }\n"
@@ -132,7 +150,7 @@ static void usage(FILE *out) {
 "  cuptimon-lua scripts/top.lua --top 20 -- python train.py\n"
 "  cuptimon-lua scripts/count.lua --per-process -- torchrun --nproc-per-node 8 train.py\n"
 "  cuptimon-lua --record run.%%p.cmcap -- ./my_cuda_app\n"
-"  cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/timeline.lua\n"
+"  cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/timeline.lua -o trace.json\n"
 "  cuptimon-lua -e 'local cm = require \"cuptimon\"; print(cm.version)'\n"
 "  cuptimon-lua --check my_script.lua\n"
 "  CUDA_INJECTION64_PATH=$PWD/libcuptimon-agent.so CUPTIMON_LISTEN=1 python train.py &\n"
@@ -330,6 +348,33 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
   return 1;
 }
 
+/* --duration: the run ends as if the script called cm.exit(0): live processes deliver what they
+ * hold first (lua/cuptimon/init.lua), then the exit hooks run. */
+static void duration_cb(uv_timer_t *t) {
+  cm_host *h = t->data;
+  cm_host_eval(h, "require('cuptimon').exit(0)", "=(--duration)");
+}
+
+/* A recipe named without a path ("top", "top.lua") that is not a file here: the installed recipe
+ * of that name, <bin>/../share/cuptimon/scripts/NAME.lua beside this binary, into buf (cap
+ * bytes). Returns buf, or `name` unchanged when there is no such recipe (loading it then fails
+ * naming it). */
+static const char *find_recipe(const char *name, char *buf, size_t cap) {
+  if (strchr(name, '/') || access(name, F_OK) == 0) return name;
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) return name;
+  exe[n] = 0;
+  char *slash = strrchr(exe, '/');
+  if (!slash) return name;
+  *slash = 0;
+  size_t len = strlen(name);
+  const char *ext = len > 4 && strcmp(name + len - 4, ".lua") == 0 ? "" : ".lua";
+  int w = snprintf(buf, cap, "%s/../share/cuptimon/scripts/%s%s", exe, name, ext);
+  if (w < 0 || (size_t)w >= cap || access(buf, R_OK) != 0) return name;
+  return buf;
+}
+
 static void close_walk(uv_handle_t *hd, void *arg) {
   (void)arg;
   if (!uv_is_closing(hd)) uv_close(hd, NULL);
@@ -337,8 +382,9 @@ static void close_walk(uv_handle_t *hd, void *arg) {
 
 int main(int argc, char **argv) {
   const char *chunks[64];
-  int nchunks = 0, check = 0, allow_loss = 0;
+  int nchunks = 0, check = 0, allow_loss = 0, verbose = 0;
   const char *lua_path = NULL;
+  double duration_s = 0;
   cm__main_request req = {0};
   const char *replays[64];
   const char *script = NULL;
@@ -365,6 +411,8 @@ int main(int argc, char **argv) {
       req.force = 1;
     } else if (strcmp(a, "--allow-loss") == 0) {
       allow_loss = 1;
+    } else if (strcmp(a, "--verbose") == 0) {
+      verbose = 1;
     } else if (strcmp(a, "--list") == 0) {
       if (i + 1 < argc) {
         fprintf(stderr, "cuptimon-lua: --list takes no other argument\n");
@@ -373,7 +421,7 @@ int main(int argc, char **argv) {
       return cm__attach_list(stdout);
     } else if (strcmp(a, "-e") == 0 || strcmp(a, "--replay") == 0 || strcmp(a, "--record") == 0 ||
                strcmp(a, "--lua-path") == 0 || strcmp(a, "--select") == 0 ||
-               strcmp(a, "--attach") == 0) {
+               strcmp(a, "--attach") == 0 || strcmp(a, "--duration") == 0) {
       if (i + 1 >= argc) {
         fprintf(stderr, "cuptimon-lua: %s needs an argument (see --help)\n", a);
         return EXIT_USAGE;
@@ -399,6 +447,14 @@ int main(int argc, char **argv) {
         req.attach = v;
       } else if (strcmp(a, "--record") == 0) {
         req.record = v;
+      } else if (strcmp(a, "--duration") == 0) {
+        char *end = NULL;
+        duration_s = strtod(v, &end);
+        if (!end || *end || end == v || !(duration_s > 0) || duration_s > 1e7) {
+          fprintf(stderr, "cuptimon-lua: --duration needs a positive number of seconds, got %s "
+                  "(see --help)\n", v);
+          return EXIT_USAGE;
+        }
       } else {
         lua_path = v;
       }
@@ -419,6 +475,8 @@ int main(int argc, char **argv) {
       break;
     }
   }
+  char recipe[PATH_MAX + 64];
+  if (script) script = find_recipe(script, recipe, sizeof recipe);
   if (req.cmd && req.cmd_argc == 0) {
     fprintf(stderr, "cuptimon-lua: `--` must be followed by a command to run\n");
     return EXIT_USAGE;
@@ -441,8 +499,9 @@ int main(int argc, char **argv) {
     return EXIT_USAGE;
   }
   if (!script && nchunks == 0 && !(req.record && !check)) {
-    fprintf(stderr, "cuptimon-lua: no script given\n\n");
-    usage(stderr);
+    /* One line, not the whole help: the error is what the user needs to see. */
+    fprintf(stderr, "cuptimon-lua: no script given: cuptimon-lua SCRIPT.lua [args] -- cmd args... "
+            "(see --help)\n");
     return EXIT_USAGE;
   }
   if (check && !script) {
@@ -452,7 +511,8 @@ int main(int argc, char **argv) {
 
   uv_loop_t loop;
   uv_loop_init(&loop);
-  cm_host_options opts = {.lua_path = lua_path, .flags = check ? CM_HOST_CHECK : 0};
+  cm_host_options opts = {.lua_path = lua_path,
+                          .flags = (check ? CM_HOST_CHECK : 0) | (verbose ? CM_HOST_VERBOSE : 0)};
   int wants_hub = req.cmd || req.nreplay || req.record || req.attach;
   if (wants_hub) opts.flags |= CM_HOST_NO_INPROC;
   /* --attach closes its windows after the loop and before the exit hooks (cm__hub_detach). */
@@ -488,8 +548,17 @@ int main(int argc, char **argv) {
   int exit_at_load = !failed && cm_host_exit_requested(h, NULL);
   /* At function scope: the loop finishes closing them later, in cm_host_free's last turns. */
   uv_signal_t sigint, sigterm;
+  uv_timer_t duration;
+  int duration_on = 0;
   if (!failed && !check && !exit_at_load) {
     cm__hub_start();
+    if (duration_s > 0 && uv_timer_init(&loop, &duration) == 0) {
+      duration_on = 1;
+      duration.data = h;
+      uv_timer_start(&duration, duration_cb, (uint64_t)(duration_s * 1000 + 0.5), 0);
+      /* It ends the run; it does not keep a run alive that would end on its own. */
+      uv_unref((uv_handle_t *)&duration);
+    }
     uv_signal_init(&loop, &sigint);
     uv_signal_init(&loop, &sigterm);
     uv_signal_start(&sigint, on_signal, SIGINT);
@@ -501,6 +570,7 @@ int main(int argc, char **argv) {
     uv_run(&loop, UV_RUN_DEFAULT);
     /* The exit hooks come next, and a script may handle signals there itself (prometheus.lua's
      * --linger); the wait for the command below forwards them on its own. */
+    if (duration_on) uv_close((uv_handle_t *)&duration, NULL);
     uv_signal_stop(&sigint);
     uv_signal_stop(&sigterm);
     uv_close((uv_handle_t *)&sigint, NULL);
@@ -510,14 +580,19 @@ int main(int argc, char **argv) {
   int requested = cm_host_exit_requested(h, &asked);
   /* A script that observes, run with no command and no capture, watches this process only: when
    * its observers saw nothing at all (the in-process engine, source 1, was never handed a
-   * buffer), the likely mistake is a missing `-- cmd`; say so and fail rather than print an
-   * empty report with status 0. Scripts that observe nothing, or chose their status, are fine. */
+   * buffer, or could not even start: no GPU or driver here), the likely mistake is a missing
+   * `-- cmd`; say so and fail rather than print an empty report with status 0. Scripts that
+   * observe nothing, or chose their status, are fine. */
   cm_stats inproc;
   int nothing_traced = !failed && !check && !wants_hub && !requested &&
-                       cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
-                       inproc.records_decoded == 0 && inproc.records_delivered == 0;
+                       (cm__host_inproc_error(h) != 0 ||
+                        (cm_host_source_stats(h, 1, &inproc) == 0 && inproc.buffers_allocated == 0 &&
+                         inproc.records_decoded == 0 && inproc.records_delivered == 0));
   if (!failed && !check) cm__hub_detach();
   int shut = cm_host_shutdown(h);
+  /* A cm.exit() whose delivery flush was still under way when the run ended chose the status in
+   * the shutdown (lua/cuptimon/init.lua, before the exit hooks). */
+  if (!requested) requested = cm_host_exit_requested(h, &asked);
   /* The exit hooks' tables go out now: the command's process may still be tearing down. */
   fflush(stdout);
   int errors = cm_host_error_count(h);

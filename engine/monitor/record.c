@@ -5,12 +5,16 @@
  * the hub received and verified them (docs/wire.md), so a replay sees what the live script saw.
  * The HELLO is re-encoded with an empty token: the token is a secret of the run.
  *
- * Files. One per process, named by the pid the kernel gave for the connection (never one the
- * peer wrote), created with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600: a file that exists already
+ * Files. One per process. A template with %p names each by the pid the kernel gave for the
+ * connection (never one the peer wrote); without %p the first process of the run writes the name
+ * as given and each further one gets its pid before the extension (run.cmcap, then
+ * run.<pid>.cmcap), so a single-process run writes exactly the file asked for and two processes
+ * still never share one. Files are created with O_CREAT|O_EXCL|O_NOFOLLOW and mode 0600: a file that exists already
  * (another run's capture, a file planted in a shared directory, a symlink) is never written
  * through, and only --force replaces an existing regular file (by unlinking it first). A FIFO or
  * any other non-regular file is refused, so the monitor can never block opening or writing one.
- * The directory is checked when the run starts, by creating and removing a probe file, so a
+ * The directory is checked when the run starts, by creating and removing a probe file, and so is
+ * the first process's file of a template without %p (it must not exist, unless --force), so a
  * wrong path fails before the command runs rather than after it has done its work.
  */
 #include <errno.h>
@@ -70,6 +74,8 @@ static int cap_write(cm__capture *c, const void *p, size_t n, uint64_t records, 
 struct cm__record {
   char *tmpl;
   int force;
+  int named_used; /* a template without %p: the first process took the name as given */
+  int each;       /* CM__RECORD_EACH_PID */
   int failures;
   record_summary *summaries, **tail;
 };
@@ -106,17 +112,24 @@ static const char *file_kind(mode_t m) {
   return "not a regular file";
 }
 
-int cm__record_new(cm__record **out, const char *tmpl, int force) {
+int cm__record_new(cm__record **out, const char *tmpl, int flags) {
   *out = NULL;
+  int force = (flags & CM__RECORD_FORCE) != 0, each = (flags & CM__RECORD_EACH_PID) != 0;
   if (!*tmpl) {
     fprintf(stderr, "cuptimon-lua: --record needs a file name\n");
     return CM_EINVAL;
   }
   struct stat st;
-  /* A template that names an existing non-regular file is a mistake (a FIFO would block). */
+  /* A template that names an existing non-regular file is a mistake (a FIFO would block); one
+   * without %p is the first process's file, so an existing one is refused now (or replaced). */
   if (lstat(tmpl, &st) == 0 && !S_ISREG(st.st_mode)) {
     fprintf(stderr, "cuptimon-lua: --record %s: it is %s; a capture must be a regular file "
             "(cuptimon-lua writes one new file per process)\n", tmpl, file_kind(st.st_mode));
+    return CM_EINVAL;
+  }
+  if (!strstr(tmpl, "%p") && !each && !force && lstat(tmpl, &st) == 0) {
+    fprintf(stderr, "cuptimon-lua: --record %s: the file exists (--force replaces it, %%p in the "
+            "name gives each process a file named by its pid)\n", tmpl);
     return CM_EINVAL;
   }
   /* The directory must take new files; a directory part with %p in it is checked per process. */
@@ -143,13 +156,8 @@ int cm__record_new(cm__record **out, const char *tmpl, int force) {
     return CM_ENOMEM;
   }
   r->force = force;
+  r->named_used = r->each = each;
   r->tail = &r->summaries;
-  if (!strstr(tmpl, "%p")) {
-    char shown[PATH_MAX];
-    capture_path(tmpl, "<pid>", shown, sizeof shown);
-    fprintf(stderr, "cuptimon-lua: --record %s has no %%p: each process is written to its own "
-            "file, %s\n", tmpl, shown);
-  }
   *out = r;
   return 0;
 }
@@ -157,7 +165,16 @@ int cm__record_new(cm__record **out, const char *tmpl, int force) {
 cm__capture *cm__record_open(cm__record *r, uint32_t pid, const cm_wire_hello *hello) {
   char num[16], path[PATH_MAX];
   snprintf(num, sizeof num, "%u", pid);
-  capture_path(r->tmpl, num, path, sizeof path);
+  if (!strstr(r->tmpl, "%p") && !r->named_used) {
+    r->named_used = 1;
+    snprintf(path, sizeof path, "%s", r->tmpl);
+  } else {
+    capture_path(r->tmpl, num, path, sizeof path);
+    if (!strstr(r->tmpl, "%p") && r->named_used++ == 1 && !r->each)
+      fprintf(stderr, "cuptimon-lua: --record %s: another process, pid %u, is recorded to %s "
+              "(and so is each further one, by its pid; %%p in the name gives every process its "
+              "pid)\n", r->tmpl, pid, path);
+  }
   struct stat st;
   if (lstat(path, &st) == 0) {
     if (!S_ISREG(st.st_mode)) {

@@ -19,13 +19,21 @@
 typedef struct cm__record cm__record;
 typedef struct cm__capture cm__capture;
 
+/* cm__record_new's flags. */
+enum {
+  CM__RECORD_FORCE = 1,    /* replace existing regular files */
+  CM__RECORD_EACH_PID = 2, /* without "%p" too, every file gets its pid (a trigger window's: a
+                            * window per process, each its own recorder) */
+};
+
 /* Creates the recorder for the path template `tmpl`: "%p" becomes each process's pid; without
- * "%p" the pid is inserted before the extension ("run.cmcap" -> "run.<pid>.cmcap", and says
- * so), so two processes never share a file. Checks now, before the command runs, that files can
- * be created where the template says and that it does not name a FIFO, a device, a socket, a
- * directory or a symlink. Returns 0, or a CM_E* code after printing why. `force` allows
- * replacing existing regular files. */
-int cm__record_new(cm__record **out, const char *tmpl, int force);
+ * "%p" the first process writes `tmpl` itself and each further one gets its pid inserted before
+ * the extension ("run.cmcap", then "run.<pid>.cmcap", saying so once), so two processes never
+ * share a file. Checks now, before the command runs, that files can be created where the
+ * template says, that it does not name a FIFO, a device, a socket, a directory or a symlink, and
+ * (without "%p" and `force`) that `tmpl` does not exist. Returns 0, or a CM_E* code after
+ * printing why. `flags`: CM__RECORD_FORCE, CM__RECORD_EACH_PID. */
+int cm__record_new(cm__record **out, const char *tmpl, int flags);
 /* Creates the capture of process `pid` (the kernel's) and writes the file header and `hello`
  * (whose token is left out). The file is created new (O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600):
  * an existing file is refused unless `force` was given and it is a regular file, which is then

@@ -4,14 +4,14 @@ local cm = require "cuptimon"
 
 cm.configure({ deliver_ms = 20 })
 local per_name = cm.count_by("kernels by name")
-local busy = cm.sum("busy ns")
+local busy = cm.sum { name = "kernel time", unit = "ns" }
 local total = 0
 
 cm.observe({ kernel = { "name", "start", "stop" } }, function(b)
   local start, stop = b.start, b.stop
   for i = 0, b.n - 1 do
     busy:add(stop[i] - start[i])
-    per_name:add(b:str("name", i))
+    per_name:add(b:kernel_name(i)) -- demangled, as the recipes' tables show it
   end
   total = total + b.n
 end)
@@ -19,4 +19,5 @@ end)
 cm.on("exit", function()
   print(("script: observed %d kernel records"):format(total))
   print(per_name)
+  print(busy)
 end)

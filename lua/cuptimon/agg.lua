@@ -15,21 +15,95 @@ local M = {}
 local floor, huge, log = math.floor, math.huge, math.log
 local fmt = string.format
 
--- Human units: 1536 -> "1.5K". Integers below 1024 print exactly.
-local function human(v)
+-- Units. A value prints in the unit of what it measures, with three significant digits:
+--   - a count or any other plain number (the default) with SI prefixes: 1500 -> "1.5K",
+--     2.7e6 -> "2.7M";
+--   - a duration in nanoseconds (unit "ns") as ns, us, ms or s: 18600 -> "18.6 us";
+--   - a size in bytes (unit "bytes") with binary prefixes: 1536 -> "1.5 KiB", 120 -> "120 B".
+-- Integers below the first step print exactly. An aggregation takes its unit with its name:
+-- cm.stats_by{ name = "kernel time", unit = "ns" }.
+local function scaled(v, base, units, sep)
+  if v ~= v then return "nan" end
+  local a, i = v < 0 and -v or v, 1
+  if a == huge then return v < 0 and "-inf" or "inf" end
+  while a >= base and i < #units do a, i = a / base, i + 1 end
+  local s
+  if i == 1 and a == floor(a) and a < base then
+    s = fmt("%d", a)
+  else
+    s = fmt("%.3g", a)
+    if s:find("e", 1, true) then -- rounds to 1000 or more: the next step up, or whole units
+      if base == 1000 and i < #units then
+        a, i = a / base, i + 1
+        s = fmt("%.3g", a)
+      else
+        s = fmt("%.0f", a)
+      end
+    end
+  end
+  local u = units[i]
+  return (v < 0 and "-" or "") .. s .. (u ~= "" and sep or "") .. u
+end
+
+local SI = { "", "K", "M", "G", "T", "P", "E" }
+local DURATION = { "ns", "us", "ms", "s" }
+local BYTES = { "B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB" }
+local POW2 = { "", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei" }
+
+local function human(v) return scaled(v, 1000, SI, "") end
+local function human_ns(v)
   if v ~= v then return "nan" end
   local a = v < 0 and -v or v
-  if a < 1024 then
-    if v == floor(v) then return tostring(v) end
-    return fmt("%.3g", v)
+  if a >= 1e9 then -- seconds do not scale further
+    local s = fmt("%.3g", v / 1e9)
+    if s:find("e", 1, true) then s = fmt("%.0f", v / 1e9) end
+    return s .. " s"
   end
-  local units = { "K", "M", "G", "T", "P", "E" }
-  local i = 0
-  while a >= 1024 and i < #units do a = a / 1024; i = i + 1 end
-  local s = a == floor(a) and fmt("%d", a) or fmt("%.1f", a)
-  return (v < 0 and "-" or "") .. s .. units[i]
+  return scaled(v, 1000, DURATION, " ")
 end
+local function human_bytes(v) return scaled(v, 1024, BYTES, " ") end
+
+--- A plain number with SI prefixes: 1500 -> "1.5K".
 M.human = human
+--- Nanoseconds as a duration: 18600 -> "18.6 us".
+M.human_ns = human_ns
+--- Bytes with binary prefixes: 1536 -> "1.5 KiB".
+M.human_bytes = human_bytes
+
+-- unit -> the formatter of values (sums, averages, quantiles) and of log2 histogram edges (powers
+-- of two: binary prefixes, "[1Ki, 2Ki)", unless the unit says otherwise).
+local units = {
+  none = { value = human, edge = function(v) return scaled(v, 1024, POW2, "") end },
+  ns = { value = human_ns, edge = human_ns },
+  bytes = { value = human_bytes, edge = human_bytes },
+}
+
+--- The text of value v in `unit` (nil, "ns" or "bytes").
+function M.format_value(v, unit) return units[unit or "none"].value(v) end
+
+-- The name and unit of an aggregation from its constructor's name argument: a string (the name)
+-- or a table { name = "...", unit = "ns" | "bytes" }. Raises (level 3) on anything else.
+local function named(fname, arg)
+  if arg == nil or type(arg) == "string" then return arg, units.none end
+  if type(arg) ~= "table" then
+    error(("%s: the name must be a string or a table { name = s, unit = \"ns\" | \"bytes\" }, "
+      .. "got a %s"):format(fname, type(arg)), 3)
+  end
+  for k in pairs(arg) do
+    if k ~= "name" and k ~= "unit" then
+      error(("%s: unknown option %q; valid options: name, unit"):format(fname, tostring(k)), 3)
+    end
+  end
+  local u = arg.unit == nil and units.none or units[arg.unit]
+  if not u or arg.unit == "none" then
+    error(("%s: unknown unit %q; valid units: ns, bytes (none for plain numbers)")
+      :format(fname, tostring(arg.unit)), 3)
+  end
+  if arg.name ~= nil and type(arg.name) ~= "string" then
+    error(("%s: name must be a string, got a %s"):format(fname, type(arg.name)), 3)
+  end
+  return arg.name, u
+end
 
 local function bar(n, max, width)
   if max <= 0 then return "" end
@@ -88,24 +162,36 @@ end
 
 function Stats:format()
   if self.count == 0 then return title(self) .. "count 0" end
+  local h = self.unit.value
   return title(self) .. fmt("count %d, sum %s, min %s, avg %s, max %s", self.count,
-    human(self.sum), human(self.min), human(self:avg()), human(self.max))
+    h(self.sum), h(self.min), h(self:avg()), h(self.max))
 end
 
---- Count, sum, min, max and avg of the values added.
-function M.stats(name) return new(Stats, { name = name }):reset() end
+--- Count, sum, min, max and avg of the values added. name: a string, or { name =, unit = }.
+function M.stats(name)
+  local n, u = named("agg.stats", name)
+  return new(Stats, { name = n, unit = u }):reset()
+end
 
 local Count = class("count")
 function Count:add(n) self.count = self.count + (tonumber(n) or 1) return self end
 function Count:reset() self.count = 0 return self end
 function Count:format() return title(self) .. tostring(self.count) end
-function M.count(name) return new(Count, { name = name, count = 0 }) end
+--- A counter: :add([n]) counts n (default 1), .count holds the count.
+function M.count(name)
+  local n, u = named("agg.count", name)
+  return new(Count, { name = n, unit = u, count = 0 })
+end
 
 local Sum = class("sum")
 function Sum:add(v) self.sum = self.sum + tonumber(v) return self end
 function Sum:reset() self.sum = 0 return self end
-function Sum:format() return title(self) .. human(self.sum) end
-function M.sum(name) return new(Sum, { name = name, sum = 0 }) end
+function Sum:format() return title(self) .. self.unit.value(self.sum) end
+--- A sum: :add(v) adds v (a number or an int64 cdata), .sum holds the sum.
+function M.sum(name)
+  local n, u = named("agg.sum", name)
+  return new(Sum, { name = n, unit = u, sum = 0 })
+end
 
 function M.min(name) return M.stats(name) end
 function M.max(name) return M.stats(name) end
@@ -173,16 +259,27 @@ function Hist:format(opts)
     local c = self.buckets[b] or 0
     if c > max then max = c end
   end
+  local labels, lw = {}, 16
+  local edge = self.unit.edge
+  for b = self.bottom, self.top do
+    local label = b == 0 and "(..., 1)" or range_label(edge(2 ^ (b - 1)), edge(2 ^ b))
+    labels[b] = label
+    if #label > lw then lw = #label end
+  end
   for b = self.bottom, self.top do
     local c = self.buckets[b] or 0
-    local label = b == 0 and "(..., 1)" or range_label(human(2 ^ (b - 1)), human(2 ^ b))
-    lines[#lines + 1] = fmt("%s%-16s %8d |%-" .. width .. "s|", indent, label, c, bar(c, max, width))
+    lines[#lines + 1] = fmt("%s%-" .. lw .. "s %8d |%-" .. width .. "s|", indent, labels[b], c,
+      bar(c, max, width))
   end
   return title(self) .. table.concat(lines, "\n")
 end
 
---- A log2 histogram (bpftrace's hist()).
-function M.hist(name) return new(Hist, { name = name }):reset() end
+--- A log2 histogram (bpftrace's hist()). name: a string, or { name =, unit = } (bucket edges
+--- print in the unit: "[64 KiB, 128 KiB)" for bytes, "[1Ki, 2Ki)" for plain numbers).
+function M.hist(name)
+  local n, u = named("agg.hist", name)
+  return new(Hist, { name = n, unit = u }):reset()
+end
 
 ---------------------------------------------------------------------------------------------------
 -- linear histogram over [min, max) in steps of `step`, with under/overflow buckets
@@ -215,14 +312,19 @@ function Lhist:format()
     if c > max then max = c end
     if c > 0 then first = first or b; last = b end
   end
-  local lines = {}
+  local lines, labels, lw = {}, {}, 16
+  local h = self.unit.value
+  for b = first, last do
+    local label
+    if b == -1 then label = fmt("(..., %s)", h(self.lo))
+    elseif b == self.nb then label = fmt("[%s, ...)", h(self.hi))
+    else label = range_label(h(self.lo + b * self.step), h(self.lo + (b + 1) * self.step)) end
+    labels[b] = label
+    if #label > lw then lw = #label end
+  end
   for b = first, last do
     local c = self.buckets[b]
-    local label
-    if b == -1 then label = fmt("(..., %s)", human(self.lo))
-    elseif b == self.nb then label = fmt("[%s, ...)", human(self.hi))
-    else label = range_label(human(self.lo + b * self.step), human(self.lo + (b + 1) * self.step)) end
-    lines[#lines + 1] = fmt("%-16s %8d |%-52s|", label, c, bar(c, max, 52))
+    lines[#lines + 1] = fmt("%-" .. lw .. "s %8d |%-52s|", labels[b], c, bar(c, max, 52))
   end
   return title(self) .. table.concat(lines, "\n")
 end
@@ -234,7 +336,8 @@ function M.lhist(min, max, step, name)
     error("agg.lhist: expected lhist(min, max, step[, name]) with min < max and step > 0", 2)
   end
   local nb = math.ceil((max - min) / step)
-  return new(Lhist, { name = name, lo = min, hi = min + nb * step, step = step, nb = nb }):reset()
+  local n, u = named("agg.lhist", name)
+  return new(Lhist, { name = n, unit = u, lo = min, hi = min + nb * step, step = step, nb = nb }):reset()
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -283,7 +386,8 @@ function Quant:format()
   if self.seen == 0 then return title(self) .. "(no values)" end
   local parts = {}
   for _, q in ipairs(self.qs) do
-    parts[#parts + 1] = fmt("p%s %s", tostring(q * 100):gsub("%.0$", ""), human(self:quantile(q)))
+    parts[#parts + 1] = fmt("p%s %s", tostring(q * 100):gsub("%.0$", ""),
+      self.unit.value(self:quantile(q)))
   end
   return title(self) .. fmt("n %d: %s", self.seen, table.concat(parts, ", "))
 end
@@ -291,7 +395,8 @@ end
 --- Quantiles: :quantile(q), printing p50/p90/p99/p100 (or opts.qs). opts.cap bounds memory.
 function M.quantiles(name, opts)
   opts = opts or {}
-  return new(Quant, { name = name, cap = opts.cap or 1000000,
+  local n, u = named("agg.quantiles", name)
+  return new(Quant, { name = n, unit = u, cap = opts.cap or 1000000,
     qs = opts.qs or { 0.5, 0.9, 0.99, 1 } }):reset()
 end
 
@@ -357,8 +462,9 @@ end
 
 function Sketch:format()
   if self.count == 0 then return title(self) .. "(no values)" end
-  return title(self) .. fmt("n %d: p50 %s, p99 %s, max %s", self.count, human(self:quantile(0.5)),
-    human(self:quantile(0.99)), human(self.max))
+  local h = self.unit.value
+  return title(self) .. fmt("n %d: p50 %s, p99 %s, max %s", self.count, h(self:quantile(0.5)),
+    h(self:quantile(0.99)), h(self.max))
 end
 
 --- A quantile sketch: :add(v[, n]), :quantile(q), .count, .min, .max. opts.error is the relative
@@ -369,7 +475,8 @@ function M.sketch(name, opts)
     error("agg.sketch: opts.error must be a number between 0.0001 and 0.5", 2)
   end
   local gamma = (1 + e) / (1 - e)
-  return new(Sketch, { name = name, gamma = gamma, lg = log(gamma) }):reset()
+  local n, u = named("agg.sketch", name)
+  return new(Sketch, { name = n, unit = u, gamma = gamma, lg = log(gamma) }):reset()
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -425,13 +532,19 @@ local function key_less(a, b)
   return a < b
 end
 
+local orders = { value = true, key = true, count = true, sum = true, avg = true, min = true,
+  max = true }
+
 --- The entries, at most n, as { { key=, count=, sum=, min=, max=, avg=, value= }, ... } (value is
 --- what the map ranks by: the count for count_by, else the sum). order: "value" (the default:
---- by value descending, ties by key) or "key" (by key ascending: numbers by value, then strings).
+--- by value descending, ties by key), "key" (by key ascending: numbers by value, then strings),
+--- or "count", "sum", "avg", "min", "max" (by that figure descending, ties by key).
 function Map:sorted(n, order)
-  if order ~= nil and order ~= "value" and order ~= "key" then
-    error(("map:sorted: order must be \"value\" or \"key\", got %q"):format(tostring(order)), 2)
+  if order ~= nil and not orders[order] then
+    error(("map:sorted: order must be \"value\", \"key\", \"count\", \"sum\", \"avg\", "
+      .. "\"min\" or \"max\", got %q"):format(tostring(order)), 2)
   end
+  local by = order ~= nil and order ~= "key" and order or "value"
   local list = {}
   for k, e in pairs(self.entries) do
     list[#list + 1] = { key = k, count = e.count, sum = e.sum, min = e.min, max = e.max,
@@ -441,7 +554,7 @@ function Map:sorted(n, order)
     table.sort(list, function(a, b) return key_less(a.key, b.key) end)
   else
     table.sort(list, function(a, b)
-      if a.value ~= b.value then return a.value > b.value end
+      if a[by] ~= b[by] then return a[by] > b[by] end
       if type(a.key) == type(b.key) and type(a.key) ~= "boolean" then return a.key < b.key end
       return tostring(a.key) < tostring(b.key)
     end)
@@ -472,30 +585,38 @@ function Map:format(n)
     e.label = s
     if #s > width then width = #s end
   end
+  local h = self.unit.value
   for _, e in ipairs(list) do
     if self.value == "stats" then
       lines[#lines + 1] = fmt("%-" .. width .. "s  count %8d  sum %8s  avg %8s  min %8s  max %8s",
-        e.label, e.count, human(e.sum), human(e.sum / e.count), human(e.min), human(e.max))
+        e.label, e.count, h(e.sum), h(e.sum / e.count), h(e.min), h(e.max))
     elseif self.value == "count" then
       lines[#lines + 1] = fmt("%-" .. width .. "s  %10d", e.label, e.count)
     else
-      lines[#lines + 1] = fmt("%-" .. width .. "s  %10s  (%d)", e.label, human(e.sum), e.count)
+      lines[#lines + 1] = fmt("%-" .. width .. "s  %10s  (%d)", e.label, h(e.sum), e.count)
     end
   end
   if self.size > #list then lines[#lines + 1] = fmt("... %d more", self.size - #list) end
   return title(self) .. table.concat(lines, "\n")
 end
 
+local function map(fname, name, value, k)
+  local n, u = named(fname, name)
+  return new(Map, { name = n, unit = u, value = value, k = k }):reset()
+end
+
+-- The name argument of each: a string, or { name = s, unit = "ns" | "bytes" } (the unit of the
+-- values added; counts have none).
 --- Counts per key (bpftrace's @[key] = count()).
-function M.count_by(name) return new(Map, { name = name, value = "count" }):reset() end
+function M.count_by(name) return map("agg.count_by", name, "count") end
 --- Sums per key (@[key] = sum(v)), printed by sum.
-function M.sum_by(name) return new(Map, { name = name, value = "sum" }):reset() end
+function M.sum_by(name) return map("agg.sum_by", name, "sum") end
 --- Count, sum, min, max and avg per key, printed by sum.
-function M.stats_by(name) return new(Map, { name = name, value = "stats" }):reset() end
+function M.stats_by(name) return map("agg.stats_by", name, "stats") end
 --- The k keys with the largest sums (all keys are kept; printing shows the top k).
 function M.topk(k, name)
   if type(k) ~= "number" or k < 1 then error("agg.topk: k must be a positive number", 2) end
-  return new(Map, { name = name, value = "sum", k = k }):reset()
+  return map("agg.topk", name, "sum", k)
 end
 
 M.constructors = {

@@ -10,8 +10,12 @@
 -- example output); --help prints that block, then the options the block does not mention, so
 -- each option is described once. Options are `--name value` or `--name=value`; a boolean option
 -- takes no value (`--per-process`); dashes and underscores in names are the same. A number option
--- may set `min` (and `max`) and `integer = true`. Positional arguments are returned in order in
--- the result's array part.
+-- may set `min` (and `max`) and `integer = true`, and any option a one-letter alias with
+-- `short = "o"` (`-o FILE` as with nsys). A recipe takes no positional argument unless it says
+-- so (parse's third argument, { positional = true }): a stray one is a usage error, never
+-- ignored, and a capture file given there is answered with the --replay command meant
+-- ("did you mean `cuptimon-lua --replay run.cmcap scripts/count.lua`?"). Positional arguments,
+-- when taken, are returned in order in the result's array part.
 --
 -- A library module never ends the process. --help and usage errors raise an exit request
 -- instead: a table { exit_status = n, message = s } (M.is_exit tells it apart). cuptimon-lua's
@@ -83,6 +87,7 @@ function M.usage(script, spec)
       local d = spec[k][1]
       local f = flag(k)
       if type(d) ~= "boolean" then f = f .. " " .. string.upper(k) end
+      if spec[k].short then f = "-" .. spec[k].short .. ", " .. f end
       out[#out + 1] = ("  %-24s %s (default: %s)"):format(f, spec[k][2] or "", tostring(d))
     end
   end
@@ -98,7 +103,27 @@ local function check_spec(spec)
     if type(k) ~= "string" or type(s) ~= "table" or s[1] == nil then
       error(("cuptimon.args.parse: option %s must be { default, help }"):format(tostring(k)), 3)
     end
+    if s.short ~= nil and (type(s.short) ~= "string" or not s.short:match("^%a$")) then
+      error(("cuptimon.args.parse: option %s: short must be one letter"):format(k), 3)
+    end
   end
+end
+
+-- cuptimon-lua's own options (those a recipe does not define): given after the script, they
+-- reach the script, which says where they go.
+local MONITOR_OPTIONS = { replay = "CAPTURE", record = "CAPTURE", attach = "PIDS", select = "SPEC",
+  lua_path = "DIR", duration = "SECONDS", list = false, check = false, force = false,
+  allow_loss = false, verbose = false }
+
+-- The usage error for a positional argument the script does not take.
+local function stray(prog, script, a)
+  if a:match("%.cmcap$") then
+    return ("unexpected argument %s: did you mean --replay? `cuptimon-lua --replay %s %s`")
+      :format(a, a, script or prog)
+  end
+  if a:match("^%-%a") then return ("unknown option %s"):format(a) end
+  return ("unexpected argument %s: %s takes no positional argument; a command to monitor goes "
+    .. "after `--`: `cuptimon-lua %s -- %s ...`"):format(a, prog, script or prog, a)
 end
 
 -- Checks a number against the option's bounds; returns an error message or nil.
@@ -115,11 +140,15 @@ local function bounds(name, s, n)
 end
 
 --- Parses the script's `arg` table against `spec` ({ name = { default, help[, min=, max=,
---- integer=] } }). Returns the options (defaults filled in, numbers converted when the default is
---- a number). --help prints the usage on stdout and raises exit request 0; a usage error raises
---- exit request 2 with its message.
-function M.parse(argt, spec)
+--- integer=, short=] } }). Returns the options (defaults filled in, numbers converted when the
+--- default is a number). --help prints the usage on stdout and raises exit request 0; a usage
+--- error raises exit request 2 with its message. popts.positional = true: positional arguments
+--- are returned in the array part (else each is a usage error).
+function M.parse(argt, spec, popts)
   check_spec(spec)
+  local positional = popts and popts.positional
+  local short = {}
+  for k, s in pairs(spec) do if s.short then short[s.short] = k end end
   argt = argt or {}
   local script = argt[0]
   local prog = script and script:match("([^/]+)$") or "script"
@@ -138,9 +167,15 @@ function M.parse(argt, spec)
     end
     local name, value = a:match("^%-%-([%w_%-]+)=(.*)$")
     if not name then name = a:match("^%-%-([%w_%-]+)$") end
+    if not name and short[a:match("^%-(%a)$") or ""] then name = short[a:sub(2)] end
     if name then
       local key = name:gsub("%-", "_")
       local s = spec[key]
+      if not s and MONITOR_OPTIONS[key] ~= nil then
+        local v = MONITOR_OPTIONS[key] and (value or argt[i + 1] or MONITOR_OPTIONS[key])
+        usage_error("unknown option --%s: monitor options go before the script: `cuptimon-lua "
+          .. "--%s%s %s ...`", name, name, v and " " .. v or "", script or prog)
+      end
       if not s then
         local valid = {}
         for k in pairs(spec) do valid[#valid + 1] = flag(k) end
@@ -165,8 +200,10 @@ function M.parse(argt, spec)
         end
         opts[key] = value
       end
-    else
+    elseif positional then
       opts[#opts + 1] = a
+    else
+      usage_error("%s", stray(prog, script, a))
     end
     i = i + 1
   end
@@ -178,6 +215,54 @@ function M.list(s)
   local t = {}
   for item in tostring(s):gmatch("[^,%s]+") do t[#t + 1] = item end
   return t
+end
+
+--- Adds --filter REGEX and --exclude REGEX to a recipe's option spec (and returns it), and
+--- M.filter(opts, prog) builds the filter they ask for (cuptimon.filter), raising the usage error
+--- of a bad expression.
+function M.with_filter(spec, what)
+  spec.filter = { "", ("only %s matching this POSIX extended regular expression"):format(what) }
+  spec.exclude = { "", ("leave out %s matching this regular expression"):format(what) }
+  return spec
+end
+
+function M.filter(opts, prog)
+  local f, err = require("cuptimon.filter").new(opts.filter, opts.exclude)
+  if not f then M.usage_error(("%s: %s (see --help)"):format(prog, err)) end
+  return f
+end
+
+-- --sort's choices -> the order of cuptimon.agg's map:sorted.
+local sort_orders = { total = "sum", instances = "count", calls = "count", avg = "avg",
+  max = "max", min = "min", name = "key" }
+
+--- Adds --sort total|instances|avg|max|min|name to a recipe's option spec (and returns it);
+--- M.sort_order(opts, prog) gives the map:sorted order it asks for, raising the usage error of
+--- an unknown choice.
+function M.with_sort(spec)
+  spec.sort = { "total", "the order of the rows: total, instances, avg, max, min or name" }
+  return spec
+end
+
+function M.sort_order(opts, prog)
+  local o = sort_orders[opts.sort]
+  if not o then
+    M.usage_error(("%s: --sort must be total, instances, avg, max, min or name, got %q (see "
+      .. "--help)"):format(prog, tostring(opts.sort)))
+  end
+  return o
+end
+
+--- Adds --format text|csv|json to a recipe's option spec (and returns it); M.output(opts, prog)
+--- sets cuptimon.table's output to it, raising the usage error of an unknown choice.
+function M.with_output(spec)
+  spec.format = { "text", "text (aligned tables), csv, or json (JSON Lines: an object per row)" }
+  return spec
+end
+
+function M.output(opts, prog)
+  local ok, err = require("cuptimon.table").set_output(opts.format)
+  if not ok then M.usage_error(("%s: --format: %s (see --help)"):format(prog, err)) end
 end
 
 --- Adds the record-rate budget's options to a recipe's option spec (and returns it):

@@ -334,12 +334,35 @@ function M.on(event, fn)
   return fn
 end
 
---- Ends the script: a final flush, the exit hooks, then the host exits with `status`.
+-- How long cm.exit() waits for the live processes to deliver what they hold (as a detach does).
+local EXIT_FLUSH_MS = 5000
+local exiting -- the status of a cm.exit() whose delivery flush is under way, else nil
+local ending = false -- the exit hooks run: the final flush is done, nothing more is delivered
+
+--- Ends the script: every live process (`-- cmd`, --attach) first delivers the records it holds
+--- (a sync flush of at most 5 s: what the records produced before the call need to reach the
+--- observers), then the final flush, the exit hooks, and the host exits with `status`. The loop
+--- goes on meanwhile, so the observers see those records; a process that does not answer in time
+--- has its loss counted as usual. Without live processes (a replay, the in-process engine, while
+--- the script loads, or from an exit hook: the status of the run is then `status`) the exit
+--- comes at once. A second call while the flush runs changes
+--- nothing: the first status holds.
 function M.exit(status)
   if status ~= nil and type(status) ~= "number" then
     error("cuptimon.exit: the status must be a number", 2)
   end
-  core.exit(status or 0)
+  status = status or 0
+  if exiting ~= nil then return end
+  local live = false
+  if not core.check_mode() and not ending then
+    for _, s in ipairs(core.sources()) do live = live or s.kind == "agent" end
+  end
+  if not live then return core.exit(status) end
+  exiting = status
+  local ok = M.flush { sync = true, timeout_ms = EXIT_FLUSH_MS, done = function()
+    core.exit(status)
+  end }
+  if not ok then core.exit(status) end
 end
 
 local stats_cell = ffi.new("cm_stats")
@@ -400,6 +423,15 @@ function M.process(id)
     end
   end
   return nil
+end
+
+--- The one line that names a process above a recipe's table: "pid 4242 (/usr/bin/python3)",
+--- with ", rank 1" when its RANK environment variable is set. `p`: a process table (cm.process,
+--- b:process()), or nil for an unknown one.
+function M.process_title(p)
+  p = p or {}
+  return ("pid %d (%s)%s"):format(p.pid or 0, p.exe or "?",
+    p.env and p.env.RANK and ", rank " .. p.env.RANK or "")
 end
 
 --- Whether the host only checks the script (cuptimon-lua --check).
@@ -866,7 +898,8 @@ end
 ---   ms = n        how long the window lasts (required; handle:close() ends it sooner)
 ---   pid = n       the process (default: every live process, one window each)
 ---   record = "f"  also write the window's records to a new capture per process ("%p" is the
----                 pid; the rules of --record: created new, mode 0600, never through a link)
+---                 pid; without it the pid goes before the extension, as each window writes a
+---                 file of its own; created new, mode 0600, never through a link)
 ---   force = true  replace an existing regular file
 ---   fn = f(b)     an observer of the window's extra selection, called for its batches
 ---   done = f(w)   called when a process's window closes (also the "window" event)
@@ -1139,12 +1172,12 @@ function M.budget_from(opts)
   return M.budget { records_per_s = rate, lag_ms = lag, shed = list, hold_ms = opts.hold_ms }
 end
 
+local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (process_exit)
+
 --- Lines that say how far behind the script's view ran, for each process whose records reached
 --- the script more than `min_s` seconds (default 1) late at some point: a view that is behind is
 --- late, not incomplete (losses have their own LOST line). Now and at the peak, with the records
 --- the agent still held (cm.stats(): lag_s, lag_peak_s, backlog_records).
-local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (process_exit)
-
 function M.lag_notes(min_s)
   min_s = min_s or 1
   local out, seen = {}, {}
@@ -1208,6 +1241,9 @@ local function event(name, a, b)
       io.stderr:write(("cuptimon: %d API callback events were dropped (the queue was full)\n")
         :format(api_counts.dropped))
     end
+    -- The run ended (the command exited) before a cm.exit()'s flush completed: its status holds.
+    if exiting ~= nil then core.exit(exiting) end
+    ending = true
     run_hooks(hooks.exit, "exit hook")
   elseif name == "process_start" then
     batch.processes[a.source] = a

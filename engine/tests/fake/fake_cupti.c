@@ -626,6 +626,10 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
    * tens of ms), during which the agent's connection to the monitor is open but silent. */
   const char *delay = getenv("FAKE_CUPTI_SUBSCRIBE_DELAY_MS");
   if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
+  /* FAKE_CUPTI_SUBSCRIBE_RESULT=N: subscribing fails with CUPTI result N, as the real CUPTI does
+   * on a machine without a GPU or driver (CUPTI_ERROR_UNKNOWN, 999). */
+  const char *fail = getenv("FAKE_CUPTI_SUBSCRIBE_RESULT");
+  if (fail && atoi(fail) != 0) return (CUptiResult)atoi(fail);
   pthread_mutex_lock(&ctl.lock);
   if (ctl.foreign[0] || ctl.subscribed) {
     report_old_subscriber(pParams);
