@@ -769,6 +769,10 @@ static void window_one_done(void *ud, const cm__window_result *r) {
     lua_rawseti(L, -2, k);
   }
   lua_setfield(L, -2, "by_kind");
+  if (r->open_ns) {
+    lua_pushnumber(L, (lua_Number)(r->end_ns > r->open_ns ? r->end_ns - r->open_ns : 0) / 1e6);
+    lua_setfield(L, -2, "traced_ms");
+  }
   free(w);
   fire_event(h, "window_done", 2);
 }
@@ -794,13 +798,14 @@ static int core_window_begin(lua_State *L) {
   return 1;
 }
 
-/* window_end(source) -> true | nil, err, name. */
+/* window_end(source[, observer]) -> true | nil, err, name. The observer (the window's) leaves
+ * the union first but keeps its batches until it is unobserved. */
 static int core_window_end(lua_State *L) {
   cm_host *h = core_host(L);
   int nret = 0;
   cm_source *s = live_source(L, h, (int)luaL_checkinteger(L, 1), &nret);
   if (!s) return nret;
-  int rc = h->live->window_end(s);
+  int rc = h->live->window_end(s, (uint32_t)luaL_optinteger(L, 2, 0));
   if (rc) return live_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;

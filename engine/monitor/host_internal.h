@@ -30,6 +30,10 @@ typedef struct cm__window_result {
   uint64_t records, batches, frames;
   uint64_t dropped;        /* records the process lost during the window */
   const uint64_t *by_kind; /* CM_KIND_MAX counts, by kind value */
+  /* uv_hrtime() when the opening fence completed and when window_end sent the narrowing SELECT
+   * (0 and 0 when the window never opened): the span the extra kinds were traced, up to the
+   * socket's latency each way. */
+  uint64_t open_ns, end_ns;
 } cm__window_result;
 typedef void (*cm__window_done_fn)(void *ud, const cm__window_result *r);
 
@@ -44,8 +48,10 @@ typedef struct cm__live_ops {
    * (and, when `path` is not NULL, written to a new capture named by the --record rules) until
    * window_end's fence. done runs exactly once, when the window closes or the process ends. */
   int (*window_begin)(cm_source *s, const char *path, int force, cm__window_done_fn done, void *ud);
-  /* Closes the window of `s` with a second sync FLUSH; done runs when it completes. */
-  int (*window_end)(cm_source *s);
+  /* Closes the window of `s` with a second sync FLUSH; done runs when it completes. With a
+   * non-zero `narrow_obs`, that observer first leaves the union (cm__wsrc_narrow) but keeps
+   * receiving the window's batches until the script unobserves it. */
+  int (*window_end)(cm_source *s, uint32_t narrow_obs);
 } cm__live_ops;
 /* Installs the live operations (NULL removes them). */
 void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops);

@@ -106,6 +106,7 @@ typedef struct window {
   uint64_t batches, records;
   uint64_t by_kind[CM_KIND_MAX];
   cm_loss loss0;          /* the process's losses when the window opened */
+  uint64_t open_ns, end_ns; /* uv_hrtime() at the opening FLUSH_DONE and at window_end */
   cm__window_done_fn done;
   void *ud;
   cm_wire_batch wb;       /* decode space (large: kept off the stack) */
@@ -631,6 +632,7 @@ static void window_opened(void *ud, int status) {
   if (!win || win->opened) return;
   if (status && !win->status) win->status = status;
   win->opened = 1;
+  win->open_ns = uv_hrtime();
   cm__wsrc_loss(&c->w, &win->loss0);
   if (win->cap) {
     cm_wire_buf buf;
@@ -676,7 +678,9 @@ static void window_finish(conn *c, int status) {
   memcpy(by_kind, win->by_kind, sizeof by_kind);
   cm__window_result r = {.status = win->status, .path = path, .records = win->records,
                          .batches = win->batches, .frames = win->number,
-                         .dropped = d_cupti + d_agent + d_exit, .by_kind = by_kind};
+                         .dropped = d_cupti + d_agent + d_exit, .by_kind = by_kind,
+                         .open_ns = win->opened ? win->open_ns : 0,
+                         .end_ns = win->opened ? (win->end_ns ? win->end_ns : uv_hrtime()) : 0};
   cm__window_done_fn done = win->done;
   void *ud = win->ud;
   free(win);
@@ -714,11 +718,15 @@ static int live_window_begin(cm_source *s, const char *path, int force, cm__wind
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_opened, c);
 }
 
-static int live_window_end(cm_source *s) {
+static int live_window_end(cm_source *s, uint32_t narrow_obs) {
   conn *c = conn_of(s);
   if (!c || !c->win) return CM_ENOENT;
   if (c->win->closing) return 0;
   c->win->closing = 1;
+  /* The narrowing SELECT goes first; the records made before the agent applies it arrive with
+   * the closing fence and still reach the window's observer. */
+  if (narrow_obs) cm__wsrc_narrow(&c->w, narrow_obs);
+  c->win->end_ns = uv_hrtime();
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_closed, c);
 }
 

@@ -186,6 +186,10 @@ int cm__wsrc_write_state(const cm__wsrc *w, cm_wire_buf *b);
 /* Sets the kinds left out of the union whatever the observers select (a record-rate budget
  * shedding them) and sends the new union when it changed. */
 void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds);
+/* Leaves observer `obs` out of the union (a new SELECT when that changes it) while its batches
+ * are still routed to it, until it is unobserved: a closing window's observer gets the records
+ * made before the narrowing that arrive with the closing fence. CM_ENOENT for an unknown id. */
+int cm__wsrc_narrow(cm__wsrc *w, uint32_t obs);
 /* The smallest value of the kind's "start" (or "timestamp") column of a batch frame, for the
  * replay's merge; UINT64_MAX when the batch has none. */
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);

@@ -49,6 +49,7 @@ typedef struct cm__wkind {
 typedef struct cm__wobs {
   uint32_t id;
   const cm_selection *sel;
+  int narrowed; /* left out of the union, still given its batches (a closing window's) */
 } cm__wobs;
 
 /* One slot of the string table. */
@@ -243,6 +244,7 @@ static int ws_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const
   }
   w->obs[w->nobs].id = obs;
   w->obs[w->nobs].sel = sel;
+  w->obs[w->nobs].narrowed = 0;
   w->nobs++;
   if (w->ops->select) publish_union(w);
   return 0;
@@ -287,6 +289,16 @@ int cm__wsrc_write_state(const cm__wsrc *w, cm_wire_buf *b) {
 void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds) {
   w->shed = kinds;
   if (w->ops->select && w->attached) publish_union(w);
+}
+
+int cm__wsrc_narrow(cm__wsrc *w, uint32_t obs) {
+  for (int i = 0; i < w->nobs; i++) {
+    if (w->obs[i].id != obs) continue;
+    w->obs[i].narrowed = 1;
+    if (w->ops->select && w->attached) publish_union(w);
+    return 0;
+  }
+  return CM_ENOENT;
 }
 
 static int ws_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud) {
@@ -891,7 +903,8 @@ char *cm__wsrc_union(cm__wsrc *w) {
     int first = 1;
     for (int fid = 0; fid < nf; fid++) {
       int has = w->extra && cm_selection_has(w->extra, kind, fid);
-      for (int i = 0; i < w->nobs && !has; i++) has = cm_selection_has(w->obs[i].sel, kind, fid);
+      for (int i = 0; i < w->nobs && !has; i++)
+        has = !w->obs[i].narrowed && cm_selection_has(w->obs[i].sel, kind, fid);
       if (!has) continue;
       cm_field_info fi;
       if (cm_field_info_get(kind, fid, &fi)) continue;

@@ -798,15 +798,17 @@ end
 local Window = {}
 Window.__index = Window
 
--- Ends one process's part of a window: the observer goes (a narrowing SELECT), then the closing
--- fence; the "window_done" event completes it.
+-- Ends one process's part of a window: the observer leaves the union (a narrowing SELECT) but
+-- keeps receiving batches, then the closing fence; the "window_done" event completes it and
+-- closes the observer, so the observer sees every record the window holds, also those made just
+-- before the narrowing that arrive with the closing fence.
 local function window_end(part)
   if part.ending then return end
   part.ending = true
   if part.timer then part.timer:close() end
   local function finish()
-    if part.obs then part.obs:close() end
-    local ok, err = core.window_end(part.source)
+    local ok, err = core.window_end(part.source, part.obs and part.obs.id or nil)
+    if not ok and part.obs then part.obs:close() end
     -- The process may have ended first: its window completes (or completed) without this call.
     if not ok and not err:find("^ENOENT") and not err:find("^ESTATE") then report("window", err) end
   end
@@ -839,7 +841,7 @@ local function window_done(token, r)
   uv = uv or require "luv"
   local w = { source = part.source, pid = part.pid, file = r.file, records = r.records,
     batches = r.batches, dropped = r.dropped, by_kind = by_kind, error = r.error,
-    ms = uv.now() - part.t0, select = h.spec }
+    ms = uv.now() - part.t0, traced_ms = r.traced_ms, select = h.spec }
   h.results[#h.results + 1] = w
   if h.done then
     local ok, err = xpcall(h.done, debug.traceback, w)
