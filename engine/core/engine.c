@@ -340,8 +340,9 @@ static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
   return cm__mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
 }
 
-/* Ends the activity session: device sync, forced flush, delivery, every kind disabled. Called with
- * api_mu held, while the observers are still registered so they receive the last records. */
+/* Ends the activity session: device sync, forced flush, delivery. Called with api_mu held, after
+ * cm_unobserve disabled every kind and while the observers are still registered, so they receive
+ * the last records. */
 static void end_session(cm_engine *e) {
   uint64_t deadline = deadline_for(e, 0);
   int why;
@@ -694,13 +695,19 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
     return cm__seterr(CM_ENOENT, "no observer with id %u", id);
   }
   bool last = e->nobs == 1;
+  cm__bits next[CM_KIND_MAX];
+  union_of(e, idx, NULL, next);
+  /* The kinds no one wants any more stop first, then the flush: every record made before they
+   * stopped is decoded with the old table and reaches the observer that goes, and none is made
+   * after it (the other order lost the records made between the flush and the disable: a
+   * trigger window's last ones). Dropping kinds cannot fail. */
+  apply_kinds(e, cm__sel_kinds_needed(next));
+  apply_toggles(e, next);
   if (last) {
     end_session(e);
   } else {
     cm__engine_plain_flush(e, deadline_for(e, 0), 0);
   }
-  cm__bits next[CM_KIND_MAX];
-  union_of(e, idx, NULL, next);
   pthread_mutex_lock(&e->dec_mu);
   cm__engine_deliver(e);
   memmove(&e->obs[idx], &e->obs[idx + 1], (size_t)(e->nobs - idx - 1) * sizeof e->obs[0]);
@@ -708,8 +715,6 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
   memcpy(e->sel, next, sizeof next);
   cm__decoder_select(e->dec, e->sel);
   pthread_mutex_unlock(&e->dec_mu);
-  apply_kinds(e, cm__sel_kinds_needed(next));
-  apply_toggles(e, next);
   if (last) {
     e->active = false;
     e->session_start_ns = 0;

@@ -57,6 +57,7 @@
 #include "fake_cupti.h"
 
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -212,6 +213,10 @@ static _Atomic(CUpti_BuffersCallbackCompleteFunc) cb_complete;
 static _Atomic(CUpti_TimestampCallbackFunc) cb_timestamp;
 
 static atomic_int kind_on[FAKE_NKINDS];
+/* Emits of each kind between their check of kind_on and the end of their write: cuptiActivityDisable
+ * waits for them, so that once it returns no record of the kind is written (the contract the
+ * engine's cm_unobserve relies on: disable, then flush, and the flush has every record). */
+static atomic_int kind_inflight[FAKE_NKINDS];
 static atomic_uint_fast64_t sync_epoch;
 static atomic_uint_fast64_t drops_unreported;
 
@@ -520,13 +525,17 @@ int fake_emit(const void *record, size_t size, int pending) {
   memcpy(&kind, record, sizeof kind);
   if (kind == 0 || kind >= (uint32_t)FAKE_NKINDS) return -1;
   if (kind_size(kind) && kind_size(kind) != size) return -1;
+  atomic_fetch_add(&kind_inflight[kind], 1);
   if (!atomic_load(&kind_on[kind])) {
+    atomic_fetch_sub(&kind_inflight[kind], 1);
     BUMP(st.records_disabled);
     return 2;
   }
   if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER)
     emit_external_correlation(record);
-  return write_record(record, size, pending);
+  int rc = write_record(record, size, pending);
+  atomic_fetch_sub(&kind_inflight[kind], 1);
+  return rc;
 }
 
 /* Takes every current buffer that may go: non-empty and complete, or non-empty when forced. */
@@ -728,6 +737,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind) {
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityDisable(CUpti_ActivityKind kind) {
   if (!valid_kind(kind)) return CUPTI_ERROR_INVALID_KIND;
   atomic_store(&kind_on[kind], 0);
+  while (atomic_load(&kind_inflight[kind])) sched_yield();
   BUMP(st.disable_calls[kind]);
   return CUPTI_SUCCESS;
 }
@@ -1398,6 +1408,23 @@ size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t s
   k.name = name;
   k.queued = k.submitted = start;
   return memcpy(out, &k, sizeof k), sizeof k;
+}
+
+size_t fake_make_memcpy(void *out, uint8_t copy_kind, uint64_t bytes, uint32_t device,
+                        uint64_t start, uint64_t end, uint32_t correlation) {
+  CUpti_ActivityMemcpy6 m;
+  memset(&m, 0, sizeof m);
+  m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+  m.copyKind = copy_kind;
+  m.bytes = bytes;
+  m.start = start;
+  m.end = end;
+  m.deviceId = device;
+  m.contextId = 1;
+  m.streamId = 7;
+  m.correlationId = m.runtimeCorrelationId = correlation;
+  m.copyCount = 1;
+  return memcpy(out, &m, sizeof m), sizeof m;
 }
 
 size_t fake_make_marker(void *out, int start, uint64_t timestamp, uint32_t id, uint32_t tid,
