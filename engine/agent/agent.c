@@ -139,6 +139,8 @@ static struct agent {
     char *names;
   } pm_wait[CM__CTL_PM_ENTRIES];
   uint32_t npm_wait;
+  /* True while the engine runs without its cadences because nothing is traced (cadence_sync). */
+  bool cadence_idle;
   uint64_t pm_wait_end;
   int nobs;
   uint32_t next_gen;
@@ -779,6 +781,21 @@ static bool selection_empty(const cm_selection *sel) {
   return true;
 }
 
+/* While nothing is traced (no observer, no PM consumer: a duty cycle between its windows, or a
+ * monitor that selects nothing) the engine runs as a dormant agent's does: no flush or delivery
+ * cadence, so its worker sleeps and makes no CUPTI call, and the pool's free buffers are freed.
+ * The configured cadence (A.cfg) returns with the next observer. Control thread (or the
+ * listener's between sessions). */
+static void cadence_sync(void) {
+  if (!A.eng) return;
+  bool idle = A.nobs == 0 && A.npm == 0 && A.npm_wait == 0;
+  if (idle == A.cadence_idle) return;
+  cm_config c = A.cfg;
+  if (idle) c.self_flush_ms = c.deliver_ms = 0;
+  if (cm_configure(A.eng, &c) == 0) A.cadence_idle = idle;
+  if (idle) cm__engine_trim(A.eng);
+}
+
 /* Replaces the agent's observer with one for `sel` (NULL or empty: tracing stops). The new
  * observer is registered before the old one goes, so kinds in both are never toggled. Control
  * thread (or init thread before it starts). */
@@ -807,6 +824,7 @@ static int apply_selection(const cm_selection *sel) {
     int urc = cm_unobserve(A.eng, old_ids[i]);
     if (urc) alog(CM_LOG_WARN, "cm_unobserve(%u): %s", old_ids[i], cm_errmsg());
   }
+  cadence_sync();
   return rc;
 }
 
@@ -825,7 +843,9 @@ static int ops_select(void *ud, const cm_selection *sel) {
 
 static int ops_configure(void *ud, const cm_config *cfg) {
   (void)ud;
-  int rc = cm_configure(A.eng, cfg);
+  cm_config c = *cfg;
+  if (A.cadence_idle) c.self_flush_ms = c.deliver_ms = 0; /* until something is traced */
+  int rc = cm_configure(A.eng, &c);
   if (rc == 0) A.cfg = *cfg;
   return rc;
 }
@@ -931,6 +951,7 @@ static void pm_retry(void) {
     free(w.names);
   }
   A.npm_wait = k;
+  cadence_sync();
 }
 
 /* Replaces the PM consumers with the monitor's request and answers each entry with PM_STATUS
@@ -961,6 +982,7 @@ static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal)
     }
     pm_answer(rc, en[i].device, NULL);
   }
+  cadence_sync();
 }
 
 static const cm__control_ops control_ops = {
@@ -1586,6 +1608,7 @@ static void session_reset(int fd) {
   A.cb_last_seq = 0;
   A.cb_last_kind = -1;
   A.sender_started = A.control_started = false;
+  A.cadence_idle = false; /* session_begin applies the live cadence next */
   memset(&A.base, 0, sizeof A.base);
   cm_stats_get(A.eng, &A.base);
 }

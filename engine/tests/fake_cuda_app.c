@@ -49,7 +49,9 @@
  * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
  * line reports the launches and records written, and kernel_segments / memcpy_segments: the
  * records written in each run of launches that found the kind traced, in order, which are the
- * duty cycle's windows one by one (at most 4096 are listed).
+ * duty cycle's windows one by one (at most 4096 are listed), and flushes_off: the
+ * cuptiActivityFlushAll calls made while kernel tracing was off (between two launches that both
+ * found it off), which an agent idle between windows does not make.
  *
  * Training steps, for the ranks recipe: --steps N replaces the workload by N steps, each an NVTX
  * range "step" (markers) around a compute kernel "fake_train_kernel" and a communication kernel
@@ -283,6 +285,9 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
   uint64_t buf[32], launched = 0, kernels = 0, copies = 0, dropped = 0, hidden_launched = 0,
                     hidden_written = 0;
   double t0 = mono_s(), t = t0;
+  uint64_t flushes_off = 0, prev_flushes = 0;
+  int prev_off = 0;
+  fake_stats fs;
   while (t - t0 < ms / 1e3) {
     sleep_until(t);
     uint64_t s0 = fake_now();
@@ -293,6 +298,11 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
     if (rc == 1) dropped++;
     kernels += rc == 0;
     seg_note(&ks, rc == 0);
+    /* cuptiActivityFlushAll calls between two launches that both found kernel off. */
+    fake_get_stats(&fs);
+    if (rc == 2 && prev_off) flushes_off += fs.flushes - prev_flushes;
+    prev_flushes = fs.flushes;
+    prev_off = rc == 2;
     if (rc == 2 && hidden) {
       hidden_launched++;
       if (fake_emit(buf, fake_make_kernel(buf, hidden, 0, 7, s0, s0 + kernel_us * 1000, corr), 0) == 0)
@@ -310,10 +320,11 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
     t += 1.0 / r;
   }
   printf("fake_cuda_app: pid=%d init=%d steady_ms=%.0f launched=%llu concurrent_kernel=%llu "
-         "memcpy=%llu dropped=%llu hidden_launched=%llu hidden_written=%llu",
+         "memcpy=%llu dropped=%llu hidden_launched=%llu hidden_written=%llu flushes_off=%llu",
          (int)getpid(), init, (mono_s() - t0) * 1e3, (unsigned long long)launched,
          (unsigned long long)kernels, (unsigned long long)copies, (unsigned long long)dropped,
-         (unsigned long long)hidden_launched, (unsigned long long)hidden_written);
+         (unsigned long long)hidden_launched, (unsigned long long)hidden_written,
+         (unsigned long long)flushes_off);
   seg_print("kernel", &ks);
   seg_print("memcpy", &cs);
   printf("\n");
