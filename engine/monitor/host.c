@@ -889,6 +889,14 @@ static int core_exit(lua_State *L) {
   return 0;
 }
 
+/* live_mode() -> true when the run takes live agents (`-- cmd`, --attach), so that a duty cycle
+ * waits for processes; false under --replay, the in-process engine and --check. */
+static int core_live_mode(lua_State *L) {
+  cm_host *h = core_host(L);
+  lua_pushboolean(L, h->live && h->live->agents && h->live->agents());
+  return 1;
+}
+
 static int core_check_mode(lua_State *L) {
   lua_pushboolean(L, (core_host(L)->flags & CM_HOST_CHECK) != 0);
   return 1;
@@ -1098,6 +1106,7 @@ static const luaL_Reg core_funcs[] = {
     {"defer", core_defer},
     {"exit", core_exit},
     {"check_mode", core_check_mode},
+    {"live_mode", core_live_mode},
     {"sources", core_sources},
     {"loss", core_loss},
     {"errors", core_errors},

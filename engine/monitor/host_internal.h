@@ -52,6 +52,8 @@ typedef struct cm__live_ops {
    * non-zero `narrow_obs`, that observer first leaves the union (cm__wsrc_narrow) but keeps
    * receiving the window's batches until the script unobserves it. */
   int (*window_end)(cm_source *s, uint32_t narrow_obs);
+  /* 1 when the run takes live agents (`-- cmd`, --attach), 0 for a replay. */
+  int (*agents)(void);
 } cm__live_ops;
 /* Installs the live operations (NULL removes them). */
 void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops);

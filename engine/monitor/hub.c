@@ -730,8 +730,12 @@ static int live_window_end(cm_source *s, uint32_t narrow_obs) {
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_closed, c);
 }
 
+/* Whether this run takes live agents (`-- cmd` or --attach), not a replay. */
+static int live_agents(void) { return g_hub && (g_hub->live || g_hub->attach); }
+
 static const cm__live_ops live_ops = {
     .shed = live_shed, .window_begin = live_window_begin, .window_end = live_window_end,
+    .agents = live_agents,
 };
 
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {

@@ -364,7 +364,8 @@ function Est:estimate(u, key, now, m)
   return out
 end
 
---- The sum over units (a list; default every unit) of the estimates of `key`: rate and total add,
+--- The sum over units (a list; default every unit) of the estimates of `key` at `now` (a number,
+--- or a function(unit) giving each unit's own clock): rate and total add,
 --- and so do the variances (processes are independent strata), so half = sqrt(sum of half^2).
 --- Units that never saw the key add nothing; below = true when none did (limit: the smallest
 --- rate that would have been seen, 3 / the traced seconds of all units). phase when any unit's is.
@@ -373,7 +374,7 @@ function Est:sum(key, now, m, units)
   local out = { rate = 0, total = 0, windows = 0, traced_s = 0, phase = false, below = true }
   local h2, th2, have_half = 0, 0, true
   for _, u in ipairs(units) do
-    local e = self:estimate(u, key, now, m)
+    local e = self:estimate(u, key, type(now) == "function" and now(u) or now, m)
     if e then
       out.windows = out.windows + e.windows
       out.traced_s = out.traced_s + e.traced_s

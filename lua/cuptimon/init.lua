@@ -1328,9 +1328,7 @@ function M.duty(opts)
     procs = {}, order = {}, closed = false }, Duty)
   if core.check_mode() then return d end
   local list = core.sources()
-  local agents = 0
-  for _, s in ipairs(list) do if s.kind == "agent" then agents = agents + 1 end end
-  if #list > 0 and agents == 0 then
+  if not core.live_mode() then
     return nil, "ESTATE: cuptimon.duty: no live process (a duty cycle acts on the processes of "
       .. "`-- cmd` and --attach, not on a replay or the in-process engine)", "ESTATE"
   end
