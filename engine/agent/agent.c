@@ -179,6 +179,12 @@ static struct agent {
    * records_dropped_exit (still queued when the exit deadline passed). */
   _Atomic uint64_t batches_sent, batches_dropped, records_dropped_agent, records_dropped_exit,
       records_sent, bytes_sent, frames_sent, strings_sent;
+  /* The selections applied (SELECT frames, whatever their effect) and the CLOCK_REALTIME instants
+   * of the last two, taken between registering the new observer (whose kinds are enabled by
+   * then) and removing the old one (whose kinds are disabled first thing): a trigger window that
+   * saw exactly two (its widening and its narrowing) traced its kinds for last - prev. Written
+   * by the control thread, read for STATS. */
+  _Atomic uint64_t selects_applied, select_last_ns, select_prev_ns;
 } A = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .send_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -492,6 +498,9 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("batches_queued", A.q_batches);
   KV("strings_sent", GET(strings_sent));
   KV("bytes_sent", GET(bytes_sent));
+  KV("selects_applied", GET(selects_applied));
+  KV("select_last_ns", GET(select_last_ns));
+  KV("select_prev_ns", GET(select_prev_ns));
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -508,7 +517,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[24];
+  cm_wire_kv kv[32]; /* stats_items_locked writes 24 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -820,10 +829,14 @@ static int apply_selection(const cm_selection *sel) {
     A.nobs = 0;
     atomic_store(&A.tracing, false);
   }
+  uint64_t stamp = cm__realtime_ns();
   for (int i = 0; i < old_n; i++) {
     int urc = cm_unobserve(A.eng, old_ids[i]);
     if (urc) alog(CM_LOG_WARN, "cm_unobserve(%u): %s", old_ids[i], cm_errmsg());
   }
+  atomic_store(&A.select_prev_ns, GET(select_last_ns));
+  atomic_store(&A.select_last_ns, stamp);
+  INC(selects_applied, 1);
   cadence_sync();
   return rc;
 }

@@ -771,7 +771,11 @@ static void window_one_done(void *ud, const cm__window_result *r) {
   lua_setfield(L, -2, "by_kind");
   if (r->open_ns) {
     lua_pushnumber(L, (lua_Number)(r->end_ns > r->open_ns ? r->end_ns - r->open_ns : 0) / 1e6);
-    lua_setfield(L, -2, "traced_ms");
+    lua_setfield(L, -2, "monitor_ms");
+  }
+  if (r->agent_ns) {
+    lua_pushnumber(L, (lua_Number)r->agent_ns / 1e6);
+    lua_setfield(L, -2, "agent_ms");
   }
   free(w);
   fire_event(h, "window_done", 2);

@@ -34,6 +34,10 @@ typedef struct cm__window_result {
    * (0 and 0 when the window never opened): the span the extra kinds were traced, up to the
    * socket's latency each way. */
   uint64_t open_ns, end_ns;
+  /* The span the agent traced the window's kinds, by its own clock (between the instants it
+   * applied the widening and the narrowing SELECT), or 0 when it did not say (an older agent, or
+   * another selection change in between). */
+  uint64_t agent_ns;
 } cm__window_result;
 typedef void (*cm__window_done_fn)(void *ud, const cm__window_result *r);
 

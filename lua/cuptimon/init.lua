@@ -841,7 +841,8 @@ local function window_done(token, r)
   uv = uv or require "luv"
   local w = { source = part.source, pid = part.pid, file = r.file, records = r.records,
     batches = r.batches, dropped = r.dropped, by_kind = by_kind, error = r.error,
-    ms = uv.now() - part.t0, traced_ms = r.traced_ms, select = h.spec }
+    ms = uv.now() - part.t0, traced_ms = r.agent_ms or r.monitor_ms,
+    traced_by = r.agent_ms and "agent" or r.monitor_ms and "monitor" or nil, select = h.spec }
   h.results[#h.results + 1] = w
   if h.done then
     local ok, err = xpcall(h.done, debug.traceback, w)

@@ -41,8 +41,12 @@ function M.start(opts)
   if opts.copies then sel.memcpy = { "copy_kind", "bytes", "start", "stop", "device" } end
   for _, name in ipairs(opts.kinds or {}) do
     local k = cm.registry.kind(name)
-    if not sel[name] then sel[name] = { k.by_name.start and "start" or k.fields[0].name } end
-    kind_of[name] = true
+    if not k then
+      return nil, ("EINVAL: unknown kind %q; valid kinds: %s"):format(name,
+        table.concat(cm.registry.kind_names(), ", ")), "EINVAL"
+    end
+    if not sel[k.name] then sel[k.name] = { k.by_name.start and "start" or k.fields[0].name } end
+    kind_of[k.name] = true
   end
   s.counted = kind_of
   local d, err, ename = cm.duty { on_ms = on_ms, period_ms = opts.period_ms, seed = opts.seed,
@@ -163,6 +167,205 @@ function S:footer()
       .. "of %.3g launches/s per process (3 / traced seconds)"):format(limit)
   end
   return lines
+end
+
+---------------------------------------------------------------------------------------------------
+-- the recipes' --duty paths (count.lua, top.lua, prometheus.lua): separate from their full-trace
+-- paths, which they leave untouched
+
+--- count.lua --duty: one line per kind at exit, "estimated KIND N ± M (95%, W windows)" (the
+--- totals since each process's start, summed over processes), then the footer.
+function M.count_main(opts, kinds)
+  local s, err = M.start { duty = opts.duty, period_ms = opts.period_ms,
+    seed = opts.seed > 0 and opts.seed or nil, kinds = kinds }
+  if not s then error(err, 0) end
+  cm.on("exit", function()
+    for _, name in ipairs(kinds) do
+      local k = cm.registry.kind(name).name
+      local e = s:sum("kind\t" .. k, "n")
+      if e.below then
+        print(("estimated %s below the detection limit of %.3g records/s (%d windows)")
+          :format(k, e.limit or 0, e.windows))
+      else
+        print(("estimated %s %.0f ± %s (95%%, %d windows)%s"):format(k, e.total,
+          e.total_half and ("%.0f"):format(e.total_half) or "?", e.windows,
+          e.phase and " (phase change: the windows disagree)" or ""))
+      end
+    end
+    for _, l in ipairs(s:footer()) do print(l) end
+    cm.print_shed_notes()
+  end)
+  return s
+end
+
+--- top.lua --duty: per process and device, the kernels by estimated GPU time per second, with
+--- launches/s, GPU ms/s and the estimated totals, each with its ± (95%); at exit and every
+--- opts.interval ms (when set); then the footer.
+function M.top_main(opts, form)
+  local tabulate = require "cuptimon.table"
+  local s, err = M.start { duty = opts.duty, period_ms = opts.period_ms,
+    seed = opts.seed > 0 and opts.seed or nil, kernels = true, form = form }
+  if not s then error(err, 0) end
+  local function report()
+    local any = false
+    for _, p in ipairs(s:processes()) do
+      local by_dev = {}
+      for _, key in ipairs(s:keys(p.source, "kernel")) do
+        local info = s.info[key]
+        by_dev[info.device] = by_dev[info.device] or {}
+        local list = by_dev[info.device]
+        list[#list + 1] = { key = key, name = info.name, t = s:estimate(p.source, key, "t"),
+          n = s:estimate(p.source, key, "n") }
+      end
+      local devs = {}
+      for d in pairs(by_dev) do devs[#devs + 1] = d end
+      table.sort(devs)
+      for _, d in ipairs(devs) do
+        local list = by_dev[d]
+        table.sort(list, function(a, b)
+          if a.t.rate ~= b.t.rate then return a.t.rate > b.t.rate end
+          return a.name < b.name
+        end)
+        if any then print() end
+        any = true
+        print(("pid %d (%s)%s, device %d, estimated from %d windows"):format(p.pid, p.exe,
+          p.rank and ", rank " .. p.rank or "", d, list[1].n.windows))
+        local t = tabulate.new { { "Launches/s", "%.1f", width = 10, align = "right" },
+          { "±", "%.1f", width = 8 },
+          { "GPU ms/s", "%.3f", width = 9 }, { "±", "%.3f", width = 8 },
+          { "Launches", "%.0f", width = 10 }, { "±", "%.0f", width = 8 },
+          { "Avg (us)", "%.1f", width = 8 }, { "Name", align = "left" } }
+        for i = 1, math.min(#list, opts.top) do
+          local e = list[i]
+          t:add(e.n.rate, e.n.half or 0 / 0, e.t.rate * 1e3, e.t.half and e.t.half * 1e3 or 0 / 0,
+            e.n.total, e.n.total_half or 0 / 0, e.n.rate > 0 and e.t.rate / e.n.rate * 1e6 or 0,
+            e.name .. ((e.n.phase or e.t.phase) and "  (phase change)" or ""))
+        end
+        t:print()
+      end
+    end
+    if not any then print("no kernels seen in any window yet") end
+    for _, l in ipairs(s:footer()) do print(l) end
+    cm.print_shed_notes()
+  end
+  if opts.interval > 0 then
+    cm.every(opts.interval, function()
+      print(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
+      report()
+      print()
+      io.stdout:flush()
+    end)
+  end
+  cm.on("exit", function()
+    if opts.interval > 0 then print("== at exit") end
+    report()
+  end)
+  return s
+end
+
+-- The gauges of one estimate: the value and its interval's bounds, as three families.
+local function gauge3(w, family, name, unit, help, rows)
+  local names = { name .. unit, name .. "_lower_bound" .. unit, name .. "_upper_bound" .. unit }
+  local helps = { help .. " (estimate).", help .. ": lower bound of the 95% interval.",
+    help .. ": upper bound of the 95% interval." }
+  for j = 1, 3 do
+    family(names[j], "gauge", helps[j])
+    for _, r in ipairs(rows) do
+      local v
+      if j == 1 then
+        v = r.v
+      elseif r.h then
+        v = j == 2 and math.max(r.v - r.h, 0) or r.v + r.h
+      end
+      if v then w(("%s{%s} %.9g\n"):format(names[j], r.labels, v)) end
+    end
+  end
+end
+
+--- prometheus.lua --duty: the estimated rates as gauges with their 95% bounds as families of
+--- their own, the phase-change flags, and the duty cycle's own state. proc_labels(source) gives
+--- the process labels, escape a label value; top is how many kernels per process and device
+--- are exported (by estimated GPU time).
+function M.prometheus_render(s, w, family, proc_labels, escape, top)
+  local krows = { n = {}, t = {}, total = {}, phase = {} }
+  local crows = { n = {}, b = {}, t = {} }
+  for _, p in ipairs(s:processes()) do
+    local pl = proc_labels(p.source)
+    local by_dev = {}
+    for _, key in ipairs(s:keys(p.source, "kernel")) do
+      local info = s.info[key]
+      local t = s:estimate(p.source, key, "t")
+      by_dev[info.device] = by_dev[info.device] or {}
+      table.insert(by_dev[info.device], { key = key, info = info, t = t })
+    end
+    for dev, list in pairs(by_dev) do
+      table.sort(list, function(a, b)
+        if a.t.rate ~= b.t.rate then return a.t.rate > b.t.rate end
+        return a.info.name < b.info.name
+      end)
+      for i = 1, math.min(#list, top) do
+        local e = list[i]
+        local n = s:estimate(p.source, e.key, "n")
+        local l = ('%s,device="%d",kernel="%s"'):format(pl, dev, escape(e.info.name))
+        table.insert(krows.n, { labels = l, e = n, v = n.rate, h = n.half })
+        table.insert(krows.t, { labels = l, e = e.t, v = e.t.rate, h = e.t.half })
+        table.insert(krows.total, { labels = l, e = n, v = n.total, h = n.total_half })
+        table.insert(krows.phase, { labels = l, v = (n.phase or e.t.phase) and 1 or 0 })
+      end
+    end
+    for _, key in ipairs(s:keys(p.source, "memcpy")) do
+      local info = s.info[key]
+      local l = ('%s,device="%d",copy_kind="%s"'):format(pl, info.device, escape(info.name))
+      for _, m in ipairs { "n", "b", "t" } do
+        local e = s:estimate(p.source, key, m)
+        table.insert(crows[m], { labels = l, e = e, v = e.rate, h = e.half })
+      end
+    end
+  end
+  gauge3(w, family, "cuptimon_estimated_kernel_launches", "_per_second",
+    "Kernel launches per second, estimated from the duty cycle's windows", krows.n)
+  gauge3(w, family, "cuptimon_estimated_kernel_duration", "_seconds_per_second",
+    "GPU time of the kernel per second, estimated from the duty cycle's windows", krows.t)
+  gauge3(w, family, "cuptimon_estimated_kernel_launches_since_start", "",
+    "Kernel launches since the duty cycle met the process, estimated", krows.total)
+  family("cuptimon_estimated_kernel_phase_change", "gauge",
+    "1 when the first and second halves of the windows disagree beyond sampling (a phase change).")
+  for _, r in ipairs(krows.phase) do
+    w(("cuptimon_estimated_kernel_phase_change{%s} %d\n"):format(r.labels, r.v))
+  end
+  gauge3(w, family, "cuptimon_estimated_memcpy_copies", "_per_second",
+    "Memory copies per second, estimated from the duty cycle's windows", crows.n)
+  gauge3(w, family, "cuptimon_estimated_memcpy", "_bytes_per_second",
+    "Bytes copied per second, estimated from the duty cycle's windows", crows.b)
+  gauge3(w, family, "cuptimon_estimated_memcpy_duration", "_seconds_per_second",
+    "Time spent copying per second, estimated from the duty cycle's windows", crows.t)
+  local st = s.duty:stats()
+  family("cuptimon_duty_target_ratio", "gauge", "The duty cycle asked for: window length over period.")
+  w(("cuptimon_duty_target_ratio %.9g\n"):format(st.duty))
+  family("cuptimon_duty_ratio", "gauge", "Time traced over time elapsed since the duty cycle met the process.")
+  local per = {}
+  for _, source in ipairs(s.duty.order) do
+    local p = st.processes[source]
+    per[#per + 1] = { l = proc_labels(source), p = p }
+    w(("cuptimon_duty_ratio{%s} %.9g\n"):format(proc_labels(source),
+      p.elapsed_ms > 0 and p.traced_ms / p.elapsed_ms or 0))
+  end
+  for _, c in ipairs { { "windows", "Windows traced and used for the estimates." },
+    { "skipped", "Windows skipped because the process was overloaded (budget or lag)." },
+    { "discarded", "Windows discarded: they failed, lost records or had a kind shed." } } do
+    local name = c[1] == "windows" and "cuptimon_duty_windows_total"
+      or ("cuptimon_duty_windows_%s_total"):format(c[1])
+    family(name, "counter", c[2])
+    for _, e in ipairs(per) do w(("%s{%s} %d\n"):format(name, e.l, e.p[c[1]])) end
+  end
+  family("cuptimon_duty_detection_limit_launches_per_second", "gauge",
+    "A kernel seen in no window runs below this rate (3 over the seconds traced).")
+  for _, e in ipairs(per) do
+    if e.p.traced_ms > 0 then
+      w(("cuptimon_duty_detection_limit_launches_per_second{%s} %.9g\n"):format(e.l,
+        3000 / e.p.traced_ms))
+    end
+  end
 end
 
 return M
