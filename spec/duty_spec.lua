@@ -8,26 +8,12 @@ local helpers = require "helpers"
 
 local bin = helpers.binary()
 local root = helpers.root()
-local app = os.getenv("CUPTIMON_FAKE_APP")
-local build = os.getenv("CUPTIMON_BUILD_DIR") or ""
+local app, no_app = helpers.agent_app()
 
 local function fixture(name) return root .. "/spec/fixtures/" .. name end
 local function script(name) return root .. "/scripts/" .. name end
 
-local function has_agent()
-  local f = io.open(build .. "/libcuptimon-agent.so", "r")
-  if f then f:close() end
-  return app ~= nil and f ~= nil
-end
-
--- The key=value pairs of the first line of `out` that starts with `prefix`.
-local function pairs_of(out, prefix)
-  local line = out:match("\n" .. prefix .. " ([^\n]*)") or out:match("^" .. prefix .. " ([^\n]*)")
-  assert(line, "no line starting with " .. prefix .. " in:\n" .. out)
-  local t = {}
-  for k, v in line:gmatch("([%w_]+)=(%S*)") do t[k] = tonumber(v) or v end
-  return t
-end
+local pairs_of = helpers.pairs_of
 
 local function list_of(s)
   local t = {}
@@ -101,8 +87,8 @@ describe("cuptimon.duty (API checks)", function()
 end)
 
 describe("duty cycles with the real agent", function()
-  if not has_agent() then
-    pending("the agent (libcuptimon-agent.so) or fake_cuda_app is not built yet")
+  if not app then
+    pending(no_app)
     return
   end
 

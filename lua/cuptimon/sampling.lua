@@ -322,23 +322,23 @@ function M.prometheus_render(s, w, family, proc_labels, escape, top)
       end
     end
   end
-  gauge3(w, family, "cuptimon_estimated_kernel_launches", "_per_second",
-    "Kernel launches per second, estimated from the duty cycle's windows", krows.n)
-  gauge3(w, family, "cuptimon_estimated_kernel_duration", "_seconds_per_second",
-    "GPU time of the kernel per second, estimated from the duty cycle's windows", krows.t)
-  gauge3(w, family, "cuptimon_estimated_kernel_launches_since_start", "",
-    "Kernel launches since the duty cycle met the process, estimated", krows.total)
+  local from = ", estimated from the duty cycle's windows"
+  for _, g in ipairs {
+    { "kernel_launches", "_per_second", "Kernel launches per second" .. from, krows.n },
+    { "kernel_duration", "_seconds_per_second", "GPU time of the kernel per second" .. from, krows.t },
+    { "kernel_launches_since_start", "", "Kernel launches since the duty cycle met the process"
+      .. from, krows.total },
+    { "memcpy_copies", "_per_second", "Memory copies per second" .. from, crows.n },
+    { "memcpy", "_bytes_per_second", "Bytes copied per second" .. from, crows.b },
+    { "memcpy_duration", "_seconds_per_second", "Time spent copying per second" .. from, crows.t },
+  } do
+    gauge3(w, family, "cuptimon_estimated_" .. g[1], g[2], g[3], g[4])
+  end
   family("cuptimon_estimated_kernel_phase_change", "gauge",
     "1 when the first and second halves of the windows disagree beyond sampling (a phase change).")
   for _, r in ipairs(krows.phase) do
     w(("cuptimon_estimated_kernel_phase_change{%s} %d\n"):format(r.labels, r.v))
   end
-  gauge3(w, family, "cuptimon_estimated_memcpy_copies", "_per_second",
-    "Memory copies per second, estimated from the duty cycle's windows", crows.n)
-  gauge3(w, family, "cuptimon_estimated_memcpy", "_bytes_per_second",
-    "Bytes copied per second, estimated from the duty cycle's windows", crows.b)
-  gauge3(w, family, "cuptimon_estimated_memcpy_duration", "_seconds_per_second",
-    "Time spent copying per second, estimated from the duty cycle's windows", crows.t)
   local st = s.duty:stats()
   family("cuptimon_duty_target_ratio", "gauge", "The duty cycle asked for: window length over period.")
   w(("cuptimon_duty_target_ratio %.9g\n"):format(st.duty))
