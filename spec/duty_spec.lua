@@ -41,12 +41,17 @@ local function unstarved(make, rate, ms)
   error("the app was starved of CPU in 3 attempts (is the machine overloaded?):\n" .. out, 2)
 end
 
--- Runs duty_steady.lua ON PERIOD SEED [HIDDEN [BUDGET]] over fake_cuda_app --steady-ms MS ARGS.
+-- The command of duty_steady.lua ON PERIOD SEED [HIDDEN [BUDGET]] over fake_cuda_app
+-- --steady-ms MS --kernel-rate RATE ARGS.
+local function steady_cmd(on, period, seed, ms, rate, app_args, extra)
+  return ("%s %s %d %d %d %s -- %s --steady-ms %d --kernel-rate %d %s"):format(bin,
+    fixture("duty_steady.lua"), on, period, seed, extra or "", app, ms, rate, app_args or "")
+end
+
+-- Runs it, again with another seed while the app was starved (a rate must be known).
 local function steady(on, period, seed, ms, rate, app_args, extra)
   return unstarved(function(attempt)
-    return ("%s %s %d %d %d %s -- %s --steady-ms %d --kernel-rate %d %s"):format(bin,
-      fixture("duty_steady.lua"), on, period, seed + 100 * (attempt - 1), extra or "", app, ms,
-      rate, app_args or "")
+    return steady_cmd(on, period, seed + 100 * (attempt - 1), ms, rate, app_args, extra)
   end, rate, ms)
 end
 
@@ -93,7 +98,8 @@ describe("duty cycles with the real agent", function()
   end
 
   it("each window holds exactly what the app wrote inside it, and nothing is traced between", function()
-    local rc, out = steady(100, 500, 3, 4000, 2000)
+    -- (Starved or not: whatever the app wrote inside a window must be in it.)
+    local rc, out = helpers.sh(steady_cmd(100, 500, 3, 4000, 2000))
     assert.are.equal(0, rc, out)
     local a = pairs_of(out, "fake_cuda_app:")
     local kernels, copies, seen_k, seen_c = {}, {}, {}, {}
@@ -106,6 +112,9 @@ describe("duty cycles with the real agent", function()
         assert.matches("discarded=E[A-Z]+:", line)
       else
         assert.are.equal(0, failed, "a window succeeded after one failed:\n" .. out)
+        -- After its closing fence the agent holds no free buffer: freed, as on a detach (1 or
+        -- 2 stayed before the idle state existed), and measured by the agent's clock.
+        assert.are.same({ 0, "agent" }, { w.buffers_free, w.traced_by }, line)
         kernels[#kernels + 1], copies[#copies + 1] = w.kernels, w.memcpy
         seen_k[#seen_k + 1], seen_c[#seen_c + 1] = w.seen_kernels, w.seen_memcpy
       end
@@ -168,7 +177,8 @@ describe("duty cycles with the real agent", function()
   end)
 
   it("reports a kernel that runs only between windows below the detection limit", function()
-    local rc, out = steady(100, 400, 9, 2400, 1000, "--hidden-kernel hidden_kernel", "hidden_kernel")
+    local rc, out = helpers.sh(steady_cmd(100, 400, 9, 2400, 1000, "--hidden-kernel hidden_kernel",
+      "hidden_kernel"))
     assert.are.equal(0, rc, out)
     local a = pairs_of(out, "fake_cuda_app:")
     assert.is_true(a.hidden_launched > 0 and a.hidden_written == 0, out)
@@ -180,8 +190,8 @@ describe("duty cycles with the real agent", function()
 
   it("skips the windows of a process the budget sheds kinds of, and says so", function()
     -- (Any app will do, starved or not: the budget sees its records arrive above 300 per s.)
-    local rc, out = helpers.sh(("%s %s 100 300 2 hidden_kernel 300 -- %s --steady-ms 3000 --kernel-rate 3000 --copy-every 0")
-      :format(bin, fixture("duty_steady.lua"), app))
+    local rc, out = helpers.sh(steady_cmd(100, 300, 2, 3000, 3000, "--copy-every 0",
+      "hidden_kernel 300"))
     assert.are.equal(0, rc, out)
     assert.matches("\nskip pid=%d+ period=%d+ reason=the record%-rate budget sheds concurrent_kernel", out)
     local s = pairs_of(out, "summary")

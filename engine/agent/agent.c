@@ -483,6 +483,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 #define KV(nm, v) kv[n++] = (cm_wire_kv){.name = nm, .value = (v)}
   KV("buffers_allocated", st.buffers_allocated);
   KV("buffers_outstanding", st.buffers_outstanding);
+  KV("buffers_free", st.buffers_free);
   KV("buffers_decoded", st.buffers_decoded);
   KV("buffers_refused", st.buffers_refused);
   KV("records_decoded", st.records_decoded);
@@ -517,7 +518,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[32]; /* stats_items_locked writes 24 */
+  cm_wire_kv kv[32]; /* stats_items_locked writes 25 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -875,7 +876,11 @@ static void ops_queue_bytes(void *ud, uint64_t bytes) {
 static int ops_flush(void *ud, int mode, uint32_t timeout_ms) {
   (void)ud;
   if (atomic_load(&A.exiting)) return CM_ESTATE;
-  return cm_flush(A.eng, mode, timeout_ms);
+  int rc = cm_flush(A.eng, mode, timeout_ms);
+  /* A fence while nothing is traced (a duty cycle's) used buffers for its sync records: they go
+   * too, so the STATS that follows shows the idle state. */
+  if (A.cadence_idle) cm__engine_trim(A.eng);
+  return rc;
 }
 
 /* The batches the flush delivered are queued already; a STATS frame tells the monitor about
