@@ -67,6 +67,21 @@ describe("cuptimon.duty (API checks)", function()
     assert.matches("unknown option \"colour\"; valid options: fn, max_lag_ms, on_ms, period_ms, pid, seed, select, skip, window", out)
   end)
 
+  it("draws reproducible offsets, spread over the period, one stream per process", function()
+    local cm = require "cuptimon"
+    local a, b = cm.duty_offsets(7, 4242, 2000, 10000, 500), cm.duty_offsets(7, 4242, 2000, 10000, 500)
+    assert.are.same(a, b)
+    local other = cm.duty_offsets(7, 4243, 1, 10000, 500)
+    assert.are_not.equal(a[1], other[1])
+    local sum, lo, hi = 0, math.huge, -math.huge
+    for _, o in ipairs(a) do
+      sum, lo, hi = sum + o, math.min(lo, o), math.max(hi, o)
+    end
+    assert.is_true(lo >= 0 and hi <= 9500, lo .. " " .. hi)
+    -- Uniform on [0, 9500]: the mean of 2000 is 4750 within a few standard errors (61 ms).
+    assert.is_true(math.abs(sum / #a - 4750) < 250, tostring(sum / #a))
+  end)
+
   it("needs live processes: nil, ESTATE under --replay", function()
     local base = os.tmpname()
     local path = base .. "_duty.lua"
@@ -129,6 +144,10 @@ describe("duty cycles with the real agent", function()
     assert.are.same(segs, kernels, out)
     assert.are.same(kernels, seen_k, out)
     assert.are.same(csegs, copies, out)
+    -- The windows' offsets are the seeded stream of seed 3 and this pid, in order.
+    local offsets, want = {}, require("cuptimon").duty_offsets(3, a.pid, #kernels + failed, 500, 100)
+    for o in out:gmatch("\nwindow [^\n]* offset_ms=([%d.]+)") do offsets[#offsets + 1] = tonumber(o) end
+    for i, o in ipairs(offsets) do assert.is_true(math.abs(o - want[i]) < 1e-5, out) end
     assert.are.same(copies, seen_c, out)
     assert.are.equal(0, a.dropped, out)
     -- Between windows the agent idles as a detached one: no flush cadence (flush_ms = 50 was

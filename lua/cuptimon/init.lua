@@ -1135,6 +1135,18 @@ local function pm_next(st)
   return st.rng / 2147483647
 end
 
+-- The generator's start for a duty cycle's seed and a process: one stream per process.
+local function duty_seed(seed, pid) return (seed + pid * 7919) % 2147483646 + 1 end
+
+--- The offsets (ms from each period's start) of the first n windows that cm.duty{ seed = seed }
+--- opens in process pid with these on_ms and period_ms: the same seed and pid give the same
+--- windows, which is what makes a duty-cycled test reproducible.
+function M.duty_offsets(seed, pid, n, period_ms, on_ms)
+  local st, out = { rng = duty_seed(seed, pid) }, {}
+  for i = 1, n do out[i] = pm_next(st) * (period_ms - on_ms) end
+  return out
+end
+
 --- The lag hook of the duty cycle: the lag of a process's records in ms, or nil when unknown.
 --- It reads cm.stats(source).lag_ms, the field the sustained-load issue (18) adds; replace this
 --- function (cm.duty_lag_ms = function(source) ... end) to use another measure.
@@ -1169,10 +1181,15 @@ end
 -- Schedules process st's next window: the one of period st.k, never in the past.
 local function duty_schedule(d, st)
   if d.closed or st.gone then return end
+  -- Periods that have ended already (a window or its fences overran, or the loop was held) get
+  -- no window: the next one is in the current period, not crowded into the past.
+  local now = uv.now()
+  while st.t0 + (st.k + 1) * d.period_ms <= now do st.k = st.k + 1 end
   local offset = pm_next(st) * (d.period_ms - d.on_ms)
+  st.offset = offset
   local at = st.t0 + st.k * d.period_ms + offset
   st.k = st.k + 1
-  st.timer = M.after(math.max(math.floor(at - uv.now()), 0), function()
+  st.timer = M.after(math.max(math.floor(at - now), 0), function()
     st.timer = nil
     d:_open(st)
   end)
@@ -1213,7 +1230,7 @@ end
 
 function Duty:_done(st, w)
   st.window = nil
-  w.period = st.k
+  w.period, w.offset_ms = st.k, st.offset
   local why
   if w.error then
     why = w.error
@@ -1240,8 +1257,8 @@ end
 function Duty:_track(source, pid)
   if self.closed or self.procs[source] then return end
   if self.pid and pid ~= self.pid then return end
-  local seed = (self.seed + pid * 7919) % 2147483646 + 1
-  local st = { source = source, pid = pid, t0 = uv.now(), k = 0, rng = seed, windows = 0,
+  local st = { source = source, pid = pid, t0 = uv.now(), k = 0, rng = duty_seed(self.seed, pid),
+    windows = 0,
     skipped = 0, discarded = 0, traced_ms = 0 }
   self.procs[source] = st
   self.order[#self.order + 1] = source
@@ -1294,7 +1311,8 @@ end
 ---   seed = n         the offsets' seed (default: from the clock); the same seed and pid give
 ---                    the same offsets
 ---   fn = f(b)        an observer of the windows' batches (b.source says whose)
----   window = f(w)    each closed window: the w of cm.window plus period, ok (a usable sample)
+---   window = f(w)    each closed window: the w of cm.window plus period, offset_ms (its planned
+---                    offset in the period, cm.duty_offsets), ok (a usable sample)
 ---                    and discarded (why not: it failed, lost records, or a kind was shed)
 ---   skip = f(ev)     each skipped window: { source, pid, reason, period }
 ---   max_lag_ms = n   skip a process whose records lag more than this (default 2000; see
