@@ -10,8 +10,8 @@
 # with an upper bound of at most 1.03.
 #
 # A duty cycle only shows its cost over many periods, so the runs are long and the period short
-# by default: LAUNCHES=2000000 empty launches (about 5 s on an H200) and OPS=300000 ops (about
-# 4 s), DUTY_PERIOD_MS=1000 (windows of 50 and 100 ms, 4 to 5 per run). With the recipes' 10 s
+# by default: LAUNCHES=1500000 empty launches (about 4 s on an H200) and OPS=250000 ops (about
+# 3 s), DUTY_PERIOD_MS=1000 (windows of 50 and 100 ms, 3 or 4 per run). With the recipes' 10 s
 # period a run would hold one window or none. The budget (BUDGET_S, default 540) stops starting
 # rounds that would end past it: 10 rounds x 3 configurations x 2 workloads x about 5 s fit.
 # Output: tables on stdout and in $OUT/overhead.md (OUT defaults to /tmp/cuptimon-duty-overhead),
@@ -21,8 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash bench/duty_overhead.sh BUILD_DIR" >&2; exit 2; }
 export CONFIGS=${CONFIGS:-untraced,duty05,duty10}
-export LAUNCHES=${LAUNCHES:-2000000}
-export OPS=${OPS:-300000}
+export LAUNCHES=${LAUNCHES:-1500000}
+export OPS=${OPS:-250000}
 export DUTY_PERIOD_MS=${DUTY_PERIOD_MS:-1000}
 export OUT=${OUT:-/tmp/cuptimon-duty-overhead}
 export OVERHEAD_COMMAND="bash bench/duty_overhead.sh BUILD_DIR (CONFIGS=$CONFIGS LAUNCHES=$LAUNCHES OPS=$OPS DUTY_PERIOD_MS=$DUTY_PERIOD_MS ROUNDS=${ROUNDS:-10})"
