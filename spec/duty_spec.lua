@@ -218,6 +218,17 @@ describe("duty cycles with the real agent", function()
     assert.matches("note: skipped %d+ windows of pid %d+: the record%-rate budget sheds concurrent_kernel", out)
   end)
 
+  it("skips the windows of a process whose records lag, through the lag hook", function()
+    local rc, out = helpers.sh("DUTY_LAG_MS=5000 " .. steady_cmd(100, 300, 2, 1500, 1000))
+    assert.are.equal(0, rc, out)
+    assert.matches("\nskip pid=%d+ period=%d+ reason=its records lag 5000 ms %(over 2000%)", out)
+    assert.is_nil(out:find("\nwindow "), out)
+    local s = pairs_of(out, "summary")
+    assert.are.same({ 0, true }, { s.windows, s.skipped >= 3 }, out)
+    -- Nothing was traced: the app wrote no record.
+    assert.are.equal(0, pairs_of(out, "fake_cuda_app:").concurrent_kernel, out)
+  end)
+
   it("count --duty prints estimated totals with intervals and the footer", function()
     local rc, out = unstarved(function(attempt)
       return ("%s %s --duty 0.25 --period-ms 400 --seed %d --kinds kernel,memcpy -- %s --steady-ms 2400 --kernel-rate 2000")
