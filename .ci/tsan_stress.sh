@@ -9,11 +9,15 @@
 # busy loop. LOAD=none runs without it. The script configures and builds build-tsan the way
 # .ci/test does, runs `ctest -L unit -E cli_static_deps` with as many jobs as cores, keeps the
 # output of every failing run in build-tsan/stress/, and exits non-zero if any run failed.
+# TESTS=REGEX runs only the tests whose names match (ctest -R), for example
+# `TESTS=lua_window_spec .ci/tsan_stress.sh 50` for one spec 50 times in a row.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-20}
 jobs=$(nproc)
 load=${LOAD:-auto}
+select=()
+if [ -n "${TESTS:-}" ]; then select=(-R "$TESTS"); fi
 
 cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DCUPTIMON_TSAN=ON -DCUPTIMON_GPU_TESTS=OFF >/dev/null
 nice cmake --build build-tsan -j"$jobs" >/dev/null
@@ -48,14 +52,15 @@ case "$load" in
     exit 2
     ;;
 esac
-echo "tsan_stress: $runs runs of the TSan unit suite, -j$jobs, load: $load"
+echo "tsan_stress: $runs runs of the TSan unit suite${TESTS:+ (tests matching $TESTS)}, -j$jobs, load: $load"
 
 failed=0
 t_all=$(date +%s)
 for i in $(seq "$runs"); do
   t0=$(date +%s)
   log=build-tsan/stress/run$i.log
-  if ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L unit -E cli_static_deps >"$log" 2>&1; then
+  if ctest --test-dir build-tsan --output-on-failure -j"$jobs" -L unit -E cli_static_deps "${select[@]}" \
+    --no-tests=error >"$log" 2>&1; then
     echo "run $i/$runs: passed in $(($(date +%s) - t0)) s"
     rm -f "$log"
   else

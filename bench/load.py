@@ -100,6 +100,7 @@ def run_sampled(argv, interval, log_path):
         p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         samples = []
         status = None
+        agent_seen, gone_mono = None, None
         while status is None:
             t = time.monotonic() - t0
             kids = children(p.pid)
@@ -111,8 +112,15 @@ def run_sampled(argv, interval, log_path):
             tc = threads_cpu(agent) if agent else None
             row["agent_launch_cpu_s"], row["agent_other_cpu_s"] = tc if tc else (None, None)
             samples.append(row)
+            agent_seen = agent_seen or agent
             deadline = time.monotonic() + interval
             while time.monotonic() < deadline:
+                # The traced process's end (gone, or a zombie waiting for the monitor's reap),
+                # to 50 ms: the exit's length is measured from main's return to it.
+                if agent_seen and gone_mono is None:
+                    st_agent = proc_state(agent_seen)
+                    if st_agent is None or st_agent == "Z":
+                        gone_mono = time.monotonic()
                 pid, st, ru = os.wait4(p.pid, os.WNOHANG)
                 if pid:
                     status = os.waitstatus_to_exitcode(st)
@@ -121,7 +129,17 @@ def run_sampled(argv, interval, log_path):
                 time.sleep(min(0.05, interval))
     with open(log_path, errors="replace") as f:
         out = f.read()
-    return status, out, samples, total_cpu
+    return status, out, samples, total_cpu, gone_mono
+
+
+def proc_state(pid):
+    """The state letter of /proc/PID/stat (R, S, Z, ...), or None when the process is gone."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            s = f.read()
+    except OSError:
+        return None
+    return s[s.rindex(")") + 2:].split()[0]
 
 
 def num(pattern, text, group=1, conv=float):
@@ -133,9 +151,11 @@ def one_run(a, threads, seconds, name):
     argv = [os.path.join(a.build, "cuptimon-lua"), os.path.join(ROOT, "bench", "sum_durations.lua"),
             "--", a.loop, "--threads", str(threads),
             "--seconds", str(seconds)]
-    status, out, samples, total_cpu = run_sampled(argv, a.interval,
-                                                  os.path.join(a.out, name + ".log"))
+    status, out, samples, total_cpu, gone_mono = run_sampled(argv, a.interval,
+                                                             os.path.join(a.out, name + ".log"))
     r = {"threads": threads, "seconds": seconds, "status": status}
+    main_ns = num(r"^MAIN_RETURN_MONO_NS (\d+)", out, conv=int)
+    r["exit_ms"] = (1000 * gone_mono - main_ns / 1e6) if main_ns and gone_mono else None
     r["launches"] = num(r"^RESULT sweep threads \d+ launches (\d+)", out, conv=int)
     r["launch_seconds"] = num(r"^RESULT sweep .* seconds ([\d.]+)", out)
     r["launches_per_s"] = num(r"launches_per_s ([\d.]+)", out)
@@ -171,7 +191,11 @@ def one_run(a, threads, seconds, name):
         w.writeheader()
         w.writerows(samples)
     expected = 2 * r["launched_total"] if r["launched_total"] else None
+    # The exit may add at most the agent's exit budget (2 s by default) plus 100 ms.
+    budget = int(os.environ.get("CUPTIMON_EXIT_BUDGET_MS", "2000"))
+    r["exit_ok"] = r["exit_ms"] is None or r["exit_ms"] <= budget + 100
     r["ok"] = (status == 0 and r["dropped"] == 0 and r["incomplete"] == 0 and not r["lost_line"]
+               and r["exit_ok"]
                and r["kernels"] == r["launched_total"] and expected is not None
                and (r["delivered"] or 0) >= expected)
     return r
@@ -185,13 +209,14 @@ def sweep(a):
     rows = []
     print("| launching threads | launches/s | records/s to the script | records delivered | "
           "lost (cupti / agent / exit / wire) | agent CPU (% of a core; CUPTI + agent threads) | "
-          "monitor CPU (% of a core) | agent RSS peak (MiB) | monitor RSS peak (MiB) | exit |")
-    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
+          "monitor CPU (% of a core) | agent RSS peak (MiB) | monitor RSS peak (MiB) | exit | "
+          "main's return to the process's end (ms) |")
+    print("|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for t in a.threads:
         r = one_run(a, t, a.seconds, "sweep_t%d" % t)
         rows.append(r)
         secs = r["launch_seconds"] or a.seconds
-        print("| %d | %s | %s | %s | %s (%s / %s / %s / %s) | %s (%s) | %s | %s | %s | %s%s |" % (
+        print("| %d | %s | %s | %s | %s (%s / %s / %s / %s) | %s (%s) | %s | %s | %s | %s%s | %s |" % (
             t, g(r["launches_per_s"]), g(r.get("delivered_per_launch_s")), g(r["delivered"]),
             g(r["dropped"]), g(r["dropped_cupti"]), g(r["dropped_agent"]), g(r["dropped_exit"]),
             g(r["lost_wire"]),
@@ -200,7 +225,7 @@ def sweep(a):
             g(100 * r["monitor_cpu_s"] / secs if r["monitor_cpu_s"] is not None else None),
             g(r["agent_rss_peak_kib"] and r["agent_rss_peak_kib"] / 1024, "%.1f"),
             g(r["monitor_rss_peak_kib"] and r["monitor_rss_peak_kib"] / 1024, "%.1f"),
-            r["status"], "" if r["ok"] else " FAILED"), flush=True)
+            r["status"], "" if r["ok"] else " FAILED", g(r["exit_ms"])), flush=True)
         if r["lost_line"]:
             print("    " + r["lost_line"])
     return rows
@@ -208,6 +233,14 @@ def sweep(a):
 
 def long_run(a):
     r = one_run(a, a.threads[0], a.seconds, "long_run")
+    # Memory stays flat (issue 18): each resident set grows by less than 1 MiB/min over the second
+    # half of the run.
+    for key in ("agent", "monitor"):
+        slope = r.get(key + "_rss_slope_kib_per_min")
+        if slope is not None and slope >= 1024:
+            r["ok"] = False
+            print("%s: the resident set grew %.0f KiB/min over the second half (the bound is "
+                  "1024)" % (key, slope))
     print("| process | RSS peak (MiB) | RSS slope, second half (KiB/min) | CPU (% of a core) |")
     print("|---|--:|--:|--:|")
     secs = r["launch_seconds"] or a.seconds
@@ -217,8 +250,10 @@ def long_run(a):
                                          g(r.get(key + "_rss_slope_kib_per_min"), "%.1f"),
                                          g(cpu and 100 * cpu / secs)))
     print("launch_loop --threads %d: %s launches in %s s (%s/s); %s records delivered, %s lost; "
-          "exit %s" % (r["threads"], g(r["launches"]), g(r["launch_seconds"], "%.1f"),
-                       g(r["launches_per_s"]), g(r["delivered"]), g(r["dropped"]), r["status"]))
+          "exit %s, %s ms from main's return to the process's end" % (
+              r["threads"], g(r["launches"]), g(r["launch_seconds"], "%.1f"),
+              g(r["launches_per_s"]), g(r["delivered"]), g(r["dropped"]), r["status"],
+              g(r["exit_ms"])))
     if r["lost_line"]:
         print(r["lost_line"])
     return [r]

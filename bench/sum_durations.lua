@@ -7,6 +7,12 @@
 --   DELIVERED records N seconds T records_per_s X     (T: from the first batch to the last)
 --   LOSS dropped D dropped_cupti C dropped_agent A dropped_exit E lost_wire W lost_frames F incomplete I
 --
+-- and, once a second while it runs, where the backlog is, stage by stage (cm.stats(); ms of lag
+-- from a record's timestamp to CUPTI completing its buffer, to the agent's decoder, the decode
+-- queue's and the send queue's waits, to the monitor; the agent's unsent records; records/s):
+--
+--   LAG t_s T cupti_ms C decode_ms D decode_wait_ms Q send_wait_ms S recv_ms R backlog B delivered_per_s N
+--
 -- Usage: cuptimon-lua bench/sum_durations.lua -- cmd args...
 local cm = require "cuptimon"
 local uv = require "luv"
@@ -26,6 +32,17 @@ cm.observe({ kernel = { "start", "stop" }, runtime = { "cbid", "start", "stop" }
     kernel_ns = kernel_ns + sum
     kernels = kernels + b.n
   end
+end)
+
+local t0, last_n = uv.hrtime(), 0
+cm.every(1000, function()
+  local s = cm.stats()
+  local n = kernels + calls
+  print(("LAG t_s %.1f cupti_ms %.1f decode_ms %.1f decode_wait_ms %.1f send_wait_ms %.1f recv_ms %.1f "
+    .. "backlog %d delivered_per_s %d"):format((uv.hrtime() - t0) / 1e9, s.lag_cupti_ns / 1e6,
+    s.lag_decode_ns / 1e6, s.decode_wait_ns / 1e6, s.send_wait_ns / 1e6, s.lag_recv_ns / 1e6,
+    s.backlog_records, n - last_n))
+  last_n = n
 end)
 
 cm.on("exit", function()

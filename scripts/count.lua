@@ -75,4 +75,5 @@ cm.on("exit", function()
   end
   print_table("kind", total)
   cm.print_shed_notes()
+  cm.print_lag_notes()
 end)

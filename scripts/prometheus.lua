@@ -33,6 +33,11 @@
 --   cuptimon_records_total{host,pid,executable,kind}    records decoded, per activity kind
 --   cuptimon_records_dropped_total{host,pid,executable,cause}  records lost (cm.stats(): cupti,
 --                                                       agent, exit, wire)
+--   cuptimon_lag_seconds{host,pid,executable}           how late the newest records reached the
+--                                                       exporter (cm.stats() lag_s: the view is
+--                                                       that far behind the application)
+--   cuptimon_lag_peak_seconds{host,pid,executable}      the largest lag seen
+--   cuptimon_backlog_records{host,pid,executable}       records the agent had not yet sent
 -- With --pm-devices, gauges of the mean over the PM samples since the previous scrape (the last
 -- value when none arrived), and a counter of the samples:
 --   cuptimon_gpu_sm_active_ratio{...}                   SM active cycles over elapsed, 0..1
@@ -281,7 +286,7 @@ observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, functi
 end)
 
 -- The last counters of each source, never lower than the ones exported before.
-local source_counts = {} -- source -> { kinds = { name -> n }, lost = { cause -> n } }
+local source_counts = {} -- source -> { kinds = { name -> n }, lost = { cause -> n }, lag = st }
 local LOSS = { { "cupti", "dropped_cupti" }, { "agent", "dropped_agent" }, { "exit", "dropped_exit" },
   { "wire", "lost_wire" } }
 
@@ -297,6 +302,7 @@ local function update_counts()
     end
     local st = cm.stats(source)
     if st then
+      c.lag = { st.lag_s, st.lag_peak_s, st.backlog_records }
       for k, n in pairs(st.records_by_kind) do
         if n > (c.kinds[k] or 0) then c.kinds[k] = n end
       end
@@ -430,6 +436,16 @@ local function render()
     local c, l = source_counts[source], proc_labels(source)
     for _, loss in ipairs(LOSS) do
       w(('cuptimon_records_dropped_total{%s,cause="%s"} %.0f\n'):format(l, loss[1], c.lost[loss[1]] or 0))
+    end
+  end
+  for i, m in ipairs { { "cuptimon_lag_seconds", "How late the newest records reached the exporter." },
+    { "cuptimon_lag_peak_seconds", "The largest lag of the records reaching the exporter." },
+    { "cuptimon_backlog_records", "Records the agent had decoded but not yet sent." } } do
+    family(m[1], "gauge", m[2])
+    for _, source in ipairs(sources) do
+      local c = source_counts[source]
+      local v = c.lag and c.lag[i] or 0
+      w(("%s{%s} %s\n"):format(m[1], proc_labels(source), i == 3 and ("%.0f"):format(v) or ("%.6f"):format(v)))
     end
   end
   render_pm(w, family)

@@ -143,6 +143,7 @@ local function report(deltas)
     print_group(e.key, e.g, deltas)
   end
   cm.print_shed_notes()
+  cm.print_lag_notes()
 end
 
 if opts.interval > 0 then

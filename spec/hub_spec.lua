@@ -393,6 +393,50 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
+  -- Issue 18, item 3: the exit is bounded whatever CUPTI does. Once the workload is done every
+  -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush did under a backlog on the H200); the
+  -- agent leaves its final flush behind at the budget's deadline, and the monitor reports the
+  -- unknown tail: a LOST line and status 3.
+  it("exits within the budget when CUPTI's flush blocks at exit, and reports the tail as lost", function()
+    local t0 = os.time()
+    local rc, out = helpers.sh(("CUPTIMON_EXIT_BUDGET_MS=2000 %s %s -- %s --records 20000 --kinds kernel,memcpy --flush-block-ms 10000")
+      :format(bin, script("count.lua"), app))
+    local took = os.time() - t0
+    assert.are.equal(3, rc, out)
+    assert.matches("cuptimon%-lua: LOST [^\n]*the records CUPTI still held are unknown", out)
+    assert.matches("final flush did not return within the budget", out)
+    -- Whole seconds, generous for a loaded machine: without the bound it took over 20 s.
+    assert.is_true(took <= 7, ("the run took %d s\n%s"):format(took, out))
+  end)
+
+  -- Issue 19, item 3: one same-uid process floods the socket with connections that send nothing
+  -- while ten CUDA processes start, each silent for 50 ms while CUPTI loads (as on a GPU). The
+  -- gate evicts the flooder's own idle connections first, and an agent whose connection was
+  -- closed anyway connects once more: every process is traced. Without that, none of the ten was.
+  it("traces every process during a connect flood", function()
+    local flood = fixture("connect_flood.py")
+    local cmd = ("python3 %s \"$CUPTIMON_SOCKET\" 4 & sleep 0.5; for i in 1 2 3 4 5 6 7 8 9 10; do "
+      .. "%s --records 1000 --kinds kernel & sleep 0.2; done; wait"):format(flood, app)
+    local rc, out = helpers.sh(("FAKE_CUPTI_SUBSCRIBE_DELAY_MS=50 %s %s --per-process -- sh -c '%s'")
+      :format(bin, script("count.lua"), cmd))
+    assert.are.equal(0, rc, out)
+    local _, traced = out:gsub("\npid %d+%s+records\n", "")
+    assert.are.equal(10, traced, out)
+    assert.matches("connect_flood: %d+ connections", out)
+    assert.is_nil(out:find("cannot send HELLO: [^\n]*tracing off"), out)
+  end)
+
+  -- A process that the gate saw and lost (its HELLO cut short) counts as lost: LOST, status 3.
+  it("reports a process whose handshake was cut short as lost", function()
+    local partial = "python3 " .. fixture("partial_hello.py") .. " 1.5"
+    local rc, out = helpers.sh(("CUPTIMON_HELLO_TIMEOUT_MS=300 %s %s -- sh -c '%s & %s --records 1000 --kinds kernel; wait'")
+      :format(bin, script("count.lua"), partial, app))
+    assert.are.equal(3, rc, out)
+    local pid = out:match("partial (%d+)")
+    assert.is_not_nil(pid, out)
+    assert.matches("cuptimon%-lua: LOST every record of 1 process whose handshake was cut short[^\n]*pid " .. pid, out)
+  end)
+
   it("exits with the reaped status when the command fails after its agent's BYE", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --teardown-abort --exit-code 5")
       :format(bin, fixture("time_to_table.lua"), app))

@@ -83,6 +83,49 @@ describe("trigger windows, the budget and spike with the real agent", function()
     assert.are.same({ 1000, 1000, 2000 }, { t.concurrent_kernel, t.runtime, t.total }, rout)
   end)
 
+  it("windows back to back under a high rate lose nothing: fn sees every record the windows count", function()
+    local rc, out = helpers.sh(("%s %s 60 40 -- %s --records 1200000 --kinds kernel,runtime --rate 600000")
+      :format(bin, fixture("window_storm.lua"), app))
+    local a = pairs_of(out, "fake_cuda_app:")
+    local st = pairs_of(out, "storm")
+    assert.is_true(st.windows >= 5, out)
+    -- fn receives the window's tail (the records delivered by the narrowing and the closing fence).
+    assert.are.equal(st.win_runtime, st.fn_runtime, out)
+    assert.are.equal(st.runtime_total, st.win_runtime, out)
+    -- Every runtime record the app wrote (only while a window was open) reached the script, or is
+    -- counted as lost, with the LOST line and status 3.
+    if st.dropped == 0 then
+      assert.are.equal(0, rc, out)
+      assert.are.equal(a.runtime, st.runtime_total, out)
+    else
+      assert.are.equal(3, rc, out)
+      assert.matches("LOST", out)
+      assert.are.equal(a.runtime, st.runtime_total + st.dropped, out)
+    end
+  end)
+
+  it("shows how far behind the script is, and a budget sheds on lag", function()
+    local env = "FAKE_CUPTI_NOW_STAMPS=1 "
+    local rc, out = helpers.sh(("%s%s %s 150 0 -- %s --records 300000 --kinds kernel,runtime --rate 100000")
+      :format(env, bin, fixture("lag_slow.lua"), app))
+    -- The slow script also makes the agent's exit drop what it could not send: 0, or 3 with LOST.
+    assert.is_truthy(rc == 0 or (rc == 3 and out:find("LOST")), out)
+    local l = pairs_of(out, "lag")
+    -- A script that sleeps 150 ms per batch falls seconds behind: it sees so live, and is told.
+    assert.is_true(l.live_peak_s > 0.5, out)
+    assert.is_true(l.peak_s >= l.live_peak_s, out)
+    assert.is_true(l.decode_peak_ns > 0, out)
+    assert.matches("note: the records of pid %d+ reached the script up to [%d.]+ s late", out)
+    -- The same script under a lag budget of 300 ms: runtime is shed once the lag passes it.
+    rc, out = helpers.sh(("%s%s %s 150 300 -- %s --records 300000 --kinds kernel,runtime --rate 100000")
+      :format(env, bin, fixture("lag_slow.lua"), app))
+    local sh = pairs_of(out, "shed")
+    assert.are.equal("runtime", sh.kind, out)
+    assert.is_true(sh.lag_s * 1000 > 300, out)
+    assert.are.equal(300, sh.lag_ms, out)
+    assert.is_truthy(rc == 0 or rc == 3, out)
+  end)
+
   it("a budget sheds kinds in order while the rate is high and restores them once low", function()
     local rc, out = helpers.sh(("%s %s 10000 -- %s --records 20000 --kinds kernel,runtime --rounds 10 --pause-ms 100 --linger-ms 2500")
       :format(bin, fixture("budget_rounds.lua"), app))

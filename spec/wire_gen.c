@@ -4,6 +4,7 @@
  *
  *   wire_gen capture PATH [--pid P] [--records N] [--kinds k1,k2] [--truncate BYTES] [--corrupt AT]
  *                         [--drop-batch K] [--no-end] [--unknown-type T] [--rank R]
+ *                         [--hostile-names] [--small-ids]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES]
  *                  [--cupti-dropped N] [--no-end]
@@ -11,7 +12,9 @@
  *
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
  * stop = start + 500 + (i % 7) * 100 (end, completed likewise), string fields cycle over three
- * names, other fields hold i. Every field of the registry is carried (a capture) or every field
+ * names (--hostile-names: names with quotes and SQL, a NUL, invalid UTF-8), other fields hold
+ * i (--small-ids: i % 4, so a run has four threads, devices, contexts... as a real one has a
+ * few). Every field of the registry is carried (a capture) or every field
  * of the monitor's SELECT (an agent), so a test can compute exact counts and sums. With
  * --rank R, HELLO carries RANK=R and WORLD_SIZE=R+1 in its environment list. With
  * --unknown-type T, a capture's string columns are written with cm_type T (one this version does
@@ -59,7 +62,14 @@ static char rank_store[2][32];
 static uint64_t drop_batch, cupti_dropped;
 static int no_end;
 static const char *names[3] = {"kernelA", "kernelB", "_Z7kernelCv"};
+static uint32_t names_len[3]; /* 0: strlen; --hostile-names sets them (a name holds a NUL) */
+/* --hostile-names: quotes and SQL, an embedded NUL, invalid UTF-8 (a lone continuation byte,
+ * 0xFF, a truncated sequence at the end), for the exporters' escaping tests. */
+static const char hostile[3][32] = {"k'\"; DROP TABLE StringIds; --", "nul\0inside",
+                                    "bad\x80\xffutf8\xc3"};
+static const uint32_t hostile_len[3] = {29, 10, 10};
 static int unknown_type; /* --unknown-type: the type written for string columns, 0 for STR */
+static int small_ids;    /* --small-ids: the other fields hold i % 4 (few threads, devices, ...) */
 
 static void parse_kinds(const char *s) {
   char buf[512];
@@ -105,7 +115,9 @@ static void schema(cm_wire_buf *b) {
 static void strings(cm_wire_buf *b) {
   cm_wire_string e[3];
   for (int i = 0; i < 3; i++)
-    e[i] = (cm_wire_string){.id = (uint32_t)i + 1, .len = (uint32_t)strlen(names[i]), .bytes = names[i]};
+    e[i] = (cm_wire_string){.id = (uint32_t)i + 1,
+                            .len = names_len[i] ? names_len[i] : (uint32_t)strlen(names[i]),
+                            .bytes = names[i]};
   cm_wire_write_strings(b, e, 3);
 }
 
@@ -134,6 +146,7 @@ static void batch(cm_wire_buf *b, int kind, uint64_t from, uint64_t to, const cm
       else if (!strcmp(fi.name, "copy_kind")) v = 1 + i % 2;
       else if (!strcmp(fi.name, "cbid")) v = i % 3 == 0 ? 211 : i % 3 == 1 ? 31 : 13;
       else if (!strcmp(fi.name, "stream") || !strcmp(fi.name, "stream_id")) v = i % 2;
+      else if (small_ids) v = i % 4;
       uint8_t *p = (uint8_t *)data[nc] + r * fi.width;
       memcpy(p, &v, fi.width); /* little-endian host */
     }
@@ -440,6 +453,9 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--drop-batch")) drop_batch = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--cupti-dropped")) cupti_dropped = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--no-end")) no_end = 1;
+    else if (!strcmp(a, "--small-ids")) small_ids = 1;
+    else if (!strcmp(a, "--hostile-names"))
+      for (int k = 0; k < 3; k++) names[k] = hostile[k], names_len[k] = hostile_len[k];
     else {
       fprintf(stderr, "wire_gen: unknown option %s\n", a);
       return 2;

@@ -97,6 +97,8 @@ typedef struct qframe {
   size_t len;
   uint32_t records; /* records in a BATCH frame, 0 otherwise */
   bool batch;
+  bool stats; /* a STATS frame: its counts describe the batches queued ahead of it */
+  uint64_t queued_ns; /* CLOCK_MONOTONIC when it was queued */
 } qframe;
 
 static struct agent {
@@ -162,7 +164,6 @@ static struct agent {
 
   /* Callback state: only on_batch touches it, and the engine serializes callbacks. */
   uint32_t cb_strings_sent; /* string ids below this were queued (id 0 is never sent) */
-  uint32_t cb_newest;       /* the newest observer generation seen in a callback */
   uint64_t cb_last_seq;
   int32_t cb_last_kind;
   uint32_t cb_number;       /* the last BATCH frame number given (docs/wire.md: BATCH) */
@@ -174,6 +175,11 @@ static struct agent {
   _Atomic bool ctl_stop;
   _Atomic bool tracing;    /* an observer is registered */
   _Atomic bool cut;        /* the exit deadline passed: what is still queued is dropped */
+  _Atomic bool sender_drained; /* the sender stopped with the queue empty: BYE was written */
+  /* The exit's final flush was abandoned at its deadline, or cut short, so what CUPTI and the
+   * decoder still held is not known (STATS exit_tail_unknown; the monitor reports the process as
+   * incomplete). */
+  _Atomic bool tail_unknown;
   /* Every record the observer received ends in exactly one of records_sent (or still queued),
    * records_dropped_agent (the queue was full, or the connection failed) and
    * records_dropped_exit (still queued when the exit deadline passed). */
@@ -185,6 +191,9 @@ static struct agent {
    * saw exactly two (its widening and its narrowing) traced its kinds for last - prev. Written
    * by the control thread, read for STATS. */
   _Atomic uint64_t selects_applied, select_last_ns, select_prev_ns;
+  /* How long the last BATCH frame sent had waited in the queue, and the peak (STATS). */
+  _Atomic uint64_t send_wait_ns, send_wait_peak_ns;
+  uint64_t cb_stats_ms; /* when on_batch last queued a STATS frame (callback state) */
 } A = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
     .send_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -306,6 +315,7 @@ static void count_dropped(uint64_t batches, uint64_t records) {
 /* Appends f (filled in by the caller) to the queue. send_mu held. */
 static void q_link_locked(qframe *f) {
   f->next = NULL;
+  f->queued_ns = cm__mono_ms() * 1000000ull;
   if (A.tail)
     A.tail->next = f;
   else
@@ -357,6 +367,7 @@ static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
   f->data = data;
   f->len = len;
   f->batch = batch;
+  f->stats = false;
   f->records = records;
   q_link_locked(f);
   pthread_mutex_unlock(&A.send_mu);
@@ -416,7 +427,11 @@ static void *sender_main(void *arg) {
   pthread_mutex_lock(&A.send_mu);
   for (;;) {
     while (!A.head && !A.q_dead && !A.sender_stop) pthread_cond_wait(&A.q_cv, &A.send_mu);
-    if (A.q_dead || (!A.head && A.sender_stop)) break;
+    if (A.q_dead) break;
+    if (!A.head && A.sender_stop) {
+      atomic_store(&A.sender_drained, true);
+      break;
+    }
     qframe *f = A.head;
     A.head = f->next;
     if (!A.head) A.tail = NULL;
@@ -430,6 +445,11 @@ static void *sender_main(void *arg) {
       if (f->batch) {
         INC(batches_sent, 1);
         INC(records_sent, f->records);
+        uint64_t now = cm__mono_ms() * 1000000ull;
+        uint64_t wait = now > f->queued_ns ? now - f->queued_ns : 0;
+        atomic_store_explicit(&A.send_wait_ns, wait, memory_order_relaxed);
+        if (wait > GET(send_wait_peak_ns))
+          atomic_store_explicit(&A.send_wait_peak_ns, wait, memory_order_relaxed);
       }
     } else if (f->batch) {
       count_dropped(1, f->records);
@@ -502,6 +522,13 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("selects_applied", GET(selects_applied));
   KV("select_last_ns", GET(select_last_ns));
   KV("select_prev_ns", GET(select_prev_ns));
+  KV("exit_tail_unknown", atomic_load(&A.tail_unknown) ? 1 : 0);
+  KV("lag_cupti_ns", st.lag_cupti_ns);
+  KV("lag_decode_ns", st.lag_decode_ns);
+  KV("lag_decode_peak_ns", st.lag_decode_peak_ns);
+  KV("decode_wait_ns", st.decode_wait_ns);
+  KV("send_wait_ns", GET(send_wait_ns));
+  KV("send_wait_peak_ns", GET(send_wait_peak_ns));
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -518,7 +545,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[32]; /* stats_items_locked writes 25 */
+  cm_wire_kv kv[48]; /* stats_items_locked writes at most 35 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -527,6 +554,7 @@ static void q_link_stats_locked(const cm_stats *st) {
     f->data = b.data;
     f->len = b.len;
     f->batch = false;
+    f->stats = true;
     f->records = 0;
     q_link_locked(f);
   } else {
@@ -584,9 +612,13 @@ static void push_new_strings(void) {
  * older than the newest one seen is retired, and a repeat of the (seq, kind) just sent is
  * skipped. */
 static void on_batch(void *ud, const cm_batch *b) {
-  uint32_t gen = (uint32_t)(uintptr_t)ud;
-  if (gen > A.cb_newest) A.cb_newest = gen;
-  if (gen < A.cb_newest) return;
+  /* While one observer replaces another (apply_selection adds the new one first), the engine
+   * hands a drain's batch of a kind both select to the new observer and then to the old one:
+   * the second is the same records, skipped here by its seq. A kind only the old observer selects
+   * (one the new selection turns off) reaches the old observer alone, and is forwarded: those are
+   * the records written before the kind was turned off. Skipping every batch of an older
+   * observer once the newer one had received one lost them silently (issue 18, the shed race). */
+  (void)ud;
   if (b->seq == A.cb_last_seq && b->kind == A.cb_last_kind) return;
   A.cb_last_seq = b->seq;
   A.cb_last_kind = b->kind;
@@ -637,6 +669,13 @@ static void on_batch(void *ud, const cm_batch *b) {
       continue;
     }
     q_push_buf(&A.cb_buf, true, n);
+  }
+  /* While records flow, STATS goes out once a second too, so the monitor sees the lag and the
+   * backlog live, not only at flushes and at exit. */
+  uint64_t now = cm__mono_ms();
+  if (now - A.cb_stats_ms >= 1000) {
+    A.cb_stats_ms = now;
+    push_stats();
   }
 }
 
@@ -1120,7 +1159,9 @@ static void cut_add(char *cut, size_t cap, size_t *len, const char *fmt, ...) {
 }
 
 /* Removes the BATCH frames still queued (not the one being written), counting them as dropped at
- * the exit deadline (A.cut is set first), so the STATS frame queued after them reports them.
+ * the exit deadline (A.cut is set first), so the STATS frame queued after them reports them. The
+ * STATS frames still queued go too: they counted the removed batches as queued ahead of them,
+ * which is no longer true (the final STATS replaces them).
  * Returns the records; *batches receives the frames. send_mu held. */
 static uint64_t purge_batches_locked(uint64_t *batches) {
   uint64_t records = 0;
@@ -1128,7 +1169,13 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
   qframe **pp = &A.head, *last = NULL, *gone = NULL;
   while (*pp) {
     qframe *f = *pp;
-    if (f->batch) {
+    if (f->stats) {
+      *pp = f->next;
+      A.q_bytes -= f->len;
+      A.q_frames--;
+      f->next = gone;
+      gone = f;
+    } else if (f->batch) {
       *pp = f->next;
       A.q_bytes -= f->len;
       A.q_frames--;
@@ -1147,6 +1194,100 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
   A.tail = last;
   free_frames(gone);
   return records;
+}
+
+/* The exit's final flush runs on a helper thread, so that the exit handler can leave it at its
+ * deadline whatever CUPTI does: cuptiActivityFlushAll has no deadline of its own, and under a
+ * backlog it was seen to take 9 s on the H200 (issue 18). An abandoned flush goes on alone until
+ * the process ends; the job it shares with the handler is freed by whichever of the two leaves
+ * last, and the engine is never freed at exit, so the helper touches nothing that goes away. */
+typedef struct exit_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;  /* guarded by mu */
+  bool done; /* guarded by mu */
+  cm_engine *eng;
+  uint64_t sync_end, end;
+  cm__exit_flush ef; /* written by the helper before done */
+} exit_job;
+
+static void exit_job_release(exit_job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+static void *exit_job_main(void *arg) {
+  exit_job *j = arg;
+  cm__exit_flush ef;
+  cm__engine_exit_flush(j->eng, j->sync_end, j->end, &ef);
+  pthread_mutex_lock(&j->mu);
+  j->ef = ef;
+  j->done = true;
+  pthread_cond_signal(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  exit_job_release(j);
+  return NULL;
+}
+
+/* Runs cm__engine_exit_flush(eng, sync_end, end) and waits for it until `wait_end` at the latest.
+ * Returns false when it was abandoned there (*out is then zero); it runs inline when no helper
+ * thread can be started. Monotonic times in ms. */
+static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, uint64_t wait_end,
+                               cm__exit_flush *out) {
+  memset(out, 0, sizeof *out);
+  exit_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    cm__engine_exit_flush(eng, sync_end, end, out);
+    return true;
+  }
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&j->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  j->refs = 2;
+  j->eng = eng;
+  j->sync_end = sync_end;
+  j->end = end;
+  pthread_t t;
+  pthread_attr_t a;
+  pthread_attr_init(&a);
+  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old); /* the helper inherits a mask that blocks every signal */
+  int rc = pthread_create(&t, &a, exit_job_main, j);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  pthread_attr_destroy(&a);
+  if (rc != 0) {
+    j->refs = 1;
+    exit_job_release(j);
+    cm__engine_exit_flush(eng, sync_end, end, out);
+    return true;
+  }
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  uint64_t now = cm__mono_ms(), left = wait_end > now ? wait_end - now : 0;
+  ts.tv_sec += (time_t)(left / 1000);
+  ts.tv_nsec += (long)(left % 1000) * 1000000L;
+  if (ts.tv_nsec >= 1000000000L) {
+    ts.tv_sec++;
+    ts.tv_nsec -= 1000000000L;
+  }
+  pthread_mutex_lock(&j->mu);
+  while (!j->done)
+    if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) break;
+  bool done = j->done;
+  if (done) *out = j->ef;
+  pthread_mutex_unlock(&j->mu);
+  exit_job_release(j);
+  return done;
 }
 
 /* The exit handler (on_exit with glibc, atexit elsewhere): a final fence, the last batches, STATS
@@ -1180,7 +1321,15 @@ static void agent_exit_work(int exit_code) {
     uint64_t flush_end = min_u64(t0 + A.exit_flush_ms, end - reserve);
     uint64_t sync_end = flush_end - (flush_end - t0) / 4;
     cm__exit_flush ef;
-    cm__engine_exit_flush(A.eng, sync_end, end - reserve, &ef);
+    /* The helper's own deadlines end at end - reserve; it gets a quarter of the reserve more
+     * before it is left behind. */
+    if (!exit_flush_bounded(A.eng, sync_end, end - reserve, end - reserve + reserve / 4, &ef)) {
+      atomic_store(&A.tail_unknown, true);
+      CUT("the final flush did not return within the budget (CUPTI's flush or the device was "
+          "still busy); it was left running, so records CUPTI still held were not sent (not "
+          "counted: the tail is unknown)");
+    }
+    if (ef.engine_busy || ef.decode_timed_out) atomic_store(&A.tail_unknown, true);
     if (ef.engine_busy)
       CUT("the engine stayed busy past the fence's deadline, so the records CUPTI still held "
           "were not flushed (not counted)");
@@ -1248,20 +1397,25 @@ static void agent_exit_work(int exit_code) {
   bool drained = !A.head && !A.sending;
   size_t left = A.q_frames;
   pthread_mutex_unlock(&A.send_mu);
-  if (!drained && !atomic_load(&A.gone))
-    alog(CM_LOG_WARN,
-         "the %s did not take the last %zu frames within the exit budget (%u ms); closing "
-         "without them (STATS and BYE among them)",
-         A.is_socket ? "monitor" : "capture file", left, A.exit_budget_ms);
   /* What is still queued now is lost to the exit deadline. */
   atomic_store(&A.cut, true);
   /* 4. A sender blocked in send() on a monitor that does not read is released by the shutdown;
-   * the threads get what is left of the budget to stop. */
+   * the threads get what is left of the budget to stop. Whether BYE got out is known only once
+   * the sender has stopped (a frame it was writing at the deadline may still have gone whole),
+   * so that is what the log says, and the monitor's account agrees with it: without BYE it
+   * reports the process as incomplete. */
+  bool was_gone = atomic_load(&A.gone);
   if (A.is_socket && A.fd >= 0) shutdown(A.fd, SHUT_RDWR);
   if (!drained) monitor_gone("closed at exit");
   atomic_store(&A.ctl_stop, true);
   wake_control();
   if (A.sender_started) join_with_deadline(A.sender, "sender", end);
+  if (A.sender_started && !was_gone && !atomic_load(&A.sender_drained))
+    alog(CM_LOG_WARN,
+         "the %s did not take the last %zu frames within the exit budget (%u ms); closed "
+         "without them (STATS and BYE among them): the monitor reports this process as "
+         "incomplete",
+         A.is_socket ? "monitor" : "capture file", left, A.exit_budget_ms);
   if (A.control_started) join_with_deadline(A.control, "control", end);
   if (A.fd >= 0) close(A.fd);
   A.fd = -1;
@@ -1532,6 +1686,14 @@ static void agent_init(void) {
   if (!rc) rc = write_hello_schema(&b, sock ? (token ? token : "") : "");
   if (!rc) {
     int err = write_all(A.fd, A.is_socket, b.data, b.len, deadline);
+    if (err && sock && (err == EPIPE || err == ECONNRESET) && cm__mono_ms() < deadline) {
+      /* The monitor's gate closed this connection before reading it (it was full: a flood of
+       * idle connections, issue 19): once more, on a new connection, within the deadline. */
+      alog(CM_LOG_WARN, "cannot send HELLO: %s; connecting once more", strerror(err));
+      close(A.fd);
+      A.fd = connect_monitor(sock, deadline);
+      err = A.fd < 0 ? ECONNREFUSED : write_all(A.fd, A.is_socket, b.data, b.len, deadline);
+    }
     if (err) {
       alog(CM_LOG_ERROR, "cannot send HELLO: %s; tracing off", strerror(err));
       rc = CM_EIO;
@@ -1616,6 +1778,8 @@ static void session_reset(int fd) {
   atomic_store(&A.batches_sent, 0);
   atomic_store(&A.batches_dropped, 0);
   atomic_store(&A.records_dropped_agent, 0);
+  atomic_store(&A.sender_drained, false);
+  atomic_store(&A.tail_unknown, false);
   atomic_store(&A.records_dropped_exit, 0);
   atomic_store(&A.records_sent, 0);
   atomic_store(&A.bytes_sent, 0);

@@ -287,6 +287,16 @@ uint64_t cm__decoder_sync_end(const cm__decoder *d);
 /* Records dropped by the decoder itself (no memory to grow a column), since creation. This and
  * cm__decoder_seen may be called from any thread: they read counters published per buffer. */
 uint64_t cm__decoder_lost(const cm__decoder *d);
+/* Adds the kinds of `set` to, and removes those of `clear` from, the kinds whose unselected
+ * records count as late: records of a kind that was traced and then left the selection, which
+ * arrive after the fence of that change (they were written while the kind was traced, and no
+ * observer receives them). Called with the decoder's lock held. */
+void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear);
+/* The end (else start) timestamp of the last record of the buffer decoded last, or 0. Called
+ * with the decoder's lock held. */
+uint64_t cm__decoder_last_ts(const cm__decoder *d);
+/* Late records counted since creation; any thread, like cm__decoder_lost. */
+uint64_t cm__decoder_late(const cm__decoder *d);
 /* Records seen per kind since creation. */
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind);
 

@@ -51,6 +51,14 @@ struct cm__decoder {
   uint64_t unknown;
   uint64_t lost; /* records dropped because their columns could not grow */
   _Atomic uint64_t lost_pub;
+  /* Kinds whose records no observer receives any more and that CUPTI no longer produces: a record
+   * of one of them that still arrives was written while it was traced, reached nobody, and is
+   * counted in `late` (cm__decoder_watch_late). */
+  uint64_t late_mask;
+  uint64_t late;
+  _Atomic uint64_t late_pub;
+  int16_t ts_off[CM_KIND_MAX]; /* offset of each kind's end (else start) timestamp, or -1 */
+  uint64_t last_ts;            /* that timestamp of the last record of the last buffer, or 0 */
   int npending;
   int pending[CM_KIND_MAX]; /* kinds with a non-empty run */
   kstate k[CM_KIND_MAX];
@@ -61,7 +69,11 @@ int cm__decoder_new(cm__decoder **out, const cm__cupti *c, cm__intern *strings) 
   if (!d) return cm__seterr(CM_ENOMEM, "cannot allocate the decoder");
   d->c = c;
   d->strings = strings;
-  for (int k = 0; k < CM_KIND_MAX; k++) d->k[k].desc = cm__kind_desc_get(k);
+  for (int k = 0; k < CM_KIND_MAX; k++) {
+    const cm__kind_desc *kd = d->k[k].desc = cm__kind_desc_get(k);
+    int f = !kd ? -1 : kd->end_field >= 0 ? kd->end_field : kd->start_field;
+    d->ts_off[k] = f >= 0 && kd->fields[f].src_width == 8 ? (int16_t)kd->fields[f].offset : -1;
+  }
   *out = d;
   return 0;
 }
@@ -176,14 +188,17 @@ static void publish_counts(cm__decoder *d) {
   for (int k = 0; k < CM_KIND_MAX; k++)
     atomic_store_explicit(&d->k[k].seen_pub, d->k[k].seen, memory_order_relaxed);
   atomic_store_explicit(&d->lost_pub, d->lost, memory_order_relaxed);
+  atomic_store_explicit(&d->late_pub, d->late, memory_order_relaxed);
 }
 
 uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
   CUpti_Activity *rec = NULL;
+  const CUpti_Activity *last = NULL;
   uint64_t count = 0;
   const size_t sync_end_off = offsetof(CUpti_ActivitySynchronization2, end);
   while (d->c->ActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
     count++;
+    last = rec;
     /* The walk is a dependent chain (where the next record starts depends on this one's kind),
      * which leaves it bound by memory latency: prefetching 1 KiB ahead measured twice as fast on
      * kernel records. */
@@ -201,7 +216,10 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
       memcpy(&end, (const uint8_t *)rec + sync_end_off, sizeof end);
       if (end > d->sync_end) d->sync_end = end;
     }
-    if (!ks->nsel) continue;
+    if (!ks->nsel) {
+      d->late += d->late_mask >> kind & 1;
+      continue;
+    }
     if (!ks->in_pending) {
       ks->in_pending = true;
       d->pending[d->npending++] = (int)kind;
@@ -217,6 +235,11 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
   }
   d->npending = 0;
   publish_counts(d);
+  /* The lag is read off the buffer's last record (records are appended in the order they are
+   * written), so the hot loop above pays one store per record for it. */
+  d->last_ts = 0;
+  if (last && (unsigned)last->kind < CM_KIND_MAX && d->ts_off[last->kind] >= 0)
+    memcpy(&d->last_ts, (const uint8_t *)last + d->ts_off[last->kind], sizeof d->last_ts);
   return count;
 }
 
@@ -238,6 +261,16 @@ uint64_t cm__decoder_sync_end(const cm__decoder *d) { return d->sync_end; }
 
 uint64_t cm__decoder_lost(const cm__decoder *d) {
   return atomic_load_explicit(&d->lost_pub, memory_order_relaxed);
+}
+
+void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear) {
+  d->late_mask = (d->late_mask | set) & ~clear;
+}
+
+uint64_t cm__decoder_last_ts(const cm__decoder *d) { return d->last_ts; }
+
+uint64_t cm__decoder_late(const cm__decoder *d) {
+  return atomic_load_explicit(&d->late_pub, memory_order_relaxed);
 }
 
 uint64_t cm__decoder_seen(const cm__decoder *d, int kind) {

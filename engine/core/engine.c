@@ -129,6 +129,7 @@ static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_
   it->next = NULL;
   it->buf = buffer;
   it->valid = valid;
+  it->completed_ns = cm__realtime_ns();
   pthread_mutex_lock(&e->work_mu);
   if (e->q_tail)
     e->q_tail->next = it;
@@ -216,6 +217,23 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 
 /* ---- the decode worker ---------------------------------------------------------------------- */
 
+/* Stores the stage lags of one decoded buffer whose last record has timestamp `newest` (0:
+ * none). A timestamp that is not on the realtime clock of this run (a test double's fixed
+ * dates, a clock more than an hour off) is no measure of lag and is ignored. */
+static void note_lag(cm_engine *e, uint64_t newest, uint64_t completed, uint64_t started) {
+  uint64_t now = cm__realtime_ns();
+  const uint64_t hour = 3600ull * 1000000000ull;
+  atomic_store_explicit(&e->decode_wait_ns, started > completed ? started - completed : 0,
+                        memory_order_relaxed);
+  if (!newest || newest > now + 1000000000ull || now - newest > hour) return;
+  uint64_t lag = now > newest ? now - newest : 0;
+  atomic_store_explicit(&e->lag_cupti_ns, completed > newest ? completed - newest : 0,
+                        memory_order_relaxed);
+  atomic_store_explicit(&e->lag_decode_ns, lag, memory_order_relaxed);
+  if (lag > atomic_load_explicit(&e->lag_decode_peak_ns, memory_order_relaxed))
+    atomic_store_explicit(&e->lag_decode_peak_ns, lag, memory_order_relaxed);
+}
+
 static void *worker_main(void *arg) {
   cm_engine *e = arg;
   uint64_t next_flush = 0, next_deliver = 0;
@@ -249,9 +267,12 @@ static void *worker_main(void *arg) {
       pthread_mutex_unlock(&e->work_mu);
 
       pthread_mutex_lock(&e->dec_mu);
+      uint64_t started = cm__realtime_ns();
       uint64_t n = cm__decoder_decode(e->dec, it->buf, it->valid);
+      uint64_t newest = cm__decoder_last_ts(e->dec);
       if (limit && held_over(e, limit)) cm__engine_deliver(e);
       pthread_mutex_unlock(&e->dec_mu);
+      note_lag(e, newest, it->completed_ns, started);
       ADD(e, st_records_decoded, n);
       ADD(e, st_buffers_decoded, 1);
       ADD(e, st_bytes_decoded, it->valid);
@@ -340,9 +361,8 @@ static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {
   return cm__mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
 }
 
-/* Ends the activity session: device sync, forced flush, delivery. Called with api_mu held, after
- * cm_unobserve disabled every kind and while the observers are still registered, so they receive
- * the last records. */
+/* Ends the activity session: device sync, forced flush, delivery, every kind disabled. Called with
+ * api_mu held, while the observers are still registered so they receive the last records. */
 static void end_session(cm_engine *e) {
   uint64_t deadline = deadline_for(e, 0);
   int why;
@@ -531,8 +551,9 @@ void cm_engine_free(cm_engine *e) {
   if (!e) return;
   pthread_mutex_lock(&e->api_mu);
   if (e->active) {
-    end_session(e);
+    /* Disabled first, as in cm_unobserve, so that nothing is written after the last flush. */
     apply_kinds(e, 0);
+    end_session(e);
     apply_toggles(e, (cm__bits[CM_KIND_MAX]){{{0}}});
     e->active = false;
   }
@@ -673,6 +694,9 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
     return rc;
   }
   apply_toggles(e, next);
+  pthread_mutex_lock(&e->dec_mu);
+  cm__decoder_watch_late(e->dec, 0, want);
+  pthread_mutex_unlock(&e->dec_mu);
   if (!e->active) {
     e->active = true;
     e->session_start_ns = cm__realtime_ns();
@@ -697,24 +721,42 @@ int cm_unobserve(cm_engine *e, uint32_t id) {
   bool last = e->nobs == 1;
   cm__bits next[CM_KIND_MAX];
   union_of(e, idx, NULL, next);
-  /* The kinds no one wants any more stop first, then the flush: every record made before they
-   * stopped is decoded with the old table and reaches the observer that goes, and none is made
-   * after it (the other order lost the records made between the flush and the disable: a
-   * trigger window's last ones). Dropping kinds cannot fail. */
-  apply_kinds(e, cm__sel_kinds_needed(next));
-  apply_toggles(e, next);
+  uint64_t want = last ? 0 : cm__sel_kinds_needed(next);
+  uint64_t leaving = e->enabled & ~want;
+  /* The kinds that leave are disabled first, so CUPTI writes no more of them and every record of
+   * them already exists; the fence then brings those records to the decoder, and the delivery
+   * below hands them to the observers as they are now, the leaving one included. Flushing first
+   * and disabling afterwards loses what the application writes in between. A buffer that CUPTI
+   * completes only later (a kernel still running holds its buffer back from a plain flush) is why
+   * a narrowing waits for the sync fence, not a plain flush. What still arrives after the fence
+   * (the fence missed its deadline, or could not synchronize during a stream capture) is counted
+   * as late and dropped (cm__decoder_watch_late), never skipped silently. */
+  if (leaving) apply_kinds(e, want);
   if (last) {
     end_session(e);
+  } else if (leaving) {
+    int why = CM__SYNC_NONE;
+    if (!cm__engine_fence(e, deadline_for(e, 0), &why))
+      cm__engine_log(e, CM_LOG_WARN,
+                     "the fence of a narrowing selection missed its deadline; records of the kinds "
+                     "it turned off that arrive later are counted as dropped");
   } else {
     cm__engine_plain_flush(e, deadline_for(e, 0), 0);
   }
+  uint64_t had = 0;
+  for (int k = 0; k < CM_KIND_MAX; k++)
+    if (!cm__bits_empty(&e->sel[k]) && cm__bits_empty(&next[k])) had |= 1ull << k;
   pthread_mutex_lock(&e->dec_mu);
   cm__engine_deliver(e);
   memmove(&e->obs[idx], &e->obs[idx + 1], (size_t)(e->nobs - idx - 1) * sizeof e->obs[0]);
   e->nobs--;
   memcpy(e->sel, next, sizeof next);
   cm__decoder_select(e->dec, e->sel);
+  /* SYNCHRONIZATION records keep coming from every later fence, selected or not. */
+  cm__decoder_watch_late(e->dec, had & ~want & ~(1ull << CM_KIND_SYNCHRONIZATION), 0);
   pthread_mutex_unlock(&e->dec_mu);
+  if (!leaving) apply_kinds(e, want);
+  apply_toggles(e, next);
   if (last) {
     e->active = false;
     e->session_start_ns = 0;
@@ -767,6 +809,10 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->buffers_decoded = LOAD(e, st_buffers_decoded);
   out->bytes_decoded = LOAD(e, st_bytes_decoded);
   out->records_decoded = LOAD(e, st_records_decoded);
+  out->lag_cupti_ns = LOAD(e, lag_cupti_ns);
+  out->lag_decode_ns = LOAD(e, lag_decode_ns);
+  out->lag_decode_peak_ns = LOAD(e, lag_decode_peak_ns);
+  out->decode_wait_ns = LOAD(e, decode_wait_ns);
   out->records_delivered = LOAD(e, st_records_delivered);
   out->records_dropped = LOAD(e, st_records_dropped);
   out->drains = LOAD(e, st_drains);
@@ -780,7 +826,7 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   pthread_mutex_unlock(&e->work_mu);
   /* The decoder publishes these counters atomically, so no dec_mu: an observer may call this. */
   for (int k = 0; k < CM_KIND_MAX; k++) out->records_by_kind[k] = cm__decoder_seen(e->dec, k);
-  out->records_dropped += cm__decoder_lost(e->dec);
+  out->records_dropped += cm__decoder_lost(e->dec) + cm__decoder_late(e->dec);
   return 0;
 }
 

@@ -17,6 +17,7 @@ typedef struct qitem {
   struct qitem *next;
   uint8_t *buf;
   size_t valid;
+  uint64_t completed_ns; /* CLOCK_REALTIME when CUPTI completed the buffer */
 } qitem;
 
 typedef struct observer {
@@ -91,6 +92,8 @@ struct cm_engine {
   /* Fences that did not synchronize the device: a capture was in progress, or an abandoned sync
    * was still blocked. */
   _Atomic uint64_t st_sync_skipped_capture, st_sync_skipped_busy, st_sync_abandoned;
+  /* The stage lags of the newest decoded buffer (cm_stats), stored by the decode worker. */
+  _Atomic uint64_t lag_cupti_ns, lag_decode_ns, lag_decode_peak_ns, decode_wait_ns;
 
   /* Set by the exit fence: waits of other control calls end at once (see t_exit_fence). */
   atomic_bool exiting;

@@ -326,6 +326,25 @@ typedef struct cm_stats {
   uint64_t sessions;            /* activity sessions started */
   uint64_t strings;
   uint64_t records_by_kind[CM_KIND_MAX];
+  /* How far behind the records the pipeline runs, measured on the newest buffer decoded: the
+   * time from its last record's timestamp (end, else start) to CUPTI completing the buffer
+   * (lag_cupti_ns), and to the decoder finishing it (lag_decode_ns, and its peak since the
+   * engine started); decode_wait_ns is how long that buffer waited in the decode queue. 0 while
+   * no buffer with a timestamp on the realtime clock has been decoded. */
+  uint64_t lag_cupti_ns;
+  uint64_t lag_decode_ns;
+  uint64_t lag_decode_peak_ns;
+  uint64_t decode_wait_ns;
+  /* Filled by the monitor for an agent's process (0 from an engine): the time from the newest
+   * record start of the last batch received to its arrival, now and at its peak (how far behind
+   * the script's view is), and the records the agent had decoded but not yet sent at its last
+   * STATS. The sum over sources (cm_host_source_stats with 0) takes the largest of each lag. */
+  uint64_t lag_recv_ns;
+  uint64_t lag_recv_peak_ns;
+  uint64_t backlog_records;
+  /* The agent's send queue: how long the last BATCH frame sent had waited in it, and the peak. */
+  uint64_t send_wait_ns;
+  uint64_t send_wait_peak_ns;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */

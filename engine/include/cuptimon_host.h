@@ -164,6 +164,8 @@ typedef struct cm_loss {
   uint64_t incomplete;    /* 1 (per source) when the counts are a lower bound: the process ended
                            * without its final counts, or frames are missing after them */
   uint64_t last_number;   /* the number of the last BATCH frame received (0: none or unnumbered) */
+  uint64_t tail_unknown;  /* 1 (per source) when the agent's exit left its final flush behind at
+                           * the deadline: what CUPTI still held is not known (also incomplete) */
 } cm_loss;
 
 typedef struct cm_source_vtable {
@@ -195,6 +197,11 @@ typedef struct cm_source_vtable {
    * that answers later (a live agent) reports each entry's failure through the host's errors.
    * May be NULL: a replay cannot sample. */
   int (*pm)(cm_source *s, const char *spec, char *err, size_t errlen);
+  /* Takes observer `obs`'s selection out of what the source traces while it still receives the
+   * batches that arrive (a window's closing: the records written before the narrowing still
+   * reach its observer until the closing fence). unobserve ends it. May be NULL: the selection
+   * then stays until unobserve. */
+  int (*retire)(cm_source *s, uint32_t obs);
 } cm_source_vtable;
 
 struct cm_source {

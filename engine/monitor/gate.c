@@ -310,13 +310,41 @@ static void on_readable(cm__gate *g, uint32_t i) {
   }
 }
 
-static void evict_oldest(cm__gate *g) {
+/* Counts pending connection i as a process lost, when it had sent part of its HELLO. */
+static void note_lost(cm__gate *g, uint32_t i) {
+  if (!g->pend[i].len) return;
+  pthread_mutex_lock(&g->gate_mu);
+  if (g->st.lost < sizeof g->st.lost_pids / sizeof g->st.lost_pids[0])
+    g->st.lost_pids[g->st.lost] = (int32_t)g->pend[i].pid;
+  g->st.lost++;
+  pthread_mutex_unlock(&g->gate_mu);
+}
+
+/* Makes room when the pending table is full. Fair per peer: the victim is a connection of the pid
+ * that holds the most pending connections, one that has sent nothing before one in the middle of
+ * its HELLO, the oldest first. So one process that opens connections and sends nothing (a flood)
+ * evicts only its own, and an agent writing its HELLO is closed only when every pending
+ * connection is mid-HELLO. */
+static void evict_one(cm__gate *g) {
   if (!g->npend) return;
+  uint32_t best = 0, best_n = 0;
+  int best_idle = 0;
+  for (uint32_t i = 0; i < g->npend; i++) {
+    uint32_t n = 0;
+    for (uint32_t j = 0; j < g->npend; j++) n += g->pend[j].pid == g->pend[i].pid;
+    int idle = g->pend[i].len == 0;
+    if (i == 0 || idle > best_idle || (idle == best_idle && n > best_n)) {
+      best = i;
+      best_n = n;
+      best_idle = idle;
+    }
+  }
   if (count(g, &g->st.evicted))
     fprintf(stderr, "cuptimon-lua: %u connections are waiting for their handshake (the cap, "
-            "CUPTIMON_MAX_STARTUPS); closing the oldest (pid %d)\n", g->o.max_pending,
-            (int)g->pend[0].pid);
-  drop(g, 0);
+            "CUPTIMON_MAX_STARTUPS); closing one of pid %d (%u pending, %s)\n", g->o.max_pending,
+            (int)g->pend[best].pid, best_n, best_idle ? "idle" : "in the middle of its HELLO");
+  note_lost(g, best);
+  drop(g, best);
 }
 
 static void on_accept(cm__gate *g) {
@@ -326,7 +354,7 @@ static void on_accept(cm__gate *g) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       if (errno == EMFILE || errno == ENFILE) {
         if (g->npend) {
-          evict_oldest(g);
+          evict_one(g);
           continue;
         }
         /* Nothing of ours to close: take the connection with the reserved descriptor and
@@ -357,7 +385,7 @@ static void on_accept(cm__gate *g) {
       close(fd);
       continue;
     }
-    if (g->npend >= g->o.max_pending) evict_oldest(g);
+    if (g->npend >= g->o.max_pending) evict_one(g);
     pending *p = &g->pend[g->npend];
     memset(p, 0, sizeof *p);
     p->buf = malloc(CM_WIRE_FRAME_HEADER_SIZE);
@@ -383,6 +411,7 @@ static void expire(cm__gate *g) {
         fprintf(stderr, "cuptimon-lua: closing a connection (pid %d) that sent no valid HELLO "
                 "within %u ms (CUPTIMON_HELLO_TIMEOUT_MS)\n", (int)g->pend[i].pid,
                 g->o.hello_timeout_ms);
+      note_lost(g, i);
       drop(g, i);
     }
 }

@@ -63,6 +63,10 @@ typedef struct cm__gate_conn {
 /* What the gate counted. */
 typedef struct cm__gate_stats {
   uint64_t admitted, refused_uid, wrong_token, bad_hello, oversized, timed_out, evicted, eof;
+  /* Connections closed in the middle of their HELLO (evicted or timed out with part of a frame
+   * read): processes that were trying to connect and are not traced. The first pids are kept. */
+  uint64_t lost;
+  int32_t lost_pids[16];
 } cm__gate_stats;
 
 /* Starts the gate thread on `listen_fd` (a listening unix socket, made non-blocking here). */

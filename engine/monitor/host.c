@@ -255,7 +255,7 @@ static void push_loss_fields(lua_State *L, const cm_loss *l) {
   lua_pushnumber(L, (lua_Number)l->name);      \
   lua_setfield(L, -2, #name);
   F_(produced) F_(received) F_(dropped) F_(dropped_cupti) F_(dropped_agent) F_(dropped_exit)
-  F_(lost_wire) F_(lost_frames) F_(incomplete) F_(last_number)
+  F_(lost_wire) F_(lost_frames) F_(incomplete) F_(last_number) F_(tail_unknown)
 #undef F_
 }
 
@@ -467,6 +467,25 @@ const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *l
   return NULL;
 }
 
+/* Adds one source's counters to a sum; the lags take the largest instead (a run is as far behind
+ * as its slowest process). */
+static void add_stats(cm_stats *sum, const cm_stats *one) {
+  cm_stats keep = *sum;
+  uint64_t *dst = (uint64_t *)sum;
+  const uint64_t *src = (const uint64_t *)one;
+  for (size_t k = 0; k < sizeof *one / sizeof(uint64_t); k++) dst[k] += src[k];
+#define MAX_(f) sum->f = keep.f > one->f ? keep.f : one->f
+  MAX_(lag_cupti_ns);
+  MAX_(lag_decode_ns);
+  MAX_(lag_decode_peak_ns);
+  MAX_(decode_wait_ns);
+  MAX_(lag_recv_ns);
+  MAX_(lag_recv_peak_ns);
+  MAX_(send_wait_ns);
+  MAX_(send_wait_peak_ns);
+#undef MAX_
+}
+
 int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
   if (!h || !out) return CM_EINVAL;
   memset(out, 0, sizeof *out);
@@ -477,14 +496,16 @@ int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
     cm_stats one;
     if (s->vt->stats(s, &one)) continue;
     found = 1;
-    uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&one;
-    for (size_t k = 0; k < sizeof one / sizeof(uint64_t); k++) dst[k] += src[k];
+    add_stats(out, &one);
   }
   for (int i = 0; i < h->ngone; i++) {
     if (source && h->gone[i].id != source) continue;
     found = 1;
-    uint64_t *dst = (uint64_t *)out, *src = (uint64_t *)&h->gone[i].st;
-    for (size_t k = 0; k < sizeof(cm_stats) / sizeof(uint64_t); k++) dst[k] += src[k];
+    /* A process that ended is behind by nothing any more; its peaks stay. */
+    cm_stats g = h->gone[i].st;
+    g.lag_cupti_ns = g.lag_decode_ns = g.decode_wait_ns = g.lag_recv_ns = g.send_wait_ns = 0;
+    g.backlog_records = 0;
+    add_stats(out, &g);
   }
   return source && !found ? CM_ENOENT : 0;
 }
@@ -677,6 +698,18 @@ static int core_unobserve(lua_State *L) {
   return 1;
 }
 
+/* retire(id) -> true: observer id stops counting in what the sources trace but still receives
+ * what arrives, until unobserve (a window's closing). Sources without retire keep tracing it. */
+static int core_retire(lua_State *L) {
+  cm_host *h = core_host(L);
+  uint32_t id = (uint32_t)luaL_checkinteger(L, 1);
+  if (find_obs(h, id) < 0) return push_fail(L, CM_ENOENT, "no such observer");
+  for (int i = 0; i < h->nsources; i++)
+    if (h->sources[i]->vt->retire) h->sources[i]->vt->retire(h->sources[i], id);
+  lua_pushboolean(L, 1);
+  return 1;
+}
+
 typedef struct flush_wait {
   cm_host *h;
   int token;
@@ -802,14 +835,13 @@ static int core_window_begin(lua_State *L) {
   return 1;
 }
 
-/* window_end(source[, observer]) -> true | nil, err, name. The observer (the window's) leaves
- * the union first but keeps its batches until it is unobserved. */
+/* window_end(source) -> true | nil, err, name. */
 static int core_window_end(lua_State *L) {
   cm_host *h = core_host(L);
   int nret = 0;
   cm_source *s = live_source(L, h, (int)luaL_checkinteger(L, 1), &nret);
   if (!s) return nret;
-  int rc = h->live->window_end(s, (uint32_t)luaL_optinteger(L, 2, 0));
+  int rc = h->live->window_end(s);
   if (rc) return live_fail(L, rc);
   lua_pushboolean(L, 1);
   return 1;
@@ -1101,6 +1133,7 @@ static const luaL_Reg core_funcs[] = {
     {"observe", core_observe},
     {"pm", core_pm},
     {"unobserve", core_unobserve},
+    {"retire", core_retire},
     {"shed", core_shed},
     {"window_begin", core_window_begin},
     {"window_end", core_window_end},

@@ -52,10 +52,8 @@ typedef struct cm__live_ops {
    * (and, when `path` is not NULL, written to a new capture named by the --record rules) until
    * window_end's fence. done runs exactly once, when the window closes or the process ends. */
   int (*window_begin)(cm_source *s, const char *path, int force, cm__window_done_fn done, void *ud);
-  /* Closes the window of `s` with a second sync FLUSH; done runs when it completes. With a
-   * non-zero `narrow_obs`, that observer first leaves the union (cm__wsrc_narrow) but keeps
-   * receiving the window's batches until the script unobserves it. */
-  int (*window_end)(cm_source *s, uint32_t narrow_obs);
+  /* Closes the window of `s` with a second sync FLUSH; done runs when it completes. */
+  int (*window_end)(cm_source *s);
   /* 1 when the run takes live agents (`-- cmd`, --attach), 0 for a replay. */
   int (*agents)(void);
 } cm__live_ops;

@@ -40,6 +40,8 @@ long cm_testing_layout(const char *what) {
   L_("cm_stats.sessions", offsetof(cm_stats, sessions));
   L_("cm_stats.strings", offsetof(cm_stats, strings));
   L_("cm_stats.records_by_kind", offsetof(cm_stats, records_by_kind));
+  L_("cm_stats.lag_decode_ns", offsetof(cm_stats, lag_decode_ns));
+  L_("cm_stats.send_wait_peak_ns", offsetof(cm_stats, send_wait_peak_ns));
   L_("cm_session_info", sizeof(cm_session_info));
   L_("cm_session_info.clock_offset_ns", offsetof(cm_session_info, clock_offset_ns));
   L_("cm_session_info.cupti_path", offsetof(cm_session_info, cupti_path));

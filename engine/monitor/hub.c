@@ -183,6 +183,7 @@ typedef struct hub {
   uv_timer_t scan_timer;
   int scan_init;
   int detach_pending;
+  cm__gate_stats gate_lost; /* the gate's counts when it stopped (lost: handshakes cut short) */
 } hub;
 
 static hub *g_hub;
@@ -207,6 +208,7 @@ static void stop_gate(hub *hb) {
     cm__gate_stop(hb->gate);
     cm__gate_stats st;
     cm__gate_get_stats(hb->gate, &st);
+    hb->gate_lost = st;
     uint64_t closed = st.refused_uid + st.wrong_token + st.bad_hello + st.oversized +
                       st.timed_out + st.evicted;
     if (closed > 3)
@@ -728,14 +730,12 @@ static int live_window_begin(cm_source *s, const char *path, int force, cm__wind
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_opened, c);
 }
 
-static int live_window_end(cm_source *s, uint32_t narrow_obs) {
+static int live_window_end(cm_source *s) {
   conn *c = conn_of(s);
   if (!c || !c->win) return CM_ENOENT;
   if (c->win->closing) return 0;
   c->win->closing = 1;
-  /* The narrowing SELECT goes first; the records made before the agent applies it arrive with
-   * the closing fence and still reach the window's observer. */
-  if (narrow_obs) cm__wsrc_narrow(&c->w, narrow_obs);
+  /* The narrowing SELECT (core.retire) went first: the span ends here. */
   c->win->end_ns = uv_hrtime();
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_closed, c);
 }
@@ -1355,6 +1355,14 @@ int cm__hub_signal(int signum) {
     cm__proc_kill(&hb->proc);
   }
   return 1;
+}
+
+int cm__hub_lost_handshakes(int32_t *pids, int max) {
+  hub *hb = g_hub;
+  if (!hb) return 0;
+  int n = (int)hb->gate_lost.lost, kept = n < 16 ? n : 16;
+  for (int i = 0; i < kept && i < max; i++) pids[i] = hb->gate_lost.lost_pids[i];
+  return n;
 }
 
 int cm__hub_finished(int *status) {

@@ -48,6 +48,9 @@ int cm__hub_signal(int signum);
 /* Whether the hub has finished (the command exited and its agents are done, or every capture was
  * replayed), and then the exit status it proposes: the command's status or 128 + its signal. */
 int cm__hub_finished(int *status);
+/* The processes the gate closed in the middle of their HELLO (they are not traced), once the gate
+ * has stopped: returns how many, and writes up to `max` of their pids. */
+int cm__hub_lost_handshakes(int32_t *pids, int max);
 /* The hub may finish on the BYE of the command's own process, before the process is reaped (its
  * CUDA teardown can take a few hundred ms): after the exit hooks, this runs the loop until the
  * supervisor has reaped it, so that cm__hub_finished gives the real status. Forwarded signals
@@ -149,6 +152,9 @@ struct cm__wsrc {
   /* Counters of what reached us. */
   uint64_t frames, batches, records, bytes;
   uint64_t records_by_kind[CM_KIND_MAX];
+  /* A live agent's lag as the monitor sees it: CLOCK_REALTIME at a BATCH's arrival less the
+   * newest start of its records, for the last batch that had a start column, and the peak. */
+  uint64_t lag_ns, lag_peak_ns;
   uint64_t seq;
   int warned_missing;
 
@@ -186,10 +192,6 @@ int cm__wsrc_write_state(const cm__wsrc *w, cm_wire_buf *b);
 /* Sets the kinds left out of the union whatever the observers select (a record-rate budget
  * shedding them) and sends the new union when it changed. */
 void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds);
-/* Leaves observer `obs` out of the union (a new SELECT when that changes it) while its batches
- * are still routed to it, until it is unobserved: a closing window's observer gets the records
- * made before the narrowing that arrive with the closing fence. CM_ENOENT for an unknown id. */
-int cm__wsrc_narrow(cm__wsrc *w, uint32_t obs);
 /* The smallest value of the kind's "start" (or "timestamp") column of a batch frame, for the
  * replay's merge; UINT64_MAX when the batch has none. */
 uint64_t cm__wsrc_batch_key(cm__wsrc *w, const cm_wire_frame *f);

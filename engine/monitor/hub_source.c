@@ -49,7 +49,7 @@ typedef struct cm__wkind {
 typedef struct cm__wobs {
   uint32_t id;
   const cm_selection *sel;
-  int narrowed; /* left out of the union, still given its batches (a closing window's) */
+  int retired; /* out of the union, still delivered to (ws_retire) */
 } cm__wobs;
 
 /* One slot of the string table. */
@@ -244,10 +244,21 @@ static int ws_observe(cm_source *s, uint32_t obs, const cm_selection *sel, const
   }
   w->obs[w->nobs].id = obs;
   w->obs[w->nobs].sel = sel;
-  w->obs[w->nobs].narrowed = 0;
+  w->obs[w->nobs].retired = 0;
   w->nobs++;
   if (w->ops->select) publish_union(w);
   return 0;
+}
+
+static int ws_retire(cm_source *s, uint32_t obs) {
+  cm__wsrc *w = (cm__wsrc *)s;
+  for (int i = 0; i < w->nobs; i++) {
+    if (w->obs[i].id != obs) continue;
+    w->obs[i].retired = 1;
+    if (w->ops->select && w->attached) publish_union(w);
+    return 0;
+  }
+  return CM_ENOENT;
 }
 
 static int ws_unobserve(cm_source *s, uint32_t obs) {
@@ -291,16 +302,6 @@ void cm__wsrc_set_shed(cm__wsrc *w, uint64_t kinds) {
   if (w->ops->select && w->attached) publish_union(w);
 }
 
-int cm__wsrc_narrow(cm__wsrc *w, uint32_t obs) {
-  for (int i = 0; i < w->nobs; i++) {
-    if (w->obs[i].id != obs) continue;
-    w->obs[i].narrowed = 1;
-    if (w->ops->select && w->attached) publish_union(w);
-    return 0;
-  }
-  return CM_ENOENT;
-}
-
 static int ws_flush(cm_source *s, int mode, uint32_t timeout_ms, cm_source_done_fn done, void *ud) {
   cm__wsrc *w = (cm__wsrc *)s;
   if (w->ops->flush) return w->ops->flush(w, mode, timeout_ms, done, ud);
@@ -325,6 +326,12 @@ static const struct {
     {"buffers_refused", offsetof(cm_stats, buffers_refused)},
     {"records_decoded", offsetof(cm_stats, records_decoded)},
     {"records_dropped", offsetof(cm_stats, records_dropped)},
+    {"lag_cupti_ns", offsetof(cm_stats, lag_cupti_ns)},
+    {"lag_decode_ns", offsetof(cm_stats, lag_decode_ns)},
+    {"lag_decode_peak_ns", offsetof(cm_stats, lag_decode_peak_ns)},
+    {"decode_wait_ns", offsetof(cm_stats, decode_wait_ns)},
+    {"send_wait_ns", offsetof(cm_stats, send_wait_ns)},
+    {"send_wait_peak_ns", offsetof(cm_stats, send_wait_peak_ns)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {
@@ -340,6 +347,11 @@ static int ws_stats(cm_source *s, cm_stats *out) {
   out->records_delivered = w->records;
   out->strings = w->nstr;
   memcpy(out->records_by_kind, w->records_by_kind, sizeof out->records_by_kind);
+  /* The agent's send queue at its last STATS: records queued so far less those it had sent. */
+  uint64_t queued = cm__wsrc_stat(w, "records_queued"), sent = cm__wsrc_stat(w, "records_sent");
+  out->backlog_records = queued > sent ? queued - sent : 0;
+  out->lag_recv_ns = w->lag_ns;
+  out->lag_recv_peak_ns = w->lag_peak_ns;
   return 0;
 }
 
@@ -442,7 +454,7 @@ static int ws_pm(cm_source *s, const char *spec, char *err, size_t errlen) {
 }
 
 static const cm_source_vtable agent_vt = {
-    .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .flush = ws_flush,
+    .name = "agent", .observe = ws_observe, .unobserve = ws_unobserve, .retire = ws_retire, .flush = ws_flush,
     .configure = ws_configure, .stats = ws_stats, .string = ws_string, .free = ws_free,
     .describe = ws_describe, .loss = ws_loss, .pm = ws_pm,
 };
@@ -693,6 +705,30 @@ static const char *field_name(const cm__wkind *k, int32_t field) {
   return lo < (k ? k->nfields : 0) && (int64_t)k->fields[lo].id == (int64_t)field ? k->fields[lo].name : NULL;
 }
 
+/* The lag of a live agent's batch: now less the newest start timestamp among its records, when
+ * the batch carries its kind's start column. Timestamps off this run's realtime clock by more
+ * than an hour (a test double's fixed dates) measure nothing and are ignored. */
+static void note_lag(cm__wsrc *w, const cm_wire_batch *wb) {
+  const cm__wkind *k = kind_find(w, (uint32_t)wb->batch.kind);
+  if (!k || k->start < 0) return;
+  int32_t field = (int32_t)k->fields[k->start].id;
+  for (uint32_t i = 0; i < wb->batch.ncols; i++) {
+    if (wb->cols[i].field != field || wb->cols[i].type != CM_TYPE_U64) continue;
+    const uint64_t *v = wb->cols[i].data;
+    uint64_t newest = 0;
+    for (uint32_t r = 0; r < wb->batch.n; r++)
+      if (v[r] > newest) newest = v[r];
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+    const uint64_t hour = 3600ull * 1000000000ull;
+    if (!newest || newest > now + 1000000000ull || now - newest > hour) return;
+    w->lag_ns = now > newest ? now - newest : 0;
+    if (w->lag_ns > w->lag_peak_ns) w->lag_peak_ns = w->lag_ns;
+    return;
+  }
+}
+
 static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
   static cm_wire_batch wb; /* large (128 columns); loop thread only, never re-entered */
   int rc = cm_wire_decode_batch(f, NULL, &wb);
@@ -705,6 +741,7 @@ static int on_batch(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   w->batches++;
   w->records += wb.batch.n;
   if (kind >= 0 && kind < CM_KIND_MAX) w->records_by_kind[kind] += wb.batch.n;
+  if (w->ops->select) note_lag(w, &wb);
   if (!w->attached || wb.batch.n == 0) return 0;
   /* A column of a type this version does not know is skipped (docs/wire.md): no consumer could
    * read it. The others are named by the schema, else by the registry, else a placeholder, so
@@ -867,8 +904,9 @@ void cm__wsrc_loss(const cm__wsrc *w, cm_loss *out) {
   out->produced = out->received + out->dropped;
   /* A process still running is not incomplete yet; one that ended without BYE (killed, cut off,
    * a corrupt or truncated stream) never sent its final counts. */
+  out->tail_unknown = cm__wsrc_stat(w, "exit_tail_unknown") != 0;
   out->incomplete = (w->end != CM__END_NONE && w->end != CM__END_BYE &&
-                     w->end != CM__END_DETACHED) || gaps_after > 0;
+                     w->end != CM__END_DETACHED) || gaps_after > 0 || out->tail_unknown;
   out->last_number = w->last_number;
 }
 
@@ -905,7 +943,7 @@ char *cm__wsrc_union(cm__wsrc *w) {
     for (int fid = 0; fid < nf; fid++) {
       int has = w->extra && cm_selection_has(w->extra, kind, fid);
       for (int i = 0; i < w->nobs && !has; i++)
-        has = !w->obs[i].narrowed && cm_selection_has(w->obs[i].sel, kind, fid);
+        has = !w->obs[i].retired && cm_selection_has(w->obs[i].sel, kind, fid);
       if (!has) continue;
       cm_field_info fi;
       if (cm_field_info_get(kind, fid, &fi)) continue;

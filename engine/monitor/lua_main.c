@@ -212,9 +212,13 @@ static void addf(char *buf, size_t cap, size_t *len, const char *fmt, ...) {
  * caller prints it last, after the script's output and the --record summaries. */
 static int loss_line(cm_host *h, char *line, size_t cap) {
   cm_loss sum, l;
+  int32_t gone[16];
+  int ngone = cm__hub_lost_handshakes(gone, 16);
   if (cm_host_source_loss(h, 0, &sum) != 0 || (sum.dropped == 0 && sum.incomplete == 0 &&
-                                              sum.lost_frames == 0))
-    return 0;
+                                              sum.lost_frames == 0)) {
+    if (!ngone) return 0;
+    memset(&sum, 0, sizeof sum);
+  }
   /* What was lost where, then the whole line. Incomplete counts (a process ended without its
    * final STATS) make the numbers lower bounds. */
   char cats[512];
@@ -254,6 +258,17 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
   else
     addf(line, cap, &n, "cuptimon-lua: LOST an unknown number of records");
   if (c) addf(line, cap, &n, " (%s)", cats);
+  if (!sum.dropped && !sum.incomplete && !sum.lost_frames) {
+    /* Only handshakes were lost: those processes ran untraced. */
+    n = 0;
+    line[0] = 0;
+    addf(line, cap, &n, "cuptimon-lua: LOST every record of %d process%s whose handshake was cut "
+         "short (the gate was full or the HELLO timed out); they ran untraced: pid", ngone,
+         ngone == 1 ? "" : "es");
+    for (int i = 0; i < ngone && i < 16; i++) addf(line, cap, &n, "%s %d", i ? "," : "", gone[i]);
+    if (ngone > 16) addf(line, cap, &n, ", ...");
+    return 1;
+  }
   addf(line, cap, &n, " in");
   int id, pid, listed = 0;
   sep = " pid ";
@@ -264,13 +279,22 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
       break;
     }
     addf(line, cap, &n, "%s%d", sep, pid);
-    if (l.incomplete && l.last_number)
+    if (l.tail_unknown)
+      addf(line, cap, &n, " (its exit left the final flush behind at the deadline: the records "
+                          "CUPTI still held are unknown)");
+    else if (l.incomplete && l.last_number)
       addf(line, cap, &n,
            " (its final counts are missing; the last batch frame received was %llu)",
            (unsigned long long)l.last_number);
     else if (l.incomplete)
       addf(line, cap, &n, " (its final counts are missing)");
     sep = ", pid ";
+  }
+  if (ngone) {
+    addf(line, cap, &n, "; and every record of %d process%s whose handshake was cut short (pid",
+         ngone, ngone == 1 ? "" : "es");
+    for (int i = 0; i < ngone && i < 16; i++) addf(line, cap, &n, "%s %d", i ? "," : "", gone[i]);
+    addf(line, cap, &n, "%s)", ngone > 16 ? ", ..." : "");
   }
   return 1;
 }

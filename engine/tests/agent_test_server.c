@@ -63,6 +63,7 @@ typedef struct checker {
   uint64_t stats_batches_dropped, stats_records_dropped_agent, stats_records_dropped;
   uint64_t stats_batches_sent;
   uint64_t stats_records_dropped_exit;
+  uint64_t stats_exit_tail_unknown;
   int stats_frames;
   /* Loss accounting (wire 1.1): BATCH numbers run 1, 2, 3, ... with no gap, and each STATS's
    * records_queued / batches_queued equal what arrived before it. */
@@ -194,6 +195,8 @@ static void checker_frame(checker *c, const cm_wire_frame *f) {
       if (strcmp(l.items[i].name, "batches_sent") == 0) c->stats_batches_sent = l.items[i].value;
       if (strcmp(l.items[i].name, "records_dropped_exit") == 0)
         c->stats_records_dropped_exit = l.items[i].value;
+      if (strcmp(l.items[i].name, "exit_tail_unknown") == 0)
+        c->stats_exit_tail_unknown = l.items[i].value;
       if (strcmp(l.items[i].name, "records_queued") == 0) {
         CMT_EQU(l.items[i].value, c->records_in);
         c->stats_checked++;

@@ -11,7 +11,10 @@
  *  3. Live mode while the monitor's FLUSH{sync, 60000} is in flight on the agent's control thread,
  *     holding the engine and waiting for a sync that blocks for a minute: the exit still takes at
  *     most the budget.
- *  4. A monitor asks for too much in CONFIGURE (a billion buffers, a 2 GiB buffer, a 1 TiB send
+ *  4. Live mode, and every cuptiActivityFlushAll blocks for 10 s once the workload is done (as
+ *     CUPTI's flush did under a backlog on the H200): the exit still takes at most the budget,
+ *     STATS says the tail is unknown, and BYE says why.
+ *  5. A monitor asks for too much in CONFIGURE (a billion buffers, a 2 GiB buffer, a 1 TiB send
  *     queue, a 1 ms flush cadence, no batch bound, a 49-day fence) and in FLUSH (a 49-day
  *     timeout): the agent clamps each, says so in its log, and traces exactly as before.
  */
@@ -101,6 +104,32 @@ static void test_live_blocked_sync(bool flush_in_flight) {
   app_cleanup(&a);
 }
 
+static void test_live_blocked_flush(void) {
+  static server s;
+  server_start(&s, "t", "kernel:all;memcpy:all", 50);
+  server_run(&s);
+  char sock[200];
+  snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
+  const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_EXIT_BUDGET_MS=2000", NULL};
+  app a;
+  app_start(&a, env, "--records 6000 --threads 2 --kinds kernel,memcpy --flush-block-ms 10000");
+  CMT_ASSERT(app_read_line(&a, 60000));
+  uint64_t t0 = mono_ms();
+  int st = app_wait(&a, 90000);
+  uint64_t ms = mono_ms() - t0;
+  server_join(&s);
+  printf("live, every flush blocks 10 s: exit took %llu ms after the workload\n",
+         (unsigned long long)ms);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
+  CMT_LT(ms, 2000 + SLACK_MS);
+  CMT_EQ(s.chk.byes, 1);
+  printf("  BYE: %s\n", s.chk.bye_message);
+  CMT_CONTAINS(s.chk.bye_message, "final flush did not return within the budget");
+  CMT_EQU(s.chk.stats_exit_tail_unknown, 1);
+  checker_free(&s.chk);
+  app_cleanup(&a);
+}
+
 static void test_control_caps(void) {
   static server s;
   const char *spec = "kernel:name,start,stop";
@@ -148,6 +177,7 @@ int main(void) {
   test_capture_blocked_sync();
   test_live_blocked_sync(false);
   test_live_blocked_sync(true);
+  test_live_blocked_flush();
   test_control_caps();
   printf("ok\n");
   return 0;

@@ -191,6 +191,8 @@ function M.with_budget(spec)
     "the kinds the budget sheds, in order" }
   spec.hold_ms = { 5000, "how long the rate stays under the budget before a shed kind returns",
     min = 0, integer = true }
+  spec.lag_ms = { 0, "also shed while a process's records reach the script more than this late "
+    .. "(ms; 0: the rate alone)", min = 0 }
   return spec
 end
 

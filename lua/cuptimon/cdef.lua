@@ -103,6 +103,15 @@ typedef struct cm_stats {
   uint64_t sessions;
   uint64_t strings;
   uint64_t records_by_kind[64];
+  uint64_t lag_cupti_ns;
+  uint64_t lag_decode_ns;
+  uint64_t lag_decode_peak_ns;
+  uint64_t decode_wait_ns;
+  uint64_t lag_recv_ns;
+  uint64_t lag_recv_peak_ns;
+  uint64_t backlog_records;
+  uint64_t send_wait_ns;
+  uint64_t send_wait_peak_ns;
 } cm_stats;
 
 typedef struct cm_session_info {

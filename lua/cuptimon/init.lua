@@ -346,15 +346,22 @@ local stat_names = {
   "buffers_allocated", "buffers_outstanding", "buffers_free", "buffers_decoded",
   "buffers_refused", "bytes_decoded", "records_decoded", "records_delivered", "records_dropped",
   "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
-  "strings",
+  "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
+  "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
 --- processes that already exited included), as a table of numbers with records_by_kind keyed by
 --- kind name, and the losses in records: dropped (every record lost, also records_dropped) =
 --- dropped_cupti + dropped_agent + dropped_exit + lost_wire, received, produced, lost_frames,
---- incomplete (sources whose final counts never arrived), last_number. Returns nil, err for an
---- unknown source.
+--- incomplete (sources whose final counts never arrived), last_number. The lag: lag_s and
+--- lag_peak_s (how far behind the records the script's view is: a batch's arrival less its newest
+--- record start, now and at its peak; the largest over sources for the sum), backlog_records (the
+--- records the agent had decoded and not yet sent at its last STATS), and by stage, in ns:
+--- lag_cupti_ns (a record's timestamp to CUPTI completing its buffer), lag_decode_ns and
+--- lag_decode_peak_ns (to the agent's decoder), decode_wait_ns, send_wait_ns and
+--- send_wait_peak_ns (the agent's decode and send queues), lag_recv_ns and lag_recv_peak_ns (to
+--- the monitor). Returns nil, err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)
@@ -367,6 +374,7 @@ function M.stats(source)
   local t = { records_by_kind = {} }
   for _, k in ipairs(stat_names) do t[k] = tonumber(stats_cell[k]) end
   for k, v in pairs(core.loss(source or 0) or {}) do t[k] = v end
+  t.lag_s, t.lag_peak_s = t.lag_recv_ns / 1e9, t.lag_recv_peak_ns / 1e9
   for _, name in ipairs(registry.kind_names()) do
     local n = tonumber(stats_cell.records_by_kind[registry.kind(name).id])
     if n > 0 then t.records_by_kind[name] = n end
@@ -798,18 +806,19 @@ end
 local Window = {}
 Window.__index = Window
 
--- Ends one process's part of a window: the observer leaves the union (a narrowing SELECT) but
--- keeps receiving batches, then the closing fence; the "window_done" event completes it and
--- closes the observer, so the observer sees every record the window holds, also those made just
--- before the narrowing that arrive with the closing fence.
+-- Ends one process's part of a window: the observer leaves the selection (a narrowing SELECT,
+-- which the agent applies by delivering every record of the kinds it turns off) but keeps
+-- receiving batches until the closing fence, so `fn` sees the window's tail; the "window_done"
+-- event then closes it.
 local function window_end(part)
   if part.ending then return end
   part.ending = true
   if part.timer then part.timer:close() end
   local function finish()
-    local ok, err = core.window_end(part.source, part.obs and part.obs.id or nil)
-    if not ok and part.obs then part.obs:close() end
+    if part.obs and part.obs.id and not part.obs.closed then core.retire(part.obs.id) end
+    local ok, err = core.window_end(part.source)
     -- The process may have ended first: its window completes (or completed) without this call.
+    if not ok and part.obs then part.obs:close() end
     if not ok and not err:find("^ENOENT") and not err:find("^ESTATE") then report("window", err) end
   end
   if core.in_dispatch() then later(finish) else finish() end
@@ -948,7 +957,8 @@ local function budget_event(what, st, source, kind, rate)
   local list = {}
   for i, k in ipairs(st.shed) do list[i] = k end
   run_hooks(hooks[what], what .. " hook", { source = source, pid = st.pid, kind = kind,
-    rate = rate, records_per_s = budget.records_per_s, shed = list })
+    rate = rate, records_per_s = budget.records_per_s, lag_s = st.lag_s, lag_ms = budget.lag_ms,
+    shed = list })
 end
 
 local function apply_shed(source, st)
@@ -977,7 +987,10 @@ local function budget_tick()
       while #smp > 2 and smp[2].t <= now - budget.window_ms do table.remove(smp, 1) end
       if now - st.since >= budget.window_ms and now > smp[1].t then
         local rate = (n - smp[1].n) * 1000 / (now - smp[1].t)
-        if rate > budget.records_per_s then
+        local cs = budget.lag_ms and M.stats(s.source)
+        st.lag_s = cs and cs.lag_s or 0
+        if (budget.records_per_s and rate > budget.records_per_s)
+          or (budget.lag_ms and st.lag_s * 1000 > budget.lag_ms) then
           st.under_since = nil
           local nxt = budget.shed[#st.shed + 1]
           if nxt then
@@ -1022,22 +1035,31 @@ end
 
 --- A record-rate budget for every live process. opts:
 ---   records_per_s = n  the sustained rate (records received per second) a process may reach
+---   lag_ms = n         and (or instead) how late its records may reach the script (cm.stats()
+---                      lag_s): "shed runtime when the lag passes 1 s" is lag_ms = 1000
 ---   shed = { "runtime", "driver", ... }  the kinds disabled, in order, one at a time, while a
 ---                      process's rate stays above the budget
 ---   hold_ms = n        how long the rate must stay under the budget before the last kind shed
 ---                      is traced again (default 5000)
 ---   window_ms = n      the span the rate is measured over (default 1000)
 --- Each shed and restore fires the "shed" or "restore" event with { source, pid, kind, rate,
---- records_per_s, shed = { kinds shed now } }, is counted in cm.stats() (shed, sheds, restores)
+--- records_per_s, lag_s, lag_ms, shed = { kinds shed now } }, is counted in cm.stats() (shed, sheds, restores)
 --- and listed by cm.shed_notes(). One budget at a time: a new one replaces the previous. The
 --- rate is that of the records arriving: set a flush cadence (cm.configure{ flush_ms = 250 }) so
 --- that they arrive steadily rather than when CUPTI's buffers fill.
 --- Returns a handle with :close() (which restores every shed kind).
 function M.budget(opts)
-  check_opts("cuptimon.budget", opts, "hold_ms, records_per_s, shed, window_ms")
-  if type(opts.records_per_s) ~= "number" or opts.records_per_s <= 0 then
+  check_opts("cuptimon.budget", opts, "hold_ms, lag_ms, records_per_s, shed, window_ms")
+  if opts.records_per_s == nil and opts.lag_ms == nil then
+    error("cuptimon.budget: give records_per_s, lag_ms or both", 2)
+  end
+  if opts.records_per_s ~= nil and (type(opts.records_per_s) ~= "number" or opts.records_per_s <= 0) then
     error(("cuptimon.budget: records_per_s must be a positive number, got %s")
       :format(tostring(opts.records_per_s)), 2)
+  end
+  if opts.lag_ms ~= nil and (type(opts.lag_ms) ~= "number" or opts.lag_ms <= 0) then
+    error(("cuptimon.budget: lag_ms must be a positive number of ms, got %s")
+      :format(tostring(opts.lag_ms)), 2)
   end
   if type(opts.shed) ~= "table" or #opts.shed == 0 then
     error("cuptimon.budget: shed must be a non-empty list of kind names such as "
@@ -1054,8 +1076,8 @@ function M.budget(opts)
   check_ms("cuptimon.budget", "hold_ms", opts.hold_ms, true)
   check_ms("cuptimon.budget", "window_ms", opts.window_ms, true)
   if opts.window_ms == 0 then error("cuptimon.budget: window_ms must be at least 1", 2) end
-  local b = { records_per_s = opts.records_per_s, shed = shed, hold_ms = opts.hold_ms or 5000,
-    window_ms = opts.window_ms or 1000 }
+  local b = { records_per_s = opts.records_per_s, lag_ms = opts.lag_ms, shed = shed,
+    hold_ms = opts.hold_ms or 5000, window_ms = opts.window_ms or 1000 }
   local h = setmetatable({ opts = b }, Budget)
   if core.check_mode() then return h end
   if budget then setmetatable({ opts = budget }, Budget):close() end
@@ -1107,11 +1129,49 @@ end
 --- opts.budget is 0. The rate is measured as records arrive, so the agents are also asked to
 --- flush CUPTI's buffers every 250 ms (without a cadence, records come when buffers fill).
 function M.budget_from(opts)
-  if not opts.budget or opts.budget <= 0 then return nil end
+  local rate = opts.budget and opts.budget > 0 and opts.budget or nil
+  local lag = opts.lag_ms and opts.lag_ms > 0 and opts.lag_ms or nil
+  if not rate and not lag then return nil end
   M.configure { flush_ms = 250, deliver_ms = 250 }
   local list = {}
   for k in tostring(opts.shed):gmatch("[^,%s]+") do list[#list + 1] = k end
-  return M.budget { records_per_s = opts.budget, shed = list, hold_ms = opts.hold_ms }
+  return M.budget { records_per_s = rate, lag_ms = lag, shed = list, hold_ms = opts.hold_ms }
+end
+
+--- Lines that say how far behind the script's view ran, for each process whose records reached
+--- the script more than `min_s` seconds (default 1) late at some point: a view that is behind is
+--- late, not incomplete (losses have their own LOST line). Now and at the peak, with the records
+--- the agent still held (cm.stats(): lag_s, lag_peak_s, backlog_records).
+local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (process_exit)
+
+function M.lag_notes(min_s)
+  min_s = min_s or 1
+  local out, seen = {}, {}
+  for _, s in ipairs(core.sources()) do
+    seen[s.source] = true
+    local st = M.stats(s.source)
+    if st and st.lag_peak_s >= min_s then
+      out[#out + 1] = ("note: the records of pid %d reached the script up to %.1f s late (now %.1f "
+        .. "s behind, %d records not yet sent by its agent): the view is behind the application")
+        :format(s.pid, st.lag_peak_s, st.lag_s, st.backlog_records)
+    end
+  end
+  local gone = {}
+  for source, g in pairs(lag_gone) do
+    if not seen[source] and g.peak >= min_s then gone[#gone + 1] = g end
+  end
+  table.sort(gone, function(a, b) return a.pid < b.pid end)
+  for _, g in ipairs(gone) do
+    out[#out + 1] = ("note: the records of pid %d reached the script up to %.1f s late: the view "
+      .. "ran behind the application"):format(g.pid, g.peak)
+  end
+  return out
+end
+
+--- Prints cm.lag_notes(min_s) (to io.stdout, or `out`), if any.
+function M.print_lag_notes(out, min_s)
+  out = out or io.stdout
+  for _, line in ipairs(M.lag_notes(min_s)) do out:write(line, "\n") end
 end
 
 ---------------------------------------------------------------------------------------------------
@@ -1148,11 +1208,12 @@ function M.duty_offsets(seed, pid, n, period_ms, on_ms)
 end
 
 --- The lag hook of the duty cycle: the lag of a process's records in ms, or nil when unknown.
---- It reads cm.stats(source).lag_ms, the field the sustained-load issue (18) adds; replace this
---- function (cm.duty_lag_ms = function(source) ... end) to use another measure.
+--- It reads cm.stats(source).lag_s (how far behind the records the script's view runs: the
+--- sustained-load issue's per-process lag), the same figure cm.budget{ lag_ms } sheds on; replace
+--- this function (cm.duty_lag_ms = function(source) ... end) to use another measure.
 function M.duty_lag_ms(source)
   local ok, st = pcall(M.stats, source)
-  if ok and type(st) == "table" and type(st.lag_ms) == "number" then return st.lag_ms end
+  if ok and type(st) == "table" and type(st.lag_s) == "number" then return st.lag_s * 1000 end
   return nil
 end
 
@@ -1416,6 +1477,12 @@ local function event(name, a, b)
     run_hooks(hooks.process_start, "process_start hook", a)
   elseif name == "process_exit" then
     batch.forget(a.source)
+    -- The peak lag of the process's life, next to its losses.
+    local st = M.stats(a.source)
+    if st then
+      a.lag_peak_s, a.lag_decode_peak_ns = st.lag_peak_s, st.lag_decode_peak_ns
+      lag_gone[a.source] = { pid = a.pid, peak = st.lag_peak_s }
+    end
     -- The exit table carries the start fields too (describe fills both), so it replaces them.
     batch.processes[a.source] = a
     if #duties > 0 then duty_process_exit(a) end

@@ -80,9 +80,9 @@ step nvtx_trace_check "$LUA" -e "package.path='spec/?.lua;'..package.path
   if not r then print('trace invalid: ' .. tostring(e)); os.exit(1) end
   print('trace valid'); for k, v in pairs(r) do if type(v) ~= 'table' then print(k, v) end end"
 
-# 7. On demand, PM sampling, windows and ranks (issues 11, 12, 14), and the pipeline's rate on the
-# fake CUPTI with this machine's cores (issue 13): each script checks its own results and exits
-# non-zero when one fails.
+# 7. On demand, PM sampling, windows, ranks and the SQLite export (issues 11, 12, 14, 22), and the
+# pipeline's rate on the fake CUPTI with this machine's cores (issue 13): each script checks its
+# own results and exits non-zero when one fails.
 mkdir -p "$OUT/dormant"
 step dormant env OUT="$OUT/dormant" bash spec/gpu/dormant.sh "$B"
 mkdir -p "$OUT/pm_sampling"
@@ -91,6 +91,8 @@ mkdir -p "$OUT/windows"
 step windows env OUT="$OUT/windows" bash spec/gpu/windows.sh "$B"
 mkdir -p "$OUT/ranks_one_gpu"
 step ranks_one_gpu env OUT="$OUT/ranks_one_gpu" bash spec/gpu/ranks_one_gpu.sh "$B"
+mkdir -p "$OUT/sqlite_torch"
+step sqlite_torch env OUT="$OUT/sqlite_torch" bash spec/gpu/sqlite_torch.sh "$B"
 step pipeline_rate sh bench/pipeline_rate.sh "$B" 2 8
 
 # The logs come back (without the captures and the trace, which are large) when $OUT was set.

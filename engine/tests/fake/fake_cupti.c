@@ -213,10 +213,6 @@ static _Atomic(CUpti_BuffersCallbackCompleteFunc) cb_complete;
 static _Atomic(CUpti_TimestampCallbackFunc) cb_timestamp;
 
 static atomic_int kind_on[FAKE_NKINDS];
-/* Emits of each kind between their check of kind_on and the end of their write: cuptiActivityDisable
- * waits for them, so that once it returns no record of the kind is written (the contract the
- * engine's cm_unobserve relies on: disable, then flush, and the flush has every record). */
-static atomic_int kind_inflight[FAKE_NKINDS];
 static atomic_uint_fast64_t sync_epoch;
 static atomic_uint_fast64_t drops_unreported;
 
@@ -228,6 +224,8 @@ static atomic_int knob_reject_push;
 /* cuCtxSynchronize blocks this long first (a kernel still running); -1: not read from the
  * environment (FAKE_CUDA_SYNC_BLOCK_MS) yet. */
 static atomic_int knob_sync_block_ms = -1;
+/* fake_set_flush_block_ms: how long every cuptiActivityFlushAll sleeps first (0: not at all). */
+static atomic_int knob_flush_block_ms;
 
 /* Simulated stream captures: how many are in progress, and whether a synchronize in a mode other
  * than relaxed has invalidated them since the first one began. */
@@ -519,22 +517,32 @@ static void emit_external_correlation(const void *api_record) {
   }
 }
 
+/* cuptiActivityDisable returns only once every record of the kind that a producer had begun to
+ * write (it saw the kind enabled) is in a buffer, as CUPTI's own disable does for the calls in
+ * progress: emitters count themselves in under one of two phases, and the disable flips the phase
+ * and waits for the old one to drain. So a record the fake counts as written is always in a
+ * buffer that the flush after the disable takes. */
+static atomic_uint emit_phase;
+static atomic_uint emit_inflight[2];
+
 int fake_emit(const void *record, size_t size, int pending) {
   uint32_t kind;
   if (!record || size < sizeof kind || size % 8 != 0) return -1;
   memcpy(&kind, record, sizeof kind);
   if (kind == 0 || kind >= (uint32_t)FAKE_NKINDS) return -1;
   if (kind_size(kind) && kind_size(kind) != size) return -1;
-  atomic_fetch_add(&kind_inflight[kind], 1);
+  unsigned ph = atomic_load(&emit_phase) & 1;
+  atomic_fetch_add(&emit_inflight[ph], 1);
+  int rc;
   if (!atomic_load(&kind_on[kind])) {
-    atomic_fetch_sub(&kind_inflight[kind], 1);
     BUMP(st.records_disabled);
-    return 2;
+    rc = 2;
+  } else {
+    if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER)
+      emit_external_correlation(record);
+    rc = write_record(record, size, pending);
   }
-  if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER)
-    emit_external_correlation(record);
-  int rc = write_record(record, size, pending);
-  atomic_fetch_sub(&kind_inflight[kind], 1);
+  atomic_fetch_sub(&emit_inflight[ph], 1);
   return rc;
 }
 
@@ -613,6 +621,10 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
                                                    CUpti_SubscriberParams *pParams) {
   if (!subscriber) return CUPTI_ERROR_INVALID_PARAMETER;
   if (pParams && pParams->structSize == 0) return CUPTI_ERROR_INVALID_PARAMETER;
+  /* FAKE_CUPTI_SUBSCRIBE_DELAY_MS: a subscription as slow as the real one (loading CUPTI takes
+   * tens of ms), during which the agent's connection to the monitor is open but silent. */
+  const char *delay = getenv("FAKE_CUPTI_SUBSCRIBE_DELAY_MS");
+  if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
   pthread_mutex_lock(&ctl.lock);
   if (ctl.foreign[0] || ctl.subscribed) {
     report_old_subscriber(pParams);
@@ -737,8 +749,11 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind) {
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityDisable(CUpti_ActivityKind kind) {
   if (!valid_kind(kind)) return CUPTI_ERROR_INVALID_KIND;
   atomic_store(&kind_on[kind], 0);
-  while (atomic_load(&kind_inflight[kind])) sched_yield();
   BUMP(st.disable_calls[kind]);
+  /* Waits for the emitters that may have seen the kind enabled (see fake_emit). A producer calls
+   * disable only through the engine, never from inside fake_emit, so this cannot wait on itself. */
+  unsigned old = atomic_fetch_add(&emit_phase, 1) & 1;
+  while (atomic_load(&emit_inflight[old]) != 0) sched_yield();
   return CUPTI_SUCCESS;
 }
 
@@ -769,6 +784,8 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t *buffer,
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
   int forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
+  int block = atomic_load(&knob_flush_block_ms);
+  if (block > 0) usleep((useconds_t)block * 1000);
   BUMP(st.flushes);
   if (forced) BUMP(st.forced_flushes);
   flush_threads(forced);
@@ -1015,7 +1032,16 @@ int fake_stretch_kernel(void *record, const char *name, uint64_t factor) {
 size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out) {
   if (!out) return 0;
   gen g = {mix64(mix64(mix64((uint64_t)(uint32_t)kind) ^ thread) ^ seq), 0};
-  const uint64_t start = 1700000000000000000ull + seq * 1000u + (uint64_t)thread * 7u;
+  /* FAKE_CUPTI_NOW_STAMPS=1 stamps records with the time they are made (less 1 us), so that the
+   * pipeline's lag is measurable (spec/window_spec.lua); by default the values depend only on
+   * (kind, thread, seq), so tests can regenerate them. */
+  static int now_stamps = -1;
+  if (now_stamps < 0) {
+    const char *e = getenv("FAKE_CUPTI_NOW_STAMPS");
+    now_stamps = e && *e == '1';
+  }
+  const uint64_t start = now_stamps ? fake_now() - 1000u
+                                    : 1700000000000000000ull + seq * 1000u + (uint64_t)thread * 7u;
   const uint64_t end = start + 100u + seq % 50u;
   const uint32_t corr = (uint32_t)(thread * 1000003u + seq + 1u);
   union {
@@ -1608,6 +1634,8 @@ void fake_set_completion_delay_us(uint32_t us) { atomic_store(&knob_completion_d
 void fake_set_suppress_sync_records(int on) { atomic_store(&knob_suppress_sync, on ? 1 : 0); }
 
 void fake_set_sync_block_ms(int ms) { atomic_store(&knob_sync_block_ms, ms < 0 ? 0 : ms); }
+
+void fake_set_flush_block_ms(int ms) { atomic_store(&knob_flush_block_ms, ms < 0 ? 0 : ms); }
 
 /* Fires the driver API callback `cbid` at exit with a params struct that starts with the stream
  * and the given result, as CUPTI does for cuStreamBeginCapture_v2 and cuStreamEndCapture. */

@@ -127,6 +127,11 @@ void fake_set_suppress_sync_records(int on);
  * same knob in a process that does not call this (the fake CUDA app under the agent). */
 void fake_set_sync_block_ms(int ms);
 
+/* Makes every later cuptiActivityFlushAll block `ms` milliseconds before it flushes, as CUPTI's
+ * flush was seen to under a backlog on the H200 (0: no block). fake_cuda_app --flush-block-ms sets
+ * it once its workload is done, so that only the exit's flushes block. */
+void fake_set_flush_block_ms(int ms);
+
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
  * cuStreamEndCapture (enter and exit, the stream first in the params, the result in
