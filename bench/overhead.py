@@ -49,6 +49,8 @@ CONFIGS = [
     ("cm_top", "cuptimon live, scripts/top.lua", ("launch", "torch")),
     ("cm_record", "cuptimon --record --select 'kernel;runtime'", ("launch", "torch")),
     ("dormant", "agent injected, dormant (CUPTIMON_LISTEN=1)", ("launch", "torch")),
+    ("duty05", "cuptimon live, scripts/count.lua --duty 0.05 --kinds kernel", ("launch", "torch")),
+    ("duty10", "cuptimon live, scripts/count.lua --duty 0.1 --kinds kernel", ("launch", "torch")),
     ("prof_cuda", "torch.profiler, CUDA activities", ("torch",)),
     ("prof_cpu_cuda", "torch.profiler, CPU + CUDA activities", ("torch",)),
 ]
@@ -61,6 +63,10 @@ LAUNCHED = re.compile(r"^LAUNCHED (\d+)", re.M)
 FLOOR = re.compile(r"cupti_floor: kernels (\d+) runtime (\d+) other \d+ dropped (\d+)")
 COUNT_ROW = re.compile(r"^\s*(concurrent_kernel|runtime)\s+(\d+)\s*$", re.M)
 RECORDED = re.compile(r"recorded (\S+): .* (\d+) records, (\d+) dropped")
+ESTIMATED = re.compile(r"^estimated concurrent_kernel (\d+) ± (\S+) \(95%, (\d+) windows\)", re.M)
+# The duty configurations' period (DUTY_PERIOD_MS): a run must hold many periods, so it is
+# shorter than the recipes' default of 10 s; bench/duty_overhead.sh sets it with long runs.
+DUTY = {"duty05": "0.05", "duty10": "0.1"}
 
 
 class Setup:
@@ -110,6 +116,10 @@ class Setup:
         if config == "cm_record":
             return [self.lua, "--record", os.path.join(self.tmp, "rec.%p.cmcap"), "--select",
                     "kernel;runtime", "--"] + self.workload(wl), env
+        if config in DUTY:
+            return [self.lua, os.path.join(ROOT, "scripts", "count.lua"), "--duty", DUTY[config],
+                    "--period-ms", os.environ.get("DUTY_PERIOD_MS", "1000"), "--kinds", "kernel",
+                    "--"] + self.workload(wl), env
         if config == "dormant":
             env["CUDA_INJECTION64_PATH"] = self.agent
             env["CUPTIMON_LISTEN"] = "1"
@@ -159,6 +169,16 @@ def check(config, wl, rc, out, err):
         if launched is not None and n < 2 * launched:
             return False, "--record wrote %d records for %d launches" % (n, launched), n
         return True, "", n
+    if config in DUTY:
+        if "LOST" in text:
+            return False, "a LOST line", None
+        m = ESTIMATED.search(out)
+        if not m:
+            return False, "no 'estimated concurrent_kernel' line (no window?)", None
+        note = "estimated %s ± %s kernels in %s windows" % m.groups()
+        if launched is not None:
+            note += " (launched %d)" % launched
+        return True, note, None
     if "LOST" in text:
         return False, "a LOST line", None
     return True, "", None
@@ -218,6 +238,7 @@ def cell(s, scale=1.0, ratio=False):
 # selects kernels only; the dormant agent records nothing, so its reference is the untraced run).
 FLOOR_OF = {"untraced": "floor_k", "floor_kr": "floor_k", "cm_count": "floor_kr",
             "cm_top": "floor_k", "cm_record": "floor_kr", "dormant": "untraced",
+            "duty05": "untraced", "duty10": "untraced",
             "prof_cuda": "floor_kr", "prof_cpu_cuda": "floor_kr"}
 SHORT = {"untraced": "untraced", "floor_k": "floor (k)", "floor_kr": "floor (k+rt)",
          "prof_cuda": "torch.profiler CUDA"}
@@ -283,7 +304,7 @@ def report(rows, configs, workloads, meta):
                         got.append("%s %.3f [%.3f, %.3f], %s" % (
                             "wall" if key == "wall_ns" else "thread CPU", s["median"], s["lo"],
                             s["hi"], WORD[bs.interval_verdict(s["lo"], s["hi"])]))
-                if got and (c.startswith("cm_") or c == "dormant"):
+                if got and (c.startswith("cm_") or c == "dormant" or c in DUTY):
                     verdicts.append("%s workload, %s against %s: %s" % (
                         wl, LABEL[c], SHORT[ref], "; ".join(got)))
             add("| " + " | ".join(row) + " |")
@@ -352,8 +373,9 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     meta = {"machine": bs.describe(setup.build), "rounds": args.rounds,
             "seed": args.seed, "launches": args.launches, "ops": args.ops,
-            "command": "bash bench/overhead.sh BUILD_DIR" + (" (ROUNDS=%d)" % args.rounds
-                                                             if args.rounds != 10 else "")}
+            "command": os.environ.get("OVERHEAD_COMMAND") or
+            "bash bench/overhead.sh BUILD_DIR" + (" (ROUNDS=%d)" % args.rounds
+                                                  if args.rounds != 10 else "")}
     print("overhead: %d runs per round (%s), %d rounds, seed %d"
           % (len(pairs), ", ".join("%s/%s" % p for p in pairs), args.rounds, args.seed), flush=True)
     rows = []

@@ -43,6 +43,19 @@ class Check(unittest.TestCase):
         self.assertFalse(oh.check("cm_count", "torch", 0, COUNT % (100, 0), "")[0])
         self.assertTrue(oh.check("cm_count", "torch", 0, COUNT % (100, 500), "")[0])
 
+    def test_duty(self):
+        est = "estimated concurrent_kernel 1990 ± 40 (95%, 12 windows)\nduty 0.050 (50 of every 1000 ms)\n"
+        ok, note, _ = oh.check("duty05", "launch", 0, LOOP + est, "")
+        self.assertTrue(ok)
+        self.assertIn("estimated 1990 ± 40 kernels in 12 windows (launched 2000)", note)
+        self.assertFalse(oh.check("duty10", "launch", 0, LOOP, "")[0])  # no window, no estimate
+        self.assertFalse(oh.check("duty05", "torch", 0, est, "cuptimon-lua: LOST 3 of 9 records")[0])
+        argv, env = oh.Setup.command(type("S", (), {"lua": "L", "workload": lambda self, w: ["W"]})(),
+                                     "duty10", "launch")
+        self.assertEqual(argv[1:6], [os.path.join(oh.ROOT, "scripts", "count.lua"), "--duty", "0.1",
+                                     "--period-ms", os.environ.get("DUTY_PERIOD_MS", "1000")])
+        self.assertEqual(argv[-2:], ["--", "W"])
+
     def test_record(self):
         self.assertTrue(oh.check("cm_record", "launch", 0, LOOP, REC % (4001, 0))[0])
         self.assertFalse(oh.check("cm_record", "launch", 0, LOOP, REC % (4001, 2))[0])

@@ -17,6 +17,12 @@
 --   --pm-devices LIST   also sample GPU utilization with PM sampling on these devices ("0,1";
 --                       default none: PM sampling costs nothing unless asked for)
 --   --pm-interval-us N  the PM sampling interval (default 100000)
+--   --duty F            trace only a window of F x --period-ms (default 10000 ms) in each
+--                       period, at a seeded random offset (--seed), and export estimates with
+--                       their 95% bounds instead of exact counters (below); the documented way
+--                       to run a node: cuptimon-lua --attach all scripts/prometheus.lua --duty 0.05
+--                       (examples/systemd/ has the unit, the scrape configuration and the jobs'
+--                       environment)
 --
 -- Metrics (text exposition format 0.0.4; base units; labels host, pid, executable (the
 -- executable's base name) and device on every GPU series; device is one the process's HELLO
@@ -41,6 +47,19 @@
 --   cuptimon_gpu_pcie_read_bytes_per_second{...}        PCIe reads
 --   cuptimon_gpu_pcie_write_bytes_per_second{...}       PCIe writes
 --   cuptimon_gpu_pm_samples_total{...}                  PM samples received
+--
+-- With --duty, gauges estimated from the windows (cuptimon.estimate: ratio estimator over the
+-- windows, Student-t 95% interval), each with _lower_bound_ and _upper_bound_ families of its own
+-- (the top --top-kernels kernels by estimated GPU time per process and device):
+--   cuptimon_estimated_kernel_launches_per_second{...,kernel}      (and _lower_bound_/_upper_bound_)
+--   cuptimon_estimated_kernel_duration_seconds_per_second{...,kernel}  GPU time per second
+--   cuptimon_estimated_kernel_launches_since_start{...,kernel}     launches since attach
+--   cuptimon_estimated_kernel_phase_change{...,kernel}             1: the windows' halves disagree
+--   cuptimon_estimated_memcpy_copies_per_second{...,copy_kind}, ..._memcpy_bytes_per_second,
+--   cuptimon_estimated_memcpy_duration_seconds_per_second
+--   cuptimon_duty_target_ratio, cuptimon_duty_ratio{host,pid,executable} (traced / elapsed),
+--   cuptimon_duty_windows_total, cuptimon_duty_windows_skipped_total,
+--   cuptimon_duty_windows_discarded_total, cuptimon_duty_detection_limit_launches_per_second
 --
 -- Bounded labels. A kernel name gets its own label only among the first K admitted: names seen
 -- since the last decision wait (per process and device) until the next scrape, which admits the
@@ -82,7 +101,7 @@ local args = require "cuptimon.args"
 local pm = require "cuptimon.pm"
 local uv = require "luv"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_duty {
   listen = { "127.0.0.1:9464", "where to serve, HOST:PORT" },
   port = { "", "the port, overriding --listen's" },
   top_kernels = { 20, "kernel names with their own label", min = 0, integer = true },
@@ -237,7 +256,18 @@ end
 
 cm.on("process_start", function(p) procs[p.source] = p end)
 
-cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
+-- --duty: windows and estimates (cuptimon.sampling) instead of these full-trace observers.
+local sampler
+local observe = cm.observe
+if opts.duty > 0 then
+  local err
+  sampler, err = require("cuptimon.sampling").start { duty = opts.duty, period_ms = opts.period_ms,
+    seed = opts.seed > 0 and opts.seed or nil, kernels = true, copies = true }
+  if not sampler then error(err, 0) end
+  observe = function() end
+end
+
+observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
   local start, stop, device = b.start, b.stop, b.device
   local g, gdev
   local full = nadmitted >= opts.top_kernels
@@ -270,7 +300,7 @@ cm.observe({ kernel = { "name", "start", "stop", "device" } }, function(b)
   if npending > MAX_PENDING_NAMES then decide() end
 end)
 
-cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, function(b)
+observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, function(b)
   local ck, nbytes, start, stop, device = b.copy_kind, b.bytes, b.start, b.stop, b.device
   for i = 0, b.n - 1 do
     local kind, d = tonumber(ck[i]), device_label(b.source, device[i])
@@ -387,6 +417,12 @@ local function render()
   local function w(s) out[#out + 1] = s end
   local function family(name, typ, help)
     w(("# HELP %s %s\n# TYPE %s %s\n"):format(name, help, name, typ))
+  end
+  if sampler then
+    require("cuptimon.sampling").prometheus_render(sampler, w, family, proc_labels, escape,
+      opts.top_kernels)
+    render_pm(w, family)
+    return table.concat(out)
   end
   local function kernel_series(fn)
     for _, g in ipairs(group_list) do

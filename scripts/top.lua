@@ -3,6 +3,7 @@
 -- Usage: cuptimon-lua scripts/top.lua [--top N] [--interval MS] [--full-names] [--mangled]
 --          -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/top.lua
+--        cuptimon-lua --attach all scripts/top.lua --duty 0.05 --interval 30000
 --
 -- Arguments:
 --   --top N          how many kernels to show per table (default 10; at least 1)
@@ -22,6 +23,11 @@
 --                    or name
 --   --budget N       shed kinds (--shed, in order) of a process above N records per second,
 --                    and say so under the tables
+--   --duty F         trace only a window of F x --period-ms (default 10000) in each period, at
+--                    a seeded random offset (--seed), and show estimates with 95% intervals:
+--                    launches/s, GPU ms/s and launches since the start, each with a ± column,
+--                    and a footer with the duty, the windows so far and traced against elapsed
+--                    time (cuptimon.sampling; --interval refreshes them)
 --
 -- One table per process (pid and executable, and rank when its RANK environment variable is set:
 -- "pid 4242 (/usr/bin/python3), rank 1, device 1") and device. The columns follow nsys stats'
@@ -45,13 +51,13 @@ local tabulate = require "cuptimon.table"
 
 local ffi = require "ffi"
 
-local opts = args.parse(arg, args.with_output(args.with_sort(args.with_filter(args.with_budget {
+local opts = args.parse(arg, args.with_output(args.with_sort(args.with_filter(args.with_duty(args.with_budget {
   top = { 10, "how many kernels to show per table", min = 1, integer = true },
   interval = { 0, "show the tables every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
   full_names = { false, "show whole demangled signatures" },
   mangled = { false, "show the names as CUPTI reports them, mangled" },
-}, "kernels"))))
+}), "kernels"))))
 args.output(opts, "top.lua")
 local names = args.filter(opts, "top.lua")
 local order = args.sort_order(opts, "top.lua")
@@ -63,6 +69,8 @@ if opts.interval > 0 and opts.budget <= 0 then
   cm.configure { flush_ms = ms, deliver_ms = ms }
 end
 local form = opts.mangled and "mangled" or opts.full_names and "full" or "short"
+-- --duty: windows and estimates instead of every record (cuptimon.sampling).
+if opts.duty > 0 then return require("cuptimon.sampling").top_main(opts, form) end
 
 -- group key ("pid:device") -> { title =, pid =, device =, names = stats_by, sketch = { name -> sketch } }
 local groups = {}

@@ -100,6 +100,17 @@ function M.agent_app()
   return app
 end
 
+--- The key=value pairs (numbers converted) of the first line of `out` that starts with
+--- `prefix` and a space, such as fake_cuda_app's "fake_cuda_app: pid=... records=..." line.
+--- Raises, showing `out`, when there is none.
+function M.pairs_of(out, prefix)
+  local line = out:match("\n" .. prefix .. " ([^\n]*)") or out:match("^" .. prefix .. " ([^\n]*)")
+  assert(line, "no line starting with " .. prefix .. " in:\n" .. out)
+  local t = {}
+  for k, v in line:gmatch("([%w_]+)=(%S*)") do t[k] = tonumber(v) or v end
+  return t
+end
+
 --- A new empty temporary directory; returns its path.
 function M.tmpdir()
   local dir = os.tmpname()

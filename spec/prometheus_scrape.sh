@@ -8,9 +8,16 @@
 # Prometheus gets a port found free by binding port 0 (retried if it lost the race). Every
 # process started here is killed on every exit path. Bounded: about 10 s, at most 50 s.
 # Without prometheus the test is skipped (status 77), unless CI=true: then it fails.
+#
+# spec/prometheus_scrape.sh LUA_BIN SOURCE_DIR duty: the same with the exporter's duty cycle
+# (--duty 0.25 --period-ms 400) over fake_cuda_app --steady-ms (CUPTIMON_FAKE_APP and the fake
+# CUPTI from the environment, as ctest sets them): /metrics passes `promtool check metrics`, and
+# Prometheus sees windows, the estimated launch rate of steady_kernel near the app's 2000 per
+# second, and its bounds on either side of it.
 set -u
 lua=$1
 src=$2
+mode=${3:-demo}
 if ! command -v prometheus >/dev/null 2>&1; then
   if [ "${CI:-}" = true ]; then
     echo "prometheus is not installed: CI must install it (prometheus in .ci/run)" >&2
@@ -41,8 +48,15 @@ fail() {
 }
 
 # The exporter serves until it is killed (--linger -1), after the replay ended.
-"$lua" --replay "$src/examples/demo.cmcap" "$src/scripts/prometheus.lua" --port 0 --linger -1 \
-  >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
+if [ "$mode" = duty ]; then
+  [ -n "${CUPTIMON_FAKE_APP:-}" ] || { echo "CUPTIMON_FAKE_APP is not set: skipped"; exit 77; }
+  "$lua" "$src/scripts/prometheus.lua" --port 0 --linger 0 --duty 0.25 --period-ms 400 --seed 3 \
+    -- "$CUPTIMON_FAKE_APP" --steady-ms 30000 --kernel-rate 2000 \
+    >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
+else
+  "$lua" --replay "$src/examples/demo.cmcap" "$src/scripts/prometheus.lua" --port 0 --linger -1 \
+    >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
+fi
 exporter=$!
 eport=""
 while [ -z "$eport" ]; do
@@ -103,6 +117,28 @@ check() {
   [ "$got" = "$2" ] || fail "$1 = '$got', expected $2"
   echo "ok: $1 = $got"
 }
+
+if [ "$mode" = duty ]; then
+  # Until three windows have closed, then the exposition must pass promtool's checks.
+  while [ "$(query 'sum(cuptimon_duty_windows_total) >= 3')" = "" ]; do
+    [ "$(date +%s)" -lt "$deadline" ] || fail "no 3 windows: $(query 'sum(cuptimon_duty_windows_total)')"
+    sleep 0.5
+  done
+  curl -sf "http://127.0.0.1:$eport/metrics" >"$tmp/metrics.txt" || fail "cannot fetch /metrics"
+  promtool check metrics <"$tmp/metrics.txt" || fail "promtool check metrics failed on /metrics"
+  echo "ok: promtool check metrics"
+  sleep 1.5 # a scrape after the fetch, so Prometheus holds the same windows or later ones
+  k='{kernel="steady_kernel"}'
+  # (The 95% coverage is checked over many runs in spec/estimate_spec.lua and duty_spec.lua;
+  # here the value must be sane on a loaded machine, and between its bounds.)
+  check "abs(cuptimon_estimated_kernel_launches_per_second$k / 2000 - 1) < bool 0.25" 1
+  check "cuptimon_estimated_kernel_launches_lower_bound_per_second$k <= bool cuptimon_estimated_kernel_launches_per_second$k" 1
+  check "cuptimon_estimated_kernel_launches_upper_bound_per_second$k >= bool cuptimon_estimated_kernel_launches_per_second$k" 1
+  check 'cuptimon_duty_target_ratio' 0.25
+  check 'count(cuptimon_estimated_memcpy_bytes_per_second{copy_kind="HtoD"})' 1
+  echo "prometheus scraped the duty-cycled exporter in $(( $(date +%s) - start )) s"
+  exit 0
+fi
 check 'sum(cuptimon_kernel_launches_total)' 300
 check 'cuptimon_kernel_launches_total{kernel="cm_demo_matmul<16>"}' 150
 check 'count(cuptimon_kernel_launches_total)' 5

@@ -21,14 +21,7 @@ local function has_agent()
   return app ~= nil and f ~= nil
 end
 
--- The key=value pairs of the first line of `out` that starts with `prefix`.
-local function pairs_of(out, prefix)
-  local line = out:match("\n" .. prefix .. " ([^\n]*)") or out:match("^" .. prefix .. " ([^\n]*)")
-  assert(line, "no line starting with " .. prefix .. " in:\n" .. out)
-  local t = {}
-  for k, v in line:gmatch("([%w_]+)=(%S*)") do t[k] = tonumber(v) or v end
-  return t
-end
+local pairs_of = helpers.pairs_of
 
 local function replay_counts(file)
   local rc, out = helpers.sh(("%s --replay %s %s --kinds kernel,runtime"):format(bin, file,

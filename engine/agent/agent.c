@@ -141,6 +141,8 @@ static struct agent {
     char *names;
   } pm_wait[CM__CTL_PM_ENTRIES];
   uint32_t npm_wait;
+  /* True while the engine runs without its cadences because nothing is traced (cadence_sync). */
+  bool cadence_idle;
   uint64_t pm_wait_end;
   int nobs;
   uint32_t next_gen;
@@ -183,6 +185,12 @@ static struct agent {
    * records_dropped_exit (still queued when the exit deadline passed). */
   _Atomic uint64_t batches_sent, batches_dropped, records_dropped_agent, records_dropped_exit,
       records_sent, bytes_sent, frames_sent, strings_sent;
+  /* The selections applied (SELECT frames, whatever their effect) and the CLOCK_REALTIME instants
+   * of the last two, taken between registering the new observer (whose kinds are enabled by
+   * then) and removing the old one (whose kinds are disabled first thing): a trigger window that
+   * saw exactly two (its widening and its narrowing) traced its kinds for last - prev. Written
+   * by the control thread, read for STATS. */
+  _Atomic uint64_t selects_applied, select_last_ns, select_prev_ns;
   /* How long the last BATCH frame sent had waited in the queue, and the peak (STATS). */
   _Atomic uint64_t send_wait_ns, send_wait_peak_ns;
   uint64_t cb_stats_ms; /* when on_batch last queued a STATS frame (callback state) */
@@ -495,6 +503,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 #define KV(nm, v) kv[n++] = (cm_wire_kv){.name = nm, .value = (v)}
   KV("buffers_allocated", st.buffers_allocated);
   KV("buffers_outstanding", st.buffers_outstanding);
+  KV("buffers_free", st.buffers_free);
   KV("buffers_decoded", st.buffers_decoded);
   KV("buffers_refused", st.buffers_refused);
   KV("records_decoded", st.records_decoded);
@@ -510,6 +519,9 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("batches_queued", A.q_batches);
   KV("strings_sent", GET(strings_sent));
   KV("bytes_sent", GET(bytes_sent));
+  KV("selects_applied", GET(selects_applied));
+  KV("select_last_ns", GET(select_last_ns));
+  KV("select_prev_ns", GET(select_prev_ns));
   KV("exit_tail_unknown", atomic_load(&A.tail_unknown) ? 1 : 0);
   KV("lag_cupti_ns", st.lag_cupti_ns);
   KV("lag_decode_ns", st.lag_decode_ns);
@@ -533,7 +545,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[40];
+  cm_wire_kv kv[48]; /* stats_items_locked writes at most 35 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -818,6 +830,21 @@ static bool selection_empty(const cm_selection *sel) {
   return true;
 }
 
+/* While nothing is traced (no observer, no PM consumer: a duty cycle between its windows, or a
+ * monitor that selects nothing) the engine runs as a dormant agent's does: no flush or delivery
+ * cadence, so its worker sleeps and makes no CUPTI call, and the pool's free buffers are freed.
+ * The configured cadence (A.cfg) returns with the next observer. Control thread (or the
+ * listener's between sessions). */
+static void cadence_sync(void) {
+  if (!A.eng) return;
+  bool idle = A.nobs == 0 && A.npm == 0 && A.npm_wait == 0;
+  if (idle == A.cadence_idle) return;
+  cm_config c = A.cfg;
+  if (idle) c.self_flush_ms = c.deliver_ms = 0;
+  if (cm_configure(A.eng, &c) == 0) A.cadence_idle = idle;
+  if (idle) cm__engine_trim(A.eng);
+}
+
 /* Replaces the agent's observer with one for `sel` (NULL or empty: tracing stops). The new
  * observer is registered before the old one goes, so kinds in both are never toggled. Control
  * thread (or init thread before it starts). */
@@ -842,10 +869,15 @@ static int apply_selection(const cm_selection *sel) {
     A.nobs = 0;
     atomic_store(&A.tracing, false);
   }
+  uint64_t stamp = cm__realtime_ns();
   for (int i = 0; i < old_n; i++) {
     int urc = cm_unobserve(A.eng, old_ids[i]);
     if (urc) alog(CM_LOG_WARN, "cm_unobserve(%u): %s", old_ids[i], cm_errmsg());
   }
+  atomic_store(&A.select_prev_ns, GET(select_last_ns));
+  atomic_store(&A.select_last_ns, stamp);
+  INC(selects_applied, 1);
+  cadence_sync();
   return rc;
 }
 
@@ -864,7 +896,9 @@ static int ops_select(void *ud, const cm_selection *sel) {
 
 static int ops_configure(void *ud, const cm_config *cfg) {
   (void)ud;
-  int rc = cm_configure(A.eng, cfg);
+  cm_config c = *cfg;
+  if (A.cadence_idle) c.self_flush_ms = c.deliver_ms = 0; /* until something is traced */
+  int rc = cm_configure(A.eng, &c);
   if (rc == 0) A.cfg = *cfg;
   return rc;
 }
@@ -881,7 +915,11 @@ static void ops_queue_bytes(void *ud, uint64_t bytes) {
 static int ops_flush(void *ud, int mode, uint32_t timeout_ms) {
   (void)ud;
   if (atomic_load(&A.exiting)) return CM_ESTATE;
-  return cm_flush(A.eng, mode, timeout_ms);
+  int rc = cm_flush(A.eng, mode, timeout_ms);
+  /* A fence while nothing is traced (a duty cycle's) used buffers for its sync records: they go
+   * too, so the STATS that follows shows the idle state. */
+  if (A.cadence_idle) cm__engine_trim(A.eng);
+  return rc;
 }
 
 /* The batches the flush delivered are queued already; a STATS frame tells the monitor about
@@ -970,6 +1008,7 @@ static void pm_retry(void) {
     free(w.names);
   }
   A.npm_wait = k;
+  cadence_sync();
 }
 
 /* Replaces the PM consumers with the monitor's request and answers each entry with PM_STATUS
@@ -1000,6 +1039,7 @@ static void ops_pm(void *ud, const cm__pm_entry *en, int n, const char *refusal)
     }
     pm_answer(rc, en[i].device, NULL);
   }
+  cadence_sync();
 }
 
 static const cm__control_ops control_ops = {
@@ -1780,6 +1820,7 @@ static void session_reset(int fd) {
   A.cb_last_seq = 0;
   A.cb_last_kind = -1;
   A.sender_started = A.control_started = false;
+  A.cadence_idle = false; /* session_begin applies the live cadence next */
   memset(&A.base, 0, sizeof A.base);
   cm_stats_get(A.eng, &A.base);
 }

@@ -852,6 +852,14 @@ static void window_one_done(void *ud, const cm__window_result *r) {
     lua_rawseti(L, -2, k);
   }
   lua_setfield(L, -2, "by_kind");
+  if (r->open_ns) {
+    lua_pushnumber(L, (lua_Number)(r->end_ns > r->open_ns ? r->end_ns - r->open_ns : 0) / 1e6);
+    lua_setfield(L, -2, "monitor_ms");
+  }
+  if (r->agent_ns) {
+    lua_pushnumber(L, (lua_Number)r->agent_ns / 1e6);
+    lua_setfield(L, -2, "agent_ms");
+  }
   free(w);
   fire_event(h, "window_done", 2);
 }
@@ -965,6 +973,14 @@ static int core_exit(lua_State *L) {
   h->exit_status = status;
   cm_host_request_exit(h, status);
   return 0;
+}
+
+/* live_mode() -> true when the run takes live agents (`-- cmd`, --attach), so that a duty cycle
+ * waits for processes; false under --replay, the in-process engine and --check. */
+static int core_live_mode(lua_State *L) {
+  cm_host *h = core_host(L);
+  lua_pushboolean(L, h->live && h->live->agents && h->live->agents());
+  return 1;
 }
 
 static int core_check_mode(lua_State *L) {
@@ -1177,6 +1193,7 @@ static const luaL_Reg core_funcs[] = {
     {"defer", core_defer},
     {"exit", core_exit},
     {"check_mode", core_check_mode},
+    {"live_mode", core_live_mode},
     {"sources", core_sources},
     {"loss", core_loss},
     {"errors", core_errors},

@@ -37,6 +37,14 @@ typedef struct cm__window_result {
   uint64_t records, batches, frames;
   uint64_t dropped;        /* records the process lost during the window */
   const uint64_t *by_kind; /* CM_KIND_MAX counts, by kind value */
+  /* uv_hrtime() when the opening fence completed and when window_end sent the narrowing SELECT
+   * (0 and 0 when the window never opened): the span the extra kinds were traced, up to the
+   * socket's latency each way. */
+  uint64_t open_ns, end_ns;
+  /* The span the agent traced the window's kinds, by its own clock (between the instants it
+   * applied the widening and the narrowing SELECT), or 0 when it did not say (an older agent, or
+   * another selection change in between). */
+  uint64_t agent_ns;
 } cm__window_result;
 typedef void (*cm__window_done_fn)(void *ud, const cm__window_result *r);
 
@@ -53,6 +61,8 @@ typedef struct cm__live_ops {
   int (*window_begin)(cm_source *s, const char *path, int force, cm__window_done_fn done, void *ud);
   /* Closes the window of `s` with a second sync FLUSH; done runs when it completes. */
   int (*window_end)(cm_source *s);
+  /* 1 when the run takes live agents (`-- cmd`, --attach), 0 for a replay. */
+  int (*agents)(void);
 } cm__live_ops;
 /* Installs the live operations (NULL removes them). */
 void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops);

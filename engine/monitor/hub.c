@@ -109,6 +109,8 @@ typedef struct window {
   uint64_t batches, records;
   uint64_t by_kind[CM_KIND_MAX];
   cm_loss loss0;          /* the process's losses when the window opened */
+  uint64_t open_ns, end_ns; /* uv_hrtime() at the opening FLUSH_DONE and at window_end */
+  uint64_t selects0;        /* the agent's selects_applied at the opening fence */
   cm__window_done_fn done;
   void *ud;
   cm_wire_batch wb;       /* decode space (large: kept off the stack) */
@@ -718,6 +720,8 @@ static void window_opened(void *ud, int status) {
   if (!win || win->opened) return;
   if (status && !win->status) win->status = status;
   win->opened = 1;
+  win->open_ns = uv_hrtime();
+  win->selects0 = cm__wsrc_stat(&c->w, "selects_applied");
   cm__wsrc_loss(&c->w, &win->loss0);
   if (win->cap) {
     cm_wire_buf buf;
@@ -761,9 +765,19 @@ static void window_finish(conn *c, int status) {
   /* The counts by kind are copied: `win` is freed before the script's callback runs. */
   uint64_t by_kind[CM_KIND_MAX];
   memcpy(by_kind, win->by_kind, sizeof by_kind);
+  /* The agent's own span: exactly two SELECTs (the widening and the narrowing) were applied
+   * between the fences, at the instants its STATS reported (agent.c, selects_applied). */
+  uint64_t agent_ns = 0;
+  uint64_t last = cm__wsrc_stat(&c->w, "select_last_ns"), prev = cm__wsrc_stat(&c->w, "select_prev_ns");
+  if (win->opened && cm__wsrc_stat(&c->w, "selects_applied") == win->selects0 + 2 && prev &&
+      last > prev)
+    agent_ns = last - prev;
   cm__window_result r = {.status = win->status, .path = path, .records = win->records,
                          .batches = win->batches, .frames = win->number,
-                         .dropped = d_cupti + d_agent + d_exit, .by_kind = by_kind};
+                         .dropped = d_cupti + d_agent + d_exit, .by_kind = by_kind,
+                         .open_ns = win->opened ? win->open_ns : 0,
+                         .end_ns = win->opened ? (win->end_ns ? win->end_ns : uv_hrtime()) : 0,
+                         .agent_ns = agent_ns};
   cm__window_done_fn done = win->done;
   void *ud = win->ud;
   free(win);
@@ -806,11 +820,17 @@ static int live_window_end(cm_source *s) {
   if (!c || !c->win) return CM_ENOENT;
   if (c->win->closing) return 0;
   c->win->closing = 1;
+  /* The narrowing SELECT (core.retire) went first: the span ends here. */
+  c->win->end_ns = uv_hrtime();
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_closed, c);
 }
 
+/* Whether this run takes live agents (`-- cmd` or --attach), not a replay. */
+static int live_agents(void) { return g_hub && (g_hub->live || g_hub->attach); }
+
 static const cm__live_ops live_ops = {
     .shed = live_shed, .window_begin = live_window_begin, .window_end = live_window_end,
+    .agents = live_agents,
 };
 
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {

@@ -321,6 +321,7 @@ static const struct {
 } stat_map[] = {
     {"buffers_allocated", offsetof(cm_stats, buffers_allocated)},
     {"buffers_outstanding", offsetof(cm_stats, buffers_outstanding)},
+    {"buffers_free", offsetof(cm_stats, buffers_free)},
     {"buffers_decoded", offsetof(cm_stats, buffers_decoded)},
     {"buffers_refused", offsetof(cm_stats, buffers_refused)},
     {"records_decoded", offsetof(cm_stats, records_decoded)},

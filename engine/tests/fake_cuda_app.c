@@ -42,6 +42,21 @@
  *          at the round's start, and one kernel record inside each sample: "pm_kernel_a" in even
  *          samples, "pm_kernel_b" in odd ones, for the join of samples and kernels).
  *
+ * Steady launches at known rates, for the duty cycle's estimates (spec/duty_spec.lua): --steady-ms
+ * D replaces the workload by D ms in which one thread launches a kernel "steady_kernel" on
+ * device 0 at --kernel-rate R per second (default 2000), each lasting --kernel-us U (default 50,
+ * fake clock), paced to absolute times (a stall of more than 20 ms is skipped, not made up by a
+ * burst, so the report's launched / steady_ms is the true rate), and after every
+ * --copy-every K kernels (default 10; 0 for none) a host-to-device copy of --copy-bytes B bytes
+ * (default 1048576) lasting U/2. From --phase-ms P on the kernel rate is --phase-factor F times R
+ * (a phase change). With --hidden-kernel NAME each launch of steady_kernel that finds kernel
+ * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
+ * line reports the launches and records written, and kernel_segments / memcpy_segments: the
+ * records written in each run of launches that found the kind traced, in order, which are the
+ * duty cycle's windows one by one (at most 4096 are listed), and flushes_off: the
+ * cuptiActivityFlushAll calls made while kernel tracing was off (between two launches that both
+ * found it off), which an agent idle between windows does not make.
+ *
  * Training steps, for the ranks recipe: --steps N replaces the workload by N steps, each an NVTX
  * range "step" (markers) around a compute kernel "fake_train_kernel" and a communication kernel
  * "ncclDevKernel_AllReduce_Sum_f32_RING_LL", on device --device D. A step lasts --step-us U
@@ -204,6 +219,9 @@ static void usage(void) {
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
                   "[--device D] [--pause-ms P] [--no-comm]\n"
+                  "       fake_cuda_app --steady-ms D [--kernel-rate R] [--kernel-us U] "
+                  "[--copy-every K] [--copy-bytes B] [--phase-ms P] [--phase-factor F] "
+                  "[--hidden-kernel NAME]\n"
                   "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
 }
@@ -237,6 +255,92 @@ static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64
   return kernels;
 }
 
+/* The records written in each run of successful emits of one kind (the steady mode's windows). */
+#define MAX_SEGMENTS 4096
+typedef struct segments {
+  uint64_t cur, n, v[MAX_SEGMENTS];
+} segments;
+
+static void seg_note(segments *s, int written) {
+  if (written) {
+    s->cur++;
+  } else if (s->cur) {
+    if (s->n < MAX_SEGMENTS) s->v[s->n++] = s->cur;
+    s->cur = 0;
+  }
+}
+
+static void seg_print(const char *name, segments *s) {
+  seg_note(s, 0);
+  printf(" %s_segments=", name);
+  for (uint64_t i = 0; i < s->n; i++) printf("%s%llu", i ? "," : "", (unsigned long long)s->v[i]);
+}
+
+static void sleep_until(double t_s) {
+  double now = mono_s();
+  if (t_s > now) usleep((useconds_t)((t_s - now) * 1e6));
+}
+
+/* The --steady-ms workload (see the header). Returns the process's exit status. */
+static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int copy_every,
+                      uint64_t copy_bytes, double phase_ms, double phase_factor,
+                      const char *hidden, int linger_ms, int exit_code) {
+  static segments ks, cs;
+  uint64_t buf[32], launched = 0, kernels = 0, copies = 0, dropped = 0, hidden_launched = 0,
+                    hidden_written = 0;
+  double t0 = mono_s(), t = t0;
+  uint64_t flushes_off = 0, prev_flushes = 0;
+  int prev_off = 0;
+  fake_stats fs;
+  while (t - t0 < ms / 1e3) {
+    sleep_until(t);
+    uint64_t s0 = fake_now();
+    uint32_t corr = (uint32_t)(launched + 1);
+    int rc = fake_emit(buf, fake_make_kernel(buf, "steady_kernel", 0, 7, s0, s0 + kernel_us * 1000,
+                                             corr), 0);
+    launched++;
+    if (rc == 1) dropped++;
+    kernels += rc == 0;
+    seg_note(&ks, rc == 0);
+    /* cuptiActivityFlushAll calls between two launches that both found kernel off. */
+    fake_get_stats(&fs);
+    if (rc == 2 && prev_off) flushes_off += fs.flushes - prev_flushes;
+    prev_flushes = fs.flushes;
+    prev_off = rc == 2;
+    if (rc == 2 && hidden) {
+      hidden_launched++;
+      if (fake_emit(buf, fake_make_kernel(buf, hidden, 0, 7, s0, s0 + kernel_us * 1000, corr), 0) == 0)
+        hidden_written++;
+    }
+    if (copy_every > 0 && launched % (uint64_t)copy_every == 0) {
+      uint64_t c0 = s0 + kernel_us * 1000;
+      int crc = fake_emit(buf, fake_make_memcpy(buf, 1, copy_bytes, 0, c0, c0 + kernel_us * 500,
+                                                corr), 0);
+      if (crc == 1) dropped++;
+      copies += crc == 0;
+      seg_note(&cs, crc == 0);
+    }
+    double r = phase_ms > 0 && (t - t0) * 1e3 >= phase_ms ? rate * phase_factor : rate;
+    t += 1.0 / r;
+    /* A stall (a shared, loaded machine) is not made up by a burst: the schedule moves on, so
+     * the launches stay evenly spread; the true rate is launched / steady_ms either way. */
+    double now = mono_s();
+    if (now - t > 0.02) t = now;
+  }
+  printf("fake_cuda_app: pid=%d init=%d steady_ms=%.0f launched=%llu concurrent_kernel=%llu "
+         "memcpy=%llu dropped=%llu hidden_launched=%llu hidden_written=%llu flushes_off=%llu",
+         (int)getpid(), init, (mono_s() - t0) * 1e3, (unsigned long long)launched,
+         (unsigned long long)kernels, (unsigned long long)copies, (unsigned long long)dropped,
+         (unsigned long long)hidden_launched, (unsigned long long)hidden_written,
+         (unsigned long long)flushes_off);
+  seg_print("kernel", &ks);
+  seg_print("memcpy", &cs);
+  printf("\n");
+  fflush(stdout);
+  if (linger_ms) usleep((useconds_t)linger_ms * 1000);
+  exit(exit_code);
+}
+
 int main(int argc, char **argv) {
   uint64_t records = 1000;
   double rate = 0;
@@ -250,6 +354,10 @@ int main(int argc, char **argv) {
   const char *control = NULL;
   int steps = 0, device = 0, no_comm = 0;
   uint64_t step_us = 2000, extra_us = 0, wait_us = 0;
+  double steady_ms = 0, kernel_rate = 2000, phase_ms = 0, phase_factor = 1;
+  uint64_t kernel_us = 50, copy_bytes = 1048576;
+  int copy_every = 10;
+  const char *hidden = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -310,6 +418,22 @@ int main(int argc, char **argv) {
       extra_us = strtoull(v, NULL, 10);
     } else if (strcmp(a, "--wait-us") == 0) {
       wait_us = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--steady-ms") == 0) {
+      steady_ms = strtod(v, NULL);
+    } else if (strcmp(a, "--kernel-rate") == 0) {
+      kernel_rate = strtod(v, NULL);
+    } else if (strcmp(a, "--kernel-us") == 0) {
+      kernel_us = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--copy-every") == 0) {
+      copy_every = atoi(v);
+    } else if (strcmp(a, "--copy-bytes") == 0) {
+      copy_bytes = strtoull(v, NULL, 10);
+    } else if (strcmp(a, "--phase-ms") == 0) {
+      phase_ms = strtod(v, NULL);
+    } else if (strcmp(a, "--phase-factor") == 0) {
+      phase_factor = strtod(v, NULL);
+    } else if (strcmp(a, "--hidden-kernel") == 0) {
+      hidden = v;
     } else if (strcmp(a, "--device") == 0) {
       device = atoi(v);
     } else if (strcmp(a, "--kinds") == 0) {
@@ -357,6 +481,12 @@ int main(int argc, char **argv) {
       fprintf(stderr, "fake_cuda_app: a second InitializeInjection returned something else\n");
       return 3;
     }
+  }
+
+  if (steady_ms > 0) {
+    if (kernel_rate <= 0 || phase_factor <= 0 || copy_every < 0) usage();
+    return run_steady(init, steady_ms, kernel_rate, kernel_us, copy_every, copy_bytes, phase_ms,
+                      phase_factor, hidden, linger_ms, exit_code);
   }
 
   if (steps > 0) {

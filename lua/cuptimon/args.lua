@@ -281,4 +281,16 @@ function M.with_budget(spec)
   return spec
 end
 
+--- Adds the duty cycle's options to a recipe's option spec (and returns it): --duty F (the
+--- fraction of each period traced, 0 < F <= 0.9; 0, the default: trace everything), --period-ms
+--- P (10000) and --seed N (the windows' offsets; 0: from the clock). The recipe's --duty path
+--- is in cuptimon.sampling.
+function M.with_duty(spec)
+  spec.duty = { 0, "trace only this fraction of each period, in one window at a random offset, "
+    .. "and print estimates with 95% intervals (0: trace everything)", min = 0, max = 0.9 }
+  spec.period_ms = { 10000, "the duty cycle's period", min = 2, integer = true }
+  spec.seed = { 0, "the seed of the windows' offsets (0: from the clock)", min = 0, integer = true }
+  return spec
+end
+
 return M

@@ -1442,6 +1442,23 @@ size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t s
   return memcpy(out, &k, sizeof k), sizeof k;
 }
 
+size_t fake_make_memcpy(void *out, uint8_t copy_kind, uint64_t bytes, uint32_t device,
+                        uint64_t start, uint64_t end, uint32_t correlation) {
+  CUpti_ActivityMemcpy6 m;
+  memset(&m, 0, sizeof m);
+  m.kind = CUPTI_ACTIVITY_KIND_MEMCPY;
+  m.copyKind = copy_kind;
+  m.bytes = bytes;
+  m.start = start;
+  m.end = end;
+  m.deviceId = device;
+  m.contextId = 1;
+  m.streamId = 7;
+  m.correlationId = m.runtimeCorrelationId = correlation;
+  m.copyCount = 1;
+  return memcpy(out, &m, sizeof m), sizeof m;
+}
+
 size_t fake_make_marker(void *out, int start, uint64_t timestamp, uint32_t id, uint32_t tid,
                         const char *name) {
   CUpti_ActivityMarker2 m;

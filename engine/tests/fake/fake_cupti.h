@@ -51,6 +51,12 @@ size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out);
 size_t fake_make_kernel(void *out, const char *name, uint32_t device, uint32_t stream, uint64_t start,
                         uint64_t end, uint32_t correlation);
 
+/* Fills `out` (at least 256 bytes) with a memcpy record of `copy_kind` (CUpti_ActivityMemcpyKind:
+ * 1 HtoD, 2 DtoH, 8 DtoD, ...) moving `bytes` on `device`, from `start` to `end`, and returns its
+ * size. */
+size_t fake_make_memcpy(void *out, uint8_t copy_kind, uint64_t bytes, uint32_t device,
+                        uint64_t start, uint64_t end, uint32_t correlation);
+
 /* Fills `out` with an NVTX range marker of thread `tid`: its start (`start` nonzero; `name`, a
  * static string, names the range) or its end, at `timestamp`, with range id `id`; returns its
  * size. */

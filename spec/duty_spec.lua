@@ -1,0 +1,265 @@
+-- spec/duty_spec.lua: duty cycles (cuptimon.duty) and their estimates (cuptimon.sampling,
+-- cuptimon.estimate) end to end with the real agent and fake_cuda_app --steady-ms, which launches
+-- a kernel at a known rate and reports the records it wrote in each traced run (each window).
+-- The 100-run coverage check runs on synthetic windows in spec/estimate_spec.lua; here a few live
+-- runs check the whole path.
+-- luacheck: std +busted
+local helpers = require "helpers"
+
+local bin = helpers.binary()
+local root = helpers.root()
+local app, no_app = helpers.agent_app()
+
+local function fixture(name) return root .. "/spec/fixtures/" .. name end
+local function script(name) return root .. "/scripts/" .. name end
+
+local pairs_of = helpers.pairs_of
+
+local function list_of(s)
+  local t = {}
+  for n in tostring(s):gmatch("%d+") do t[#t + 1] = tonumber(n) end
+  return t
+end
+
+-- Whether the app ran as asked: a shared machine under load (other jobs' stress tests) can
+-- starve it, and then its rate says nothing about the estimator. Its line reports launched and
+-- steady_ms; the launches asked for are rate x ms.
+local function starved(out, rate, ms)
+  local launched = tonumber(out:match("fake_cuda_app: [^\n]* launched=(%d+)"))
+  local took = tonumber(out:match("fake_cuda_app: [^\n]* steady_ms=(%d+)"))
+  return not launched or launched < 0.9 * rate * ms / 1000 or took > 1.1 * ms
+end
+
+-- Runs `cmd` (built by make(attempt)) up to 3 times while the app was starved; returns the last
+-- status and output. A run whose app was starved every time fails the test, naming the cause.
+local function unstarved(make, rate, ms)
+  local rc, out
+  for attempt = 1, 3 do
+    rc, out = helpers.sh(make(attempt))
+    if not starved(out, rate, ms) then return rc, out end
+  end
+  error("the app was starved of CPU in 3 attempts (is the machine overloaded?):\n" .. out, 2)
+end
+
+-- The command of duty_steady.lua ON PERIOD SEED [HIDDEN [BUDGET]] over fake_cuda_app
+-- --steady-ms MS --kernel-rate RATE ARGS.
+local function steady_cmd(on, period, seed, ms, rate, app_args, extra)
+  return ("%s %s %d %d %d %s -- %s --steady-ms %d --kernel-rate %d %s"):format(bin,
+    fixture("duty_steady.lua"), on, period, seed, extra or "", app, ms, rate, app_args or "")
+end
+
+-- Runs it, again with another seed while the app was starved (a rate must be known).
+local function steady(on, period, seed, ms, rate, app_args, extra)
+  return unstarved(function(attempt)
+    return steady_cmd(on, period, seed + 100 * (attempt - 1), ms, rate, app_args, extra)
+  end, rate, ms)
+end
+
+describe("cuptimon.duty (API checks)", function()
+  it("refuses bad options with the valid choices", function()
+    local rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").duty{ on_ms = 500, period_ms = 400, select = { kernel = \"all\" } }'")
+      :format(bin))
+    assert.are_not.equal(0, rc, out)
+    assert.matches("on_ms must be at least 1 and less than period_ms %(got 500 and 400%)", out)
+    rc, out = helpers.sh(("%s -e 'require(\"cuptimon\").duty{ on_ms = 5, period_ms = 40, colour = 1 }'")
+      :format(bin))
+    assert.are_not.equal(0, rc, out)
+    assert.matches("unknown option \"colour\"; valid options: fn, max_lag_ms, on_ms, period_ms, pid, seed, select, skip, window", out)
+  end)
+
+  it("draws reproducible offsets, spread over the period, one stream per process", function()
+    local cm = require "cuptimon"
+    local a, b = cm.duty_offsets(7, 4242, 2000, 10000, 500), cm.duty_offsets(7, 4242, 2000, 10000, 500)
+    assert.are.same(a, b)
+    local other = cm.duty_offsets(7, 4243, 1, 10000, 500)
+    assert.are_not.equal(a[1], other[1])
+    local sum, lo, hi = 0, math.huge, -math.huge
+    for _, o in ipairs(a) do
+      sum, lo, hi = sum + o, math.min(lo, o), math.max(hi, o)
+    end
+    assert.is_true(lo >= 0 and hi <= 9500, lo .. " " .. hi)
+    -- Uniform on [0, 9500]: the mean of 2000 is 4750 within a few standard errors (61 ms).
+    assert.is_true(math.abs(sum / #a - 4750) < 250, tostring(sum / #a))
+  end)
+
+  it("needs live processes: nil, ESTATE under --replay", function()
+    local base = os.tmpname()
+    local path = base .. "_duty.lua"
+    os.remove(base)
+    local f = assert(io.open(path, "w"))
+    f:write("print(require('cuptimon').duty{ on_ms = 10, period_ms = 100, select = { kernel = { 'start' } } })\n")
+    f:close()
+    local rc, out = helpers.sh(("%s --replay %s/examples/demo.cmcap %s"):format(bin, root, path))
+    os.remove(path)
+    assert.are.equal(0, rc, out)
+    assert.matches("nil\tESTATE: cuptimon.duty: no live process", out)
+  end)
+
+  it("top and count refuse a duty outside (0, 1) and --duty under --replay", function()
+    local rc, out = helpers.sh(("%s %s --duty 1.5"):format(bin, script("count.lua")))
+    assert.are.equal(2, rc, out)
+    assert.matches("%-%-duty must be", out)
+    rc, out = helpers.sh(("%s --replay %s/examples/demo.cmcap %s --duty 0.1"):format(bin, root,
+      script("top.lua")))
+    assert.are_not.equal(0, rc, out)
+    assert.matches("ESTATE: cuptimon.duty: no live process", out)
+  end)
+end)
+
+describe("duty cycles with the real agent", function()
+  if not app then
+    pending(no_app)
+    return
+  end
+
+  it("each window holds exactly what the app wrote inside it, and nothing is traced between", function()
+    -- (Starved or not: whatever the app wrote inside a window must be in it.)
+    local rc, out = helpers.sh(steady_cmd(100, 500, 3, 4000, 2000))
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local kernels, copies, seen_k, seen_c = {}, {}, {}, {}
+    local failed = 0
+    for line in out:gmatch("window [^\n]*") do
+      local w = pairs_of(line, "window")
+      if w.ok ~= "true" then
+        -- Only a window that the process's exit cut short (its fence failed) may fail.
+        failed = failed + 1
+        assert.matches("discarded=E[A-Z]+:", line)
+      else
+        assert.are.equal(0, failed, "a window succeeded after one failed:\n" .. out)
+        -- After its closing fence the agent holds no free buffer: freed, as on a detach (1 or
+        -- 2 stayed before the idle state existed), and measured by the agent's clock.
+        assert.are.same({ 0, "agent" }, { w.buffers_free, w.traced_by }, line)
+        kernels[#kernels + 1], copies[#copies + 1] = w.kernels, w.memcpy
+        seen_k[#seen_k + 1], seen_c[#seen_c + 1] = w.seen_kernels, w.seen_memcpy
+      end
+    end
+    assert.is_true(#kernels >= 6 and failed <= 1, out)
+    -- The hub's count and the observer's per window are the app's traced runs, one by one (a
+    -- last window cut short by the exit may add one more run the app saw traced).
+    local segs = list_of(a.kernel_segments)
+    if #segs == #kernels + 1 and failed == 1 then segs[#segs] = nil end
+    local csegs = list_of(a.memcpy_segments)
+    if #csegs == #copies + 1 and failed == 1 then csegs[#csegs] = nil end
+    assert.are.same(segs, kernels, out)
+    assert.are.same(kernels, seen_k, out)
+    assert.are.same(csegs, copies, out)
+    -- The windows' offsets are the seeded stream of seed 3 and this pid, in order.
+    local offsets, want = {}, require("cuptimon").duty_offsets(3, a.pid, #kernels + failed, 500, 100)
+    for o in out:gmatch("\nwindow [^\n]* offset_ms=([%d.]+)") do offsets[#offsets + 1] = tonumber(o) end
+    for i, o in ipairs(offsets) do assert.is_true(math.abs(o - want[i]) < 1e-5, out) end
+    assert.are.same(copies, seen_c, out)
+    assert.are.equal(0, a.dropped, out)
+    -- Between windows the agent idles as a detached one: no flush cadence (flush_ms = 50 was
+    -- asked for; 400 ms off per period would make 8 flushes each), only the fences' own.
+    assert.is_true(a.flushes_off <= 3 * #kernels, "flushes while off: " .. a.flushes_off)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
+  it("estimates hold the known rates in their 95% intervals (3 seeded runs)", function()
+    -- The app paces its launches to absolute times and skips what a stall (this machine is
+    -- shared) missed, so launched / steady_ms is the true rate.
+    local held = { n = 0, t = 0, b = 0 }
+    local ratios = { n = {}, t = {}, b = {}, total = {} }
+    local function within(e, v) return e.lo <= v and v <= e.hi end
+    for seed = 1, 3 do
+      local rc, out = steady(100, 400, seed, 3200, 2000, "--kernel-us 50")
+      assert.are.equal(0, rc, out)
+      local a = pairs_of(out, "fake_cuda_app:")
+      local rate = a.launched / (a.steady_ms / 1000)
+      local e, g = pairs_of(out, "kernel_n"), pairs_of(out, "kernel_t")
+      local c = pairs_of(out, "copy_b")
+      assert.is_true(e.windows >= 6, out)
+      -- GPU time per second: 50 us per launch; bytes per second: 1 MiB per 10 launches.
+      local truth = { n = rate, t = rate * 50e-6, b = rate / 10 * 1048576 }
+      for m, est in pairs { n = e, t = g, b = c } do
+        if within(est, truth[m]) then held[m] = held[m] + 1 end
+        table.insert(ratios[m], est.rate / truth[m])
+      end
+      -- The total since the start: the app's launches. (Its interval covers the sampling error
+      -- only: the process's start-up and teardown, without launches, are in the elapsed time.)
+      table.insert(ratios.total, e.total / a.launched)
+      assert.matches("\nduty 0%.250 %(100 of every 400 ms%): %d+ windows so far, traced [%d.]+ s of [%d.]+ s elapsed", out)
+    end
+    for m, n in pairs(held) do assert.is_true(n >= 2, m .. ": " .. n .. " of 3 intervals held the truth") end
+    for m, list in pairs(ratios) do
+      table.sort(list)
+      assert.is_true(math.abs(list[2] - 1) <= 0.05, m .. ": median estimate / truth = " .. list[2])
+    end
+  end)
+
+  it("flags a phase change", function()
+    local rc, out = steady(100, 400, 5, 4000, 1000, "--phase-ms 2000 --phase-factor 3")
+    assert.are.equal(0, rc, out)
+    local e = pairs_of(out, "kernel_n")
+    assert.are.equal("true", e.phase, out)
+    assert.is_true(e.second > 2 * e.first, out)
+  end)
+
+  it("reports a kernel that runs only between windows below the detection limit", function()
+    local rc, out = helpers.sh(steady_cmd(100, 400, 9, 2400, 1000, "--hidden-kernel hidden_kernel",
+      "hidden_kernel"))
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    assert.is_true(a.hidden_launched > 0 and a.hidden_written == 0, out)
+    local h = pairs_of(out, "hidden")
+    assert.are.same({ "true", "nil" }, { h.below, h.rate }, out)
+    assert.is_true(math.abs(h.limit - 3 / h.traced_s) < 1e-3, out)
+    assert.matches("below the detection limit of [%d.]+ launches/s", out)
+  end)
+
+  it("skips the windows of a process the budget sheds kinds of, and says so", function()
+    -- (Any app will do, starved or not: the budget sees its records arrive above 300 per s.)
+    local rc, out = helpers.sh(steady_cmd(100, 300, 2, 3000, 3000, "--copy-every 0",
+      "hidden_kernel 300"))
+    assert.are.equal(0, rc, out)
+    assert.matches("\nskip pid=%d+ period=%d+ reason=the record%-rate budget sheds concurrent_kernel", out)
+    local s = pairs_of(out, "summary")
+    assert.is_true(s.skipped >= 1, out)
+    assert.matches("note: skipped %d+ windows of pid %d+: the record%-rate budget sheds concurrent_kernel", out)
+  end)
+
+  it("skips the windows of a process whose records lag, through the lag hook", function()
+    local rc, out = helpers.sh("DUTY_LAG_MS=5000 " .. steady_cmd(100, 300, 2, 1500, 1000))
+    assert.are.equal(0, rc, out)
+    assert.matches("\nskip pid=%d+ period=%d+ reason=its records lag 5000 ms %(over 2000%)", out)
+    assert.is_nil(out:find("\nwindow "), out)
+    local s = pairs_of(out, "summary")
+    assert.are.same({ 0, true }, { s.windows, s.skipped >= 3 }, out)
+    -- Nothing was traced: the app wrote no record.
+    assert.are.equal(0, pairs_of(out, "fake_cuda_app:").concurrent_kernel, out)
+  end)
+
+  it("count --duty prints estimated totals with intervals and the footer", function()
+    local rc, out = unstarved(function(attempt)
+      return ("%s %s --duty 0.25 --period-ms 400 --seed %d --kinds kernel,memcpy -- %s --steady-ms 2400 --kernel-rate 2000")
+        :format(bin, script("count.lua"), 3 + attempt, app)
+    end, 2000, 2400)
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local n, m, w = out:match("\nestimated concurrent_kernel (%d+) ± (%d+) %(95%%, (%d+) windows%)")
+    assert.is_not_nil(n, out)
+    -- Within the interval, or near on a loaded machine (coverage itself is checked above).
+    n, m = tonumber(n), tonumber(m)
+    assert.is_true(math.abs(n - a.launched) <= m or math.abs(n / a.launched - 1) < 0.25, out)
+    assert.is_true(tonumber(m) >= 0 and tonumber(w) >= 4, out)
+    assert.matches("\nestimated memcpy %d+ ± %d+ %(95%%, %d+ windows%)", out)
+    assert.matches("\nduty 0%.250 %(100 of every 400 ms%): %d+ windows so far", out)
+  end)
+
+  it("top --duty prints rates with a ± column and the footer", function()
+    local rc, out = unstarved(function(attempt)
+      return ("%s %s --duty 0.25 --period-ms 400 --seed %d -- %s --steady-ms 2400 --kernel-rate 2000")
+        :format(bin, script("top.lua"), 3 + attempt, app)
+    end, 2000, 2400)
+    assert.are.equal(0, rc, out)
+    assert.matches("Launches/s%s+±%s+GPU ms/s%s+±", out)
+    local rate, pm = out:match("\n%s*([%d.]+)%s+([%d.]+)%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+[%d.]+%s+steady_kernel")
+    assert.is_not_nil(rate, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local truth = a.launched / (a.steady_ms / 1000)
+    rate, pm = tonumber(rate), tonumber(pm)
+    assert.is_true(math.abs(rate - truth) <= pm or math.abs(rate / truth - 1) < 0.25, out)
+    assert.matches("\nduty 0%.250 %(100 of every 400 ms%)", out)
+  end)
+end)
