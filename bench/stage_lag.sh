@@ -9,7 +9,8 @@
 #      records.
 # Each run's wall time from start to the process's end and its peak RSS are printed, with the
 # exit's length from main's return (launch_loop's MAIN_RETURN_MONO_NS) to the process's end.
-#   bash bench/stage_lag.sh BUILD_DIR        (THREADS="4 16" SECONDS=60 UNTRACED_SECONDS=20)
+#   bash bench/stage_lag.sh BUILD_DIR        (THREADS="4 16" SECONDS_EACH=60 UNTRACED_SECONDS=20)
+# UNTRACED_SECONDS=0 leaves out the untraced run, FLOOR=0 the floor's.
 # Logs go to $OUT (default /tmp/cuptimon-lag).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -45,8 +46,8 @@ run() {
 }
 
 for t in $THREADS; do
-  run "untraced_t$t" "$LOOP" --threads "$t" --seconds "$USECS"
-  CUDA_INJECTION64_PATH=$B/gpu/libcupti_floor.so CUPTI_FLOOR_RUNTIME=1 \
+  [ "$USECS" != 0 ] && run "untraced_t$t" "$LOOP" --threads "$t" --seconds "$USECS"
+  [ "${FLOOR:-1}" = 1 ] && CUDA_INJECTION64_PATH=$B/gpu/libcupti_floor.so CUPTI_FLOOR_RUNTIME=1 \
     run "floor_t$t" "$LOOP" --threads "$t" --seconds "$SECS"
   CUPTIMON_AGENT_LOG=info run "cuptimon_t$t" "$B/cuptimon-lua" bench/sum_durations.lua -- \
     "$LOOP" --threads "$t" --seconds "$SECS"
