@@ -1041,12 +1041,14 @@ size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out) {
   /* FAKE_CUPTI_NOW_STAMPS=1 stamps records with the time they are made (less 1 us), so that the
    * pipeline's lag is measurable (spec/window_spec.lua); by default the values depend only on
    * (kind, thread, seq), so tests can regenerate them. */
-  static int now_stamps = -1;
-  if (now_stamps < 0) {
+  static atomic_int now_stamps = -1; /* producers race to read the variable once */
+  int ns = atomic_load(&now_stamps);
+  if (ns < 0) {
     const char *e = getenv("FAKE_CUPTI_NOW_STAMPS");
-    now_stamps = e && *e == '1';
+    ns = e && *e == '1';
+    atomic_store(&now_stamps, ns);
   }
-  const uint64_t start = now_stamps ? fake_now() - 1000u
+  const uint64_t start = ns ? fake_now() - 1000u
                                     : 1700000000000000000ull + seq * 1000u + (uint64_t)thread * 7u;
   const uint64_t end = start + 100u + seq % 50u;
   const uint32_t corr = (uint32_t)(thread * 1000003u + seq + 1u);
