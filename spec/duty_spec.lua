@@ -151,8 +151,10 @@ describe("duty cycles with the real agent", function()
     assert.are.same(copies, seen_c, out)
     assert.are.equal(0, a.dropped, out)
     -- Between windows the agent idles as a detached one: no flush cadence (flush_ms = 50 was
-    -- asked for; 400 ms off per period would make 8 flushes each), only the fences' own.
-    assert.is_true(a.flushes_off <= 3 * #kernels, "flushes while off: " .. a.flushes_off)
+    -- asked for; 400 ms off per period would make 8 flushes each), only the fences' own: a fence
+    -- flushes until its sync record is decoded, which takes a few flushes, more under a sanitizer
+    -- on a loaded machine (25 for 8 windows was seen under TSan), so the bound is the cadence's.
+    assert.is_true(a.flushes_off < 8 * #kernels, "flushes while off: " .. a.flushes_off)
     assert.is_nil(out:find("LOST"), out)
   end)
 

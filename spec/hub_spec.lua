@@ -819,7 +819,12 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     local _, closed = out:gsub("over the budget of 100 MiB %(CUPTIMON_PARTIAL_BUDGET_MB%); closing its connection", "")
     assert.are.equal(3, closed, out)
     local kb = tonumber(out:match("VmHWM (%d+)"))
-    assert.is_true(kb ~= nil and kb < 200 * 1024, "peak resident set " .. tostring(kb) .. " kB\n" .. out)
+    assert.is_not_nil(kb, out)
+    -- Under a sanitizer the resident set says nothing (its allocator quarantines freed memory,
+    -- TSan's shadow memory multiplies it); the closes above are checked there all the same.
+    if not os.getenv("CUPTIMON_SKIP_RSS_CHECK") then
+      assert.is_true(kb < 200 * 1024, "peak resident set " .. tostring(kb) .. " kB\n" .. out)
+    end
     assert.matches("3 agent connections were closed over the budget of 100 MiB for partly received frames", out)
     -- The cap on connections: two held open, two more closed at once.
     four = ("sh -c 'for i in 1 2 3 4; do %s agent --big-frame 64 & done; wait'"):format(gen)
