@@ -145,7 +145,6 @@ static struct agent {
   bool cadence_idle;
   uint64_t pm_wait_end;
   int nobs;
-  uint32_t next_gen;
 
   /* Guarded by send_mu: the send queue. */
   pthread_mutex_t send_mu;
@@ -855,8 +854,7 @@ static int apply_selection(const cm_selection *sel) {
   memcpy(old_ids, A.obs_ids, sizeof old_ids);
   if (sel && !selection_empty(sel)) {
     uint32_t id = 0;
-    uint32_t gen = ++A.next_gen;
-    rc = cm_observe(A.eng, sel, on_batch, (void *)(uintptr_t)gen, &id);
+    rc = cm_observe(A.eng, sel, on_batch, NULL, &id);
     if (rc) {
       alog(CM_LOG_ERROR, "cannot apply the selection: %s: %s (the previous one stays)",
            cm_err_name(rc), cm_errmsg());
