@@ -203,7 +203,13 @@ local function sampled()
   return false
 end
 
+local function close_requests()
+  for _, r in ipairs(requests) do r:close() end
+end
+
 cm.on("exit", function()
+  -- A command that could not start: its one-line error says it all (status 127 or 126).
+  if cm.command_failed() then return close_requests() end
   if not sampled() then
     -- No process sent a sample: say why instead of printing nothing with status 0.
     io.stderr:write(replayed and "gpu_util.lua: the capture holds no PM samples: it was recorded "
@@ -211,7 +217,7 @@ cm.on("exit", function()
       or "gpu_util.lua: no PM samples arrived: no process sampled devices " .. opts.devices
       .. " before the run ended (a CUDA program must run under `-- cmd`, long enough for one "
       .. "interval)\n")
-    for _, r in ipairs(requests) do r:close() end
+    close_requests()
     cm.exit(1)
     return
   end
@@ -221,5 +227,5 @@ cm.on("exit", function()
     flush_rows(st, last)
   end
   if out:count() > 0 then out:print() end
-  for _, r in ipairs(requests) do r:close() end
+  close_requests()
 end)

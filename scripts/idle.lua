@@ -216,6 +216,7 @@ local function print_process(pr)
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   table.sort(proc_order, function(a, b) return a.pid < b.pid end)
   for i, pr in ipairs(proc_order) do
     if i > 1 then print() end

@@ -44,6 +44,7 @@ cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop" } }, function(b)
 end)
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   local list = bytes:sorted(nil, "key")
   local t = tabulate.new {
     { "copy kind", width = 10 }, { "count", "%d", width = 9 }, { "bytes", "%d", width = 14 },

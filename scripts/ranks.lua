@@ -396,6 +396,7 @@ if opts.interval > 0 then
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   for n = coll_lo, coll_hi do match(n) end
   evaluate(true)
   if opts.interval > 0 then print("== at exit") end
