@@ -160,3 +160,72 @@ describe("--format csv|json", function()
     end
   end)
 end)
+
+describe("ranks.lua without steps", function()
+  it("says the run has no NVTX ranges and how to count steps by a kernel instead; status 1", function()
+    local rc, out = helpers.sh(("(%s --replay %s/spec/fixtures/pm_fake.cmcap %sranks.lua --interval 0 "
+      .. "2>&1 >/dev/null)"):format(bin, root, scripts))
+    assert.are.same({ 1, 'ranks.lua: no step: no NVTX range named "step" (the run has no NVTX '
+      .. "ranges); name the step's range with --step NAME, or count steps by the launches of one "
+      .. "kernel with --step-kernel NAME\n" }, { rc, (out:gsub("cuptimon%-lua: warning: [^\n]*\n", "")) })
+  end)
+  it("names the ranges it saw, and prints the table without a 'no straggler' line", function()
+    local rc, out = helpers.sh(("%s --replay %s %sranks.lua --interval 0 --step nope"):format(bin,
+      demo, scripts))
+    assert.are.equal(1, rc, out)
+    assert.matches('no NVTX range named "nope" %(the ranges seen: "setup", "step", "train"%); ', out)
+    assert.matches("\n%s+%-%s+%-%s+601%s+0%s+0%s+300%s", out)
+    assert.is_nil(out:find("straggler\n", 1, true), out)
+  end)
+  it("with --step-kernel, says that no kernel of that name was launched", function()
+    local rc, out = helpers.sh(("(%s --replay %s %sranks.lua --interval 0 --step-kernel nope 2>&1 "
+      .. ">/dev/null)"):format(bin, demo, scripts))
+    assert.are.same({ 1, 'ranks.lua: no step: no launch of a kernel named "nope"; --step-kernel '
+      .. "takes a name as top.lua shows it\n" }, { rc, out })
+  end)
+  it("counts the demo's steps by a kernel's launches: 30 loss reductions, 29 steps between", function()
+    local out = stdout_of("ranks.lua --interval 0 --step-kernel cm_demo_loss_reduce")
+    assert.matches("\n%s+%-%s+%-%s+601%s+0%s+29%s+300%s", out)
+    assert.matches("\nno straggler\n$", out)
+  end)
+end)
+
+describe("every recipe's --help", function()
+  -- The long flags that a help line starts with (after blanks), alone ("  --top N  ...") or in a
+  -- list ("  -o, --output FILE", "  --sm, --tensor, --dram   ...").
+  local function flags_of(line)
+    local out, rest = {}, line:match("^%s+(%-.*)$")
+    while rest do
+      local f, after = rest:match("^(%-%-?%w[%w%-]*)(.*)$")
+      if not f then break end
+      if f:sub(1, 2) == "--" then out[#out + 1] = f end
+      rest = after:gsub("^ %u[%u%d_]*", "", 1):match("^, (%-.*)$")
+    end
+    return out
+  end
+
+  local names = {}
+  for path in io.popen("ls " .. root .. "/scripts/*.lua"):lines() do names[#names + 1] = path end
+  for _, path in ipairs(names) do
+    local name = path:match("([%w_]+)%.lua$")
+    it(name .. ": describes every option exactly once", function()
+      -- The valid options, as the usage error of an unknown one lists them.
+      local rc, err = helpers.sh(("%s %s --no-such-option"):format(bin, path))
+      assert.are.equal(2, rc, err)
+      local valid = err:match("valid options: ([^\n]-) %(see %-%-help%)")
+      assert.is_truthy(valid, err)
+      local out
+      rc, out = helpers.sh(("%s %s --help"):format(bin, path))
+      assert.are.equal(0, rc, out)
+      local seen = {}
+      for line in out:gmatch("[^\n]+") do
+        for _, f in ipairs(flags_of(line)) do seen[f] = (seen[f] or 0) + 1 end
+      end
+      local wrong = {}
+      for f in valid:gmatch("%-%-[%w%-]+") do
+        if seen[f] ~= 1 then wrong[#wrong + 1] = ("%s described %d times"):format(f, seen[f] or 0) end
+      end
+      assert.are.same({}, wrong, out)
+    end)
+  end
+end)
