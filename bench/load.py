@@ -10,7 +10,7 @@ bench/long_run.sh call this.
       of the monitor (cuptimon-lua).
   load.py long BUILD_DIR [--threads T] [--seconds S]
       One run as above, the resident sets sampled every --interval (1 s): peak and the
-      least-squares slope of the second half, in KiB per minute.
+      least-squares slope of the second half (after the first minute), in KiB per minute.
 
 Design. The monitor is this script's child and the traced process the monitor's child. Both are
 sampled from /proc (VmRSS; utime + stime) every --interval. CPU: the traced process prints its own
@@ -182,8 +182,12 @@ def one_run(a, threads, seconds, name):
     for role in ("agent", "monitor"):
         xs = [(x["t"], x[role + "_rss_kib"]) for x in samples if x[role + "_rss_kib"]]
         r[role + "_rss_peak_kib"] = max((v for _, v in xs), default=None)
-        half = xs[len(xs) // 2:]
-        if len(half) >= 2 and half[-1][0] > half[0][0]:
+        # The slope is over the second half, and never over the first minute, while CUPTI's
+        # and the pool's memory grows to its working size (issue 18: "after the first minute").
+        # A run shorter than two minutes has no such slope.
+        t_first = xs[0][0] if xs else 0
+        half = [x for x in xs[len(xs) // 2:] if x[0] - t_first >= 60]
+        if len(half) >= 2 and half[-1][0] - half[0][0] >= 60:
             r[role + "_rss_slope_kib_per_min"] = 60 * bs.slope([t for t, _ in half],
                                                                [v for _, v in half])
     with open(os.path.join(a.out, name + "_samples.csv"), "w", newline="") as f:

@@ -55,7 +55,8 @@ def main():
     for line in full.splitlines():
         m = FULL_ROW.match(line)
         if m:
-            exact[m.group(9)] = (float(m.group(3)) / loop_s, float(m.group(2)) / 1e3 / loop_s)
+            # top's Total is in us: t is GPU seconds per second (printed as ms/s).
+            exact[m.group(9)] = (float(m.group(3)) / loop_s, float(m.group(2)) / 1e6 / loop_s)
     top5 = sorted(exact, key=lambda k: -exact[k][1])[:5]
     est_out = run([lua, os.path.join(ROOT, "scripts", "top.lua"), "--duty", duty, "--period-ms",
                    period, "--top", "50", "--"] + train)
