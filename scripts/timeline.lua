@@ -424,29 +424,92 @@ local function tail(origin)
     :format(origin and tostring(origin):gsub("U?LL$", "") or "")
 end
 
--- Moves ts 0 to the earliest record: rewrites the events written so far (read back from `out`)
--- into FILE.tmp.PID, each ts `shift` ns earlier, and renames that over FILE. Returns true, or
--- nil and a message (the trace is then left as written, relative to the first record seen).
+-- Moves ts 0 to the earliest record: copies the events written so far (read back from `out`)
+-- into FILE.tmp.PID with every ts `shift` ns earlier, then `last`, and renames that over FILE.
+-- Returns true, or nil and a message (the trace is then left as written, relative to the first
+-- record seen). The copy is a byte loop over 1 MiB chunks through the FFI, which the JIT compiles
+-- (string.gsub with a function is not compiled and took three times as long): about 0.25 s per
+-- 100 MB of trace here.
+-- CUPTIMON_TIMELINE_CHUNK sets another chunk size, for the specs (a few KiB: many chunk
+-- boundaries, some inside a ts).
+local CHUNK = math.max(1024, tonumber(os.getenv("CUPTIMON_TIMELINE_CHUNK") or "") or 1048576)
+local function shift_bytes(s, n, shift, obuf, digits)
+  local p = ffi.cast("const uint8_t *", s)
+  local o, i = 0, 0
+  while i < n do
+    local c = p[i]
+    obuf[o] = c
+    o = o + 1
+    i = i + 1
+    -- After "ts": comes a number written by us() (above): -?digits.ddd
+    if c == 58 and i >= 5 and p[i - 2] == 34 and p[i - 3] == 115 and p[i - 4] == 116
+      and p[i - 5] == 34 then
+      local neg = p[i] == 45
+      if neg then i = i + 1 end
+      local v = 0
+      while i < n and p[i] >= 48 and p[i] <= 57 do
+        v = v * 10 + (p[i] - 48)
+        i = i + 1
+      end
+      i = i + 1 -- the decimal point
+      for _ = 1, 3 do
+        v = v * 10 + (p[i] - 48)
+        i = i + 1
+      end
+      if neg then v = -v end
+      v = v - shift
+      if v < 0 then
+        obuf[o] = 45
+        o = o + 1
+        v = -v
+      end
+      local frac = v % 1000
+      local int, k = (v - frac) / 1000, 0
+      repeat
+        local d = int % 10
+        digits[k] = 48 + d
+        k = k + 1
+        int = (int - d) / 10
+      until int == 0 or k == 23 -- a ts of ours has at most 16 digits
+      for j = k - 1, 0, -1 do
+        obuf[o] = digits[j]
+        o = o + 1
+      end
+      obuf[o] = 46
+      obuf[o + 1] = 48 + math.floor(frac / 100)
+      obuf[o + 2] = 48 + math.floor(frac / 10) % 10
+      obuf[o + 3] = 48 + frac % 10
+      o = o + 4
+    end
+  end
+  return o
+end
+
 local function shift_trace(shift, last)
-  local uv = require "luv"
-  local tmp = ("%s.tmp.%d"):format(opts.output, uv.os_getpid())
+  local tmp = ("%s.tmp.%d"):format(opts.output, require("luv").os_getpid())
   local f, ferr = require("cuptimon.output").open(tmp, false)
   if not f then return nil, ferr end
-  f:setvbuf("full", 1048576)
+  -- A chunk is at most 2 CHUNK bytes (a partial line is carried over only when shorter than
+  -- CHUNK), and a ts of 10 bytes or more grows to at most 30 (a sign, 24 digits, 4 more): the
+  -- output of a chunk is less than 3 times as long.
+  local obuf, digits = ffi.new("uint8_t[?]", 6 * CHUNK + 64), ffi.new("uint8_t[24]")
   out:flush()
   out:seek("set", 0)
-  local function shifted(sign, int, frac)
-    local n = tonumber(int) * 1000 + tonumber(frac)
-    if sign == "-" then n = -n end
-    return '"ts":' .. ("%.3f"):format((n - shift) / 1e3)
+  local ok, werr, rest = true, nil, ""
+  while ok do
+    local chunk = out:read(CHUNK)
+    if not chunk then break end
+    chunk = rest .. chunk
+    -- Whole lines only: an event is one line, so no ts is cut.
+    local p, cut = ffi.cast("const uint8_t *", chunk), #chunk
+    while cut > 0 and p[cut - 1] ~= 10 do cut = cut - 1 end
+    rest = chunk:sub(cut + 1)
+    if #rest > CHUNK then rest, cut = "", #chunk end -- no newline in a whole chunk: not ours
+    ok, werr = f:write(ffi.string(obuf, shift_bytes(chunk, cut, shift, obuf, digits)))
   end
-  local ok, werr = true, nil
-  for line in out:lines() do
-    ok, werr = f:write((line:gsub('"ts":(%-?)(%d+)%.(%d%d%d)', shifted)), "\n")
-    if not ok then break end
-  end
-  if ok then ok, werr = f:write(last:sub(2)) end
-  ok = ok and f:close()
+  if ok then ok, werr = f:write(ffi.string(obuf, shift_bytes(rest, #rest, shift, obuf, digits)), last:sub(2)) end
+  local closed, cerr = f:close()
+  if ok and not closed then ok, werr = nil, cerr end
   if ok then ok, werr = os.rename(tmp, opts.output) end
   if not ok then
     os.remove(tmp)
@@ -456,21 +519,21 @@ local function shift_trace(shift, last)
 end
 
 cm.on("exit", function()
-  local origin = lowest and ffi.cast(int64, base) + lowest
-  local last = tail(origin)
-  local uv = require "luv"
-  local st = lowest and lowest ~= 0 and uv.fs_stat(opts.output)
+  -- The origin of the ts as written (the first record seen), and whether to shift: only a
+  -- regular file can be read back (a character device such as /dev/null keeps its ts).
+  local origin = base and ffi.cast(int64, base)
+  local st = lowest and lowest ~= 0 and require("luv").fs_stat(opts.output)
+  local shifted = false
   if st and st.type == "file" then
-    local ok, serr = shift_trace(lowest, last)
-    if not ok then
+    local serr
+    shifted, serr = shift_trace(lowest, tail(origin + lowest))
+    if not shifted then
       io.stderr:write(("timeline.lua: cannot move ts 0 to the earliest record (%s): %s keeps "
         .. "the first record seen as its origin\n"):format(serr, opts.output))
       out:seek("end")
-      out:write(tail(ffi.cast(int64, base)))
     end
-  else
-    out:write(last)
   end
+  if not shifted then out:write(tail(origin)) end
   out:close()
   print(("timeline.lua: wrote %s: %d slices (%d kernel, %d memcpy, %d memset, %d runtime, "
     .. "%d driver, %d nvtx), %d marks, %d flows"):format(opts.output,
