@@ -26,16 +26,15 @@
 --     [x, y, z], "registers per thread", "shared memory": static + dynamic bytes per block, and
 --     "static shared memory", "dynamic shared memory"), a copy's or memset's "bytes" and
 --     "memory bandwidth (GB/s)" (bytes / duration; left out of a zero-length one); a process
---     that drives several devices has the work of its first
---     device there, and that of each other device D (below 64) in a trace process of its own,
+--     that drives several devices has the work of its first device there, and that of each
+--     other device D (below 64) in a trace process of its own,
 --     "EXE (pid P) GPU D" (its trace pid is P + (D + 1) * 2^22, above any Linux pid), so each
 --     (process, device) pair is one process in the UI;
---   - CUDA runtime and driver API calls as slices on the track of the thread that made them,
---     named as the thread was named: by a NAME record (nvtxNameOsThread) of the capture or run
---     when there is one (the latest wins), else, in a live run, by the thread's name in
---     /proc/PID/task/TID/comm when its first record arrives (a thread that has already exited,
---     or a process in another pid namespace, keeps "thread TID"), else, on a replay,
---     "thread TID";
+--   - CUDA runtime and driver API calls as slices on the track of the thread that made them;
+--     a thread's track is named by its latest NAME record (nvtxNameOsThread) of the run or
+--     capture, else, in a live run, by its /proc/PID/task/TID/comm when its first record
+--     arrives, else "thread TID" (on a replay; a thread that has already exited; a process in
+--     another pid namespace than the monitor, whose thread ids mean nothing here);
 --   - NVTX ranges (push/pop and start/end) as slices on the thread that opened them, NVTX marks
 --     as instant events;
 --   - a flow arrow from each API call to the GPU work it launched (same correlation id);
@@ -47,13 +46,14 @@
 -- CLOCK_REALTIME nanoseconds (a decimal string: exact), so that an event's absolute time is
 -- origin_ns + 1000 * ts. Records arrive in batches per kind, so a later batch may hold earlier
 -- records: the trace is written relative to the first record seen, and when an earlier one came
--- later, the file is rewritten once at exit, shifted (FILE.tmp.PID, then renamed over FILE).
+-- later, the file is rewritten once at exit, shifted (FILE.tmp.PID, then renamed over FILE;
+-- a character device such as /dev/null is not, and its origin is the first record seen).
 --
 -- The trace is streamed: each batch is written out as it arrives, and what is kept in memory is
 -- bounded whatever the length of the run: the API calls and GPU operations still waiting for
 -- their partner of a flow arrow (the last --window of each per process), open NVTX ranges (as
--- many) and the names of the tracks already named (a track may be named twice after
--- 4096 others). An arrow whose partner left that window, or arrived after it, is not drawn; the
+-- many), the names NAME records gave (4096 to 8192 per process) and the tracks already named (a
+-- track may be named twice after 4096 others). An arrow whose partner left that window, or arrived after it, is not drawn; the
 -- slices are always written.
 --
 -- Example output:
@@ -428,10 +428,9 @@ end
 -- into FILE.tmp.PID with every ts `shift` ns earlier, then `last`, and renames that over FILE.
 -- Returns true, or nil and a message (the trace is then left as written, relative to the first
 -- record seen). The copy is a byte loop over 1 MiB chunks through the FFI, which the JIT compiles
--- (string.gsub with a function is not compiled and took three times as long): about 0.25 s per
--- 100 MB of trace here.
--- CUPTIMON_TIMELINE_CHUNK sets another chunk size, for the specs (a few KiB: many chunk
--- boundaries, some inside a ts).
+-- (string.gsub with a function is not compiled and took three times as long): 1.4 s for a
+-- 250 MB trace of 1.2 million events here, where writing it took 4.7 s. CUPTIMON_TIMELINE_CHUNK
+-- sets another chunk size, for the specs (a few KiB: many chunk boundaries, some inside a ts).
 local CHUNK = math.max(1024, tonumber(os.getenv("CUPTIMON_TIMELINE_CHUNK") or "") or 1048576)
 local function shift_bytes(s, n, shift, obuf, digits)
   local p = ffi.cast("const uint8_t *", s)
