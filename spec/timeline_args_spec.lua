@@ -250,4 +250,25 @@ describe("timeline.lua's CPU thread names", function()
     assert.are.same({ { pid = pid, tid = pid, name = "wire_gen" } }, thread_names(events))
     os.execute("rm -rf " .. dir)
   end)
+
+  it("come from /proc when the process attached, for threads gone when their records arrive", function()
+    if not gen then
+      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
+      return
+    end
+    local dir = helpers.tmpdir()
+    local path = dir .. "/gone.json"
+    -- wire_gen runs under sh, which reaps it at once (the monitor's own child would stay a
+    -- zombie, whose /proc entry remains, until the blocked loop reaps it).
+    local rc, out = helpers.sh(("CUPTIMON_AGENT=/dev/null %s %s/spec/fixtures/timeline_slow_start.lua "
+      .. "%s %s -- sh -c '%s agent --records 1 --kinds runtime --self-tid; true'"):format(bin, root,
+      timeline, path, gen))
+    assert.are.equal(0, rc, out)
+    local pid = tonumber(out:match("real_pid=(%d+)"))
+    assert.is_number(pid, out)
+    assert.is_nil(helpers.read(("/proc/%d/task/%d/comm"):format(pid, pid)), "wire_gen is still there")
+    local _, events = trace_of(path)
+    assert.are.same({ { pid = pid, tid = pid, name = "wire_gen" } }, thread_names(events))
+    os.execute("rm -rf " .. dir)
+  end)
 end)
