@@ -31,11 +31,12 @@
 --     "EXE (pid P) GPU D" (its trace pid is P + (D + 1) * 2^22, above any Linux pid), so each
 --     (process, device) pair is one process in the UI;
 --   - CUDA runtime and driver API calls as slices on the track of the thread that made them;
---     a thread's track is named by its latest NAME record (nvtxNameOsThread) of the run or
---     capture, else, in a live run, by its /proc/PID/task/TID/comm when its first record
---     arrives or, when it has exited by then, when the process attached, else "thread TID" (on
---     a replay; a thread born and gone between; a process in another pid namespace than the
---     monitor, whose thread ids mean nothing here);
+--     a thread's track is named by the latest NAME record (nvtxNameOsThread) of the run or
+--     capture that names its thread id, else "thread TID". Whether CUPTI gives a NAME record
+--     the thread id that its other records carry is not yet checked on a GPU. The monitor
+--     cannot name threads from /proc/PID/task/TID/comm: CUPTI's thread ids are not the
+--     kernel's but pthread_self() cut to 32 bits (3446751232 in the demo capture), which
+--     /proc does not know; that needs the agent to report each thread's kernel id and name.
 --   - NVTX ranges (push/pop and start/end) as slices on the thread that opened them, NVTX marks
 --     as instant events;
 --   - a flow arrow from each API call to the GPU work it launched (same correlation id);
@@ -162,46 +163,9 @@ local function name_track(pid, tid, name)
   write_track_name(pid, tid, name)
 end
 
--- The name of thread `tid` of process `pid` in /proc, or nil.
-local function comm(pid, tid)
-  local f = io.open(("/proc/%d/task/%d/comm"):format(pid, tid), "r")
-  if not f then return nil end
-  local c = f:read("*l")
-  f:close()
-  return c ~= "" and c or nil
-end
-
--- The names of a live process's threads when it attached (its HELLO, while it waits for the
--- monitor's answer): source -> { tid -> comm }, at most NAMED threads, taken by its first batch.
--- Records often arrive at the process's exit, once its threads are gone: the threads it had
--- when it started CUDA (its main thread, usually the one that launches) keep their names.
-local at_start = {}
-cm.on("process_start", function(p)
-  if p.kind == "replay" or not p.pid then return end
-  local uv = require "luv"
-  local dir = uv.fs_scandir(("/proc/%d/task"):format(p.pid))
-  if not dir then return end
-  local found, n = {}, 0
-  while n < NAMED do
-    local entry = uv.fs_scandir_next(dir)
-    if not entry then break end
-    local tid = tonumber(entry)
-    if tid then
-      found[tid] = comm(p.pid, tid)
-      n = n + 1
-    end
-  end
-  at_start[p.source] = found
-end)
-
--- The name of CPU thread `tid` of process `pr`: the latest NAME record's, else (a live process)
--- its comm in /proc now, else its comm when the process attached, else "thread TID". Looked up
--- once per naming of the track.
+-- The name of CPU thread `tid` of process `pr`: the latest NAME record's, else "thread TID".
 local function thread_name(pr, tid)
-  local given = wget(pr.thread_names, tid)
-  if given then return given end
-  local c = pr.live and (comm(pr.pid, tid) or pr.at_start[tid])
-  return c or "thread " .. tid
+  return wget(pr.thread_names, tid) or "thread " .. tid
 end
 
 -- Names the track of CPU thread `tid` of process `pr` once (per generation of `named`).
@@ -217,13 +181,9 @@ local function process(b)
   local exe = p.exe and p.exe:match("([^/]*)$") or "process"
   local rank = p.env and p.env.RANK
   pr = { pid = p.pid or 0, api = window(WINDOW), gpu = window(WINDOW), ranges = window(WINDOW),
-    exe = exe, devices = {}, thread_names = window(NAMED), live = p.kind ~= "replay",
-    at_start = at_start[b.source] or {} }
+    exe = exe, devices = {}, thread_names = window(NAMED) }
   -- ranges: id -> start ns, and a table { tid, name, domain }; devices: device -> trace pid;
-  -- thread_names: tid -> the name its latest NAME record gave it; live: its threads can be
-  -- looked up in /proc (a process of this run: an agent, or this process itself); at_start:
-  -- tid -> its name when the process attached
-  at_start[b.source] = nil
+  -- thread_names: tid -> the name its latest NAME record gave it
   procs[b.source] = pr
   emit(('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}}')
     :format(pr.pid, jstr(rank and ("%s (rank %s)"):format(exe, rank) or exe)))

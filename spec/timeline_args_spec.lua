@@ -1,8 +1,8 @@
 -- Specs of what scripts/timeline.lua writes beside the slices (issue 20, "Polish"): a kernel's
 -- launch configuration and a copy's bytes and bandwidth in args, compared with dump.lua's columns
 -- of the same records (joined by correlation id) on the bundled capture; ts 0 at the earliest
--- record with its CLOCK_REALTIME origin in otherData; CPU threads named by NAME records (a
--- wire_gen capture) and, live, by /proc (a wire_gen agent whose records carry its own thread id).
+-- record with its CLOCK_REALTIME origin in otherData (also across the exit's rewrite of a live
+-- run's trace); CPU threads named by NAME records (a wire_gen capture).
 -- luacheck: std +busted
 local helpers = require "helpers"
 local check = require "trace_check"
@@ -208,7 +208,7 @@ describe("timeline.lua's shift of ts 0 to the earliest record", function()
 end)
 
 describe("timeline.lua's CPU thread names", function()
-  it("come from NAME records, the latest winning; a replay never reads /proc", function()
+  it("come from NAME records, the latest winning, else are the thread ids", function()
     if not gen then
       pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
       return
@@ -216,59 +216,19 @@ describe("timeline.lua's CPU thread names", function()
     local dir = helpers.tmpdir()
     -- wire_gen --small-ids: runtime calls on threads 0..3; NAME record i names an object of kind
     -- i % 4 (2 is a thread, 2 also its tid) with the name i % 3: "_Z7kernelCv" (i = 2),
-    -- "kernelA" (6), "kernelB" (10). The claimed pid is 1, whose task 1 exists here: a replay
-    -- must not name thread 1 by it.
+    -- "kernelA" (6), "kernelB" (10).
     local cap, path = dir .. "/n.cmcap", dir .. "/n.json"
-    assert(os.execute(("%s capture %s --pid 1 --records 12 --kinds runtime,name --small-ids")
+    assert(os.execute(("%s capture %s --pid 7 --records 12 --kinds runtime,name --small-ids")
       :format(gen, cap)) == 0)
     local rc, out = helpers.sh(("%s --replay %s %s -o %s"):format(bin, cap, timeline, path))
     assert.are.equal(0, rc, out)
     local _, events = trace_of(path)
     local last = {}
     for _, t in ipairs(thread_names(events)) do
-      assert.are.equal(1, t.pid)
+      assert.are.equal(7, t.pid)
       last[t.tid] = t.name
     end
     assert.are.same({ [0] = "thread 0", [1] = "thread 1", [2] = "kernelB", [3] = "thread 3" }, last)
-    os.execute("rm -rf " .. dir)
-  end)
-
-  it("come from /proc/PID/task/TID/comm for a live process's threads", function()
-    if not gen then
-      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
-      return
-    end
-    local dir = helpers.tmpdir()
-    local path = dir .. "/live.json"
-    -- The synthetic agent needs no agent library; its records' tid is its own (main) thread's.
-    local rc, out = helpers.sh(("CUPTIMON_AGENT=/dev/null %s %s -o %s -- %s agent --records 1 "
-      .. "--kinds runtime --self-tid"):format(bin, timeline, path, gen))
-    assert.are.equal(0, rc, out)
-    local pid = tonumber(out:match("real_pid=(%d+)"))
-    assert.is_number(pid, out)
-    local _, events = trace_of(path)
-    assert.are.same({ { pid = pid, tid = pid, name = "wire_gen" } }, thread_names(events))
-    os.execute("rm -rf " .. dir)
-  end)
-
-  it("come from /proc when the process attached, for threads gone when their records arrive", function()
-    if not gen then
-      pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
-      return
-    end
-    local dir = helpers.tmpdir()
-    local path = dir .. "/gone.json"
-    -- wire_gen runs under sh, which reaps it at once (the monitor's own child would stay a
-    -- zombie, whose /proc entry remains, until the blocked loop reaps it).
-    local rc, out = helpers.sh(("CUPTIMON_AGENT=/dev/null %s %s/spec/fixtures/timeline_slow_start.lua "
-      .. "%s %s -- sh -c '%s agent --records 1 --kinds runtime --self-tid; true'"):format(bin, root,
-      timeline, path, gen))
-    assert.are.equal(0, rc, out)
-    local pid = tonumber(out:match("real_pid=(%d+)"))
-    assert.is_number(pid, out)
-    assert.is_nil(helpers.read(("/proc/%d/task/%d/comm"):format(pid, pid)), "wire_gen is still there")
-    local _, events = trace_of(path)
-    assert.are.same({ { pid = pid, tid = pid, name = "wire_gen" } }, thread_names(events))
     os.execute("rm -rf " .. dir)
   end)
 end)

@@ -7,15 +7,14 @@
  *                         [--hostile-names] [--small-ids]
  *   wire_gen agent [--records N] [--kinds k1,k2] [--token T] [--garbage] [--exit-code C]
  *                  [--pid P] [--oversize-hello BYTES] [--big-frame BYTES [--fill BYTES]]
- *                  [--cupti-dropped N] [--no-end] [--pm-status N] [--self-tid]
+ *                  [--cupti-dropped N] [--no-end] [--pm-status N]
  *   wire_gen idle N [--hold-ms MS] [--ready FILE]
  *
  * Records are synthetic but deterministic: record i of a kind has start = base + i * 1000,
  * stop = start + 500 + (i % 7) * 100 (end, completed likewise), string fields cycle over three
  * names (--hostile-names: names with quotes and SQL, a NUL, invalid UTF-8), other fields hold
  * i (--small-ids: i % 4, so a run has four threads, devices, contexts... as a real one has a
- * few; --self-tid: every `tid` field holds wire_gen's own thread id, a thread the monitor can
- * look up in /proc while the agent runs). Every field of the registry is carried (a capture) or every field
+ * few). Every field of the registry is carried (a capture) or every field
  * of the monitor's SELECT (an agent), so a test can compute exact counts and sums. With
  * --rank R, HELLO carries RANK=R and WORLD_SIZE=R+1 in its environment list. With
  * --unknown-type T, a capture's string columns are written with cm_type T (one this version does
@@ -79,7 +78,6 @@ static const char *hostile_names[3] = {"bad\xff\xfe\x1b]0;pwned\x07", "over\xc0\
 static int hostile;
 static int unknown_type; /* --unknown-type: the type written for string columns, 0 for STR */
 static int small_ids;    /* --small-ids: the other fields hold i % 4 (few threads, devices, ...) */
-static int self_tid;     /* --self-tid: every tid field holds this process's thread id */
 
 static void parse_kinds(const char *s) {
   char buf[512];
@@ -159,7 +157,6 @@ static void batch(cm_wire_buf *b, int kind, uint64_t from, uint64_t to, const cm
       else if (!strcmp(fi.name, "copy_kind")) v = 1 + i % 2;
       else if (!strcmp(fi.name, "cbid")) v = i % 3 == 0 ? 211 : i % 3 == 1 ? 31 : 13;
       else if (!strcmp(fi.name, "stream") || !strcmp(fi.name, "stream_id")) v = i % 2;
-      else if (self_tid && !strcmp(fi.name, "tid")) v = (uint64_t)getpid(); /* single-threaded */
       else if (small_ids) v = i % 4;
       uint8_t *p = (uint8_t *)data[nc] + r * fi.width;
       memcpy(p, &v, fi.width); /* little-endian host */
@@ -484,7 +481,6 @@ int main(int argc, char **argv) {
     else if (!strcmp(a, "--cupti-dropped")) cupti_dropped = strtoull(v, NULL, 10), i++;
     else if (!strcmp(a, "--no-end")) no_end = 1;
     else if (!strcmp(a, "--small-ids")) small_ids = 1;
-    else if (!strcmp(a, "--self-tid")) self_tid = 1;
     else if (!strcmp(a, "--hostile-names"))
       for (int k = 0; k < 3; k++) names[k] = hostile_sql[k], names_len[k] = hostile_sql_len[k];
     else if (!strcmp(a, "--hostile")) hostile = 1;
