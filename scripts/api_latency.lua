@@ -72,6 +72,7 @@ if opts.driver then
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   -- nsys stats' cuda_api_sum columns, in microseconds; StdDev is the sample standard deviation.
   local t = tabulate.new {
     { "Time (%)", "%.1f", width = 8, align = "right" }, { "Total (us)", "%.1f", width = 10 },

@@ -77,6 +77,7 @@ local function print_table(title, counts, context)
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   if opts.per_process then
     local pids = {}
     for pid in pairs(by_pid) do pids[#pids + 1] = pid end

@@ -4,14 +4,18 @@
 --
 -- Usage: cuptimon-lua scripts/gpu_util.lua [--devices 0,1] [--interval-us N] [--window-ms MS]
 --                                          [--top N] [--sm M] [--tensor M] [--dram M]
---                                          [--pcie-read M] [--pcie-write M] -- cmd args...
+--                                          [--pcie-read M] [--pcie-write M] [--format FMT]
+--                                          -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/gpu_util.lua
+--        cuptimon-lua --replay run.cmcap scripts/gpu_util.lua --format csv
 --
 -- Arguments:
 --   --devices LIST   the CUDA devices to sample (default 0)
 --   --interval-us N  the PM sampling interval in microseconds (default 10000)
 --   --window-ms MS   one table row per device and MS milliseconds of samples (default 100)
 --   --top N          how many kernels to name per row, by time in the window (default 2)
+--   --format FMT     text (aligned columns, the default), csv, or json (an object per row,
+--                    values unformatted: a metric with no value is empty in CSV, null in JSON)
 --   --sm, --tensor, --dram, --pcie-read, --pcie-write   the metric of each column (defaults:
 --                    GH100 names, below); a metric the GPU cannot sample stops the script with
 --                    an error that names it
@@ -39,7 +43,7 @@ local pm = require "cuptimon.pm"
 local tabulate = require "cuptimon.table"
 local ffi = require "ffi"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_output {
   devices = { "0", "the CUDA devices to sample, comma-separated" },
   interval_us = { 10000, "PM sampling interval in microseconds", min = 20, integer = true },
   window_ms = { 100, "table row width in milliseconds", min = 1, integer = true },
@@ -50,6 +54,7 @@ local opts = args.parse(arg, {
   pcie_read = { pm.UTIL_METRICS.pcie_read, "PCIe read bytes/s metric" },
   pcie_write = { pm.UTIL_METRICS.pcie_write, "PCIe write bytes/s metric" },
 })
+args.output(opts, "gpu_util.lua")
 
 -- The columns: title, metric, scale of the mean.
 local cols = {
@@ -203,7 +208,13 @@ local function sampled()
   return false
 end
 
+local function close_requests()
+  for _, r in ipairs(requests) do r:close() end
+end
+
 cm.on("exit", function()
+  -- A command that could not start: its one-line error says it all (status 127 or 126).
+  if cm.command_failed() then return close_requests() end
   if not sampled() then
     -- No process sent a sample: say why instead of printing nothing with status 0.
     io.stderr:write(replayed and "gpu_util.lua: the capture holds no PM samples: it was recorded "
@@ -211,7 +222,7 @@ cm.on("exit", function()
       or "gpu_util.lua: no PM samples arrived: no process sampled devices " .. opts.devices
       .. " before the run ended (a CUDA program must run under `-- cmd`, long enough for one "
       .. "interval)\n")
-    for _, r in ipairs(requests) do r:close() end
+    close_requests()
     cm.exit(1)
     return
   end
@@ -221,5 +232,5 @@ cm.on("exit", function()
     flush_rows(st, last)
   end
   if out:count() > 0 then out:print() end
-  for _, r in ipairs(requests) do r:close() end
+  close_requests()
 end)

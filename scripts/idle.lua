@@ -1,8 +1,10 @@
 -- idle.lua: how busy each GPU stream was, over time and overall, and the largest idle gaps with
 -- the last runtime API call before each one (what the GPU was waiting on).
 --
--- Usage: cuptimon-lua scripts/idle.lua [--gap-us N] [--top N] [--interval MS] -- cmd args...
+-- Usage: cuptimon-lua scripts/idle.lua [--gap-us N] [--top N] [--interval MS] [--format FMT]
+--          -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/idle.lua --interval 1
+--        cuptimon-lua --replay run.cmcap scripts/idle.lua --format json --top 1
 --
 -- Arguments:
 --   --gap-us N       a gap of at least N microseconds between two operations of a stream counts
@@ -10,6 +12,9 @@
 --   --top N          how many of the largest gaps to show per process (default 5; 0: none)
 --   --interval MS    also show busy % per stream in buckets of MS milliseconds (default 0: only
 --                    the overall table)
+--   --format FMT     text (aligned tables, the default), csv, or json (an object per row): the
+--                    rows of the three tables, each carrying its pid; the buckets of --interval
+--                    are one row per stream and bucket (device, stream, start_ms, busy%)
 --
 -- One set of tables per process, titled as every recipe titles a process (cm.process_title): pid
 -- and executable, and rank when its RANK environment variable is set ("pid 4242
@@ -44,12 +49,13 @@ local cbid = require "cuptimon.cbid"
 local tabulate = require "cuptimon.table"
 local ffi = require "ffi"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_output {
   gap_us = { 10, "minimum idle gap in microseconds", min = 0 },
   top = { 5, "how many of the largest gaps to show per process", min = 0, integer = true },
   interval = { 0, "bucket width in milliseconds for busy % over time (0: none)", min = 0,
     integer = true },
 })
+args.output(opts, "idle.lua")
 local gap_ns, bucket_ns = opts.gap_us * 1e3, opts.interval * 1e6
 local RING = 4096 -- the recent API calls kept per process, to name the call before a new gap
 
@@ -168,13 +174,15 @@ local function print_process(pr)
     if a.device ~= b.device then return a.device < b.device end
     return a.stream < b.stream
   end)
-  print(pr.title)
-  local t = tabulate.new {
+  -- Machine-readable rows say whose they are.
+  local ctx = { context = { pid = pr.pid } }
+  tabulate.note(pr.title)
+  local t = tabulate.new({
     { "device", "%d", width = 6, align = "right" }, { "stream", "%d", width = 6 },
     { "ops", "%d", width = 7 }, { "span_us", "%.1f", width = 11 },
     { "busy_us", "%.1f", width = 11 }, { "busy%", "%.1f", width = 6 }, { "gaps", "%d", width = 7 },
     { "max_gap_us", "%.1f", width = 11 },
-  }
+  }, ctx)
   for _, s in ipairs(pr.order) do
     local span, busy = s.last - s.first, s.busy.sum
     t:add(s.device, s.stream, s.busy.count, span / 1e3, busy / 1e3,
@@ -187,26 +195,36 @@ local function print_process(pr)
     for _, s in ipairs(pr.order) do
       for k in pairs(s.buckets) do lo, hi = math.min(lo, k), math.max(hi, k) end
     end
-    print(("busy %% per %d ms (columns: device/stream)"):format(opts.interval))
-    local cols = { { "start_ms", "%.0f", width = 8, align = "right" } }
-    for _, s in ipairs(pr.order) do
-      cols[#cols + 1] = { ("%d/%d"):format(s.device, s.stream), "%.1f", width = 6 }
+    local function busy(s, k) return math.min(100, 100 * (s.buckets[k] or 0) / bucket_ns) end
+    if tabulate.output() ~= "text" then
+      -- One row per stream and bucket: the same columns whatever the streams.
+      local bt = tabulate.new({ "device", "stream", "start_ms", "busy%" }, ctx)
+      for _, s in ipairs(pr.order) do
+        for k = lo, hi do bt:add(s.device, s.stream, k * opts.interval, busy(s, k)) end
+      end
+      bt:print()
+    else
+      print(("busy %% per %d ms (columns: device/stream)"):format(opts.interval))
+      local cols = { { "start_ms", "%.0f", width = 8, align = "right" } }
+      for _, s in ipairs(pr.order) do
+        cols[#cols + 1] = { ("%d/%d"):format(s.device, s.stream), "%.1f", width = 6 }
+      end
+      local bt = tabulate.new(cols)
+      for k = lo, hi do
+        local row = {}
+        for j, s in ipairs(pr.order) do row[j] = busy(s, k) end
+        bt:add(k * opts.interval, unpack(row, 1, #pr.order))
+      end
+      bt:print()
     end
-    local bt = tabulate.new(cols)
-    for k = lo, hi do
-      local row = {}
-      for j, s in ipairs(pr.order) do row[j] = math.min(100, 100 * (s.buckets[k] or 0) / bucket_ns) end
-      bt:add(k * opts.interval, unpack(row, 1, #pr.order))
-    end
-    bt:print()
   end
   if opts.top > 0 then
-    print("largest idle gaps")
-    local gt = tabulate.new {
+    tabulate.note("largest idle gaps")
+    local gt = tabulate.new({
       { "device", "%d", width = 6, align = "right" }, { "stream", "%d", width = 6 },
       { "start_us", "%.1f", width = 11 }, { "gap_us", "%.1f", width = 11 },
       { "last_api_before", width = 32, align = "left" }, { "api_end_us", "%.1f", width = 11 },
-    }
+    }, ctx)
     for _, g in ipairs(pr.gaps) do
       gt:add(g.device, g.stream, g.start / 1e3, g.len / 1e3, g.api_cbid and cbid.name(g.api_cbid),
         g.api_stop and g.api_stop / 1e3)
@@ -216,9 +234,10 @@ local function print_process(pr)
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   table.sort(proc_order, function(a, b) return a.pid < b.pid end)
   for i, pr in ipairs(proc_order) do
-    if i > 1 then print() end
+    if i > 1 then tabulate.note("") end
     print_process(pr)
   end
 end)

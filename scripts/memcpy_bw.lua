@@ -1,10 +1,15 @@
 -- memcpy_bw.lua: memory copy bandwidth per copy kind, with a log2 histogram of copy sizes.
 --
--- Usage: cuptimon-lua scripts/memcpy_bw.lua [--no-hist] -- cmd args...
+-- Usage: cuptimon-lua scripts/memcpy_bw.lua [--no-hist] [--format FMT] -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/memcpy_bw.lua
+--        cuptimon-lua --replay run.cmcap scripts/memcpy_bw.lua --format csv --no-hist
 --
 -- Arguments:
 --   --no-hist     print only the bandwidth table
+--   --format FMT  text (aligned tables, the default), csv, or json (an object per row): the
+--                 bandwidth table's rows, then (without --no-hist) one row per histogram bucket,
+--                 with its copy kind, bucket bounds in bytes (lo_bytes empty for bucket 0, the
+--                 copies of less than one byte) and copies
 --
 -- Bandwidth is bytes over the summed duration of the copies of a kind (GB/s = 1e9 bytes/s).
 --
@@ -22,7 +27,8 @@ local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 
-local opts = args.parse(arg, { no_hist = { false, "print only the bandwidth table" } })
+local opts = args.parse(arg, args.with_output { no_hist = { false, "print only the bandwidth table" } })
+args.output(opts, "memcpy_bw.lua")
 
 -- CUpti_ActivityMemcpyKind.
 local kind_names = { [0] = "unknown", "HtoD", "DtoH", "HtoA", "AtoH", "AtoA", "AtoD", "DtoA",
@@ -44,6 +50,7 @@ cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop" } }, function(b)
 end)
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   local list = bytes:sorted(nil, "key")
   local t = tabulate.new {
     { "copy kind", width = 10 }, { "count", "%d", width = 9 }, { "bytes", "%d", width = 14 },
@@ -55,6 +62,17 @@ cm.on("exit", function()
   end
   t:print()
   if opts.no_hist then return end
+  if tabulate.output() ~= "text" then
+    -- Machine-readable: the buckets as rows, unformatted.
+    local ht = tabulate.new { "copy kind", "lo_bytes", "hi_bytes", "copies" }
+    for _, e in ipairs(list) do
+      for _, bin in ipairs(sizes[e.key]:bins()) do
+        ht:add(kind_names[e.key] or tostring(e.key), bin.lo, bin.hi, bin.count)
+      end
+    end
+    ht:print()
+    return
+  end
   for _, e in ipairs(list) do
     print()
     print(("%s: size histogram (bytes)"):format(kind_names[e.key] or tostring(e.key)))

@@ -3,8 +3,9 @@
 -- them.
 --
 -- Usage: cuptimon-lua scripts/ranks.lua [--step NAME | --step-kernel NAME] [--threshold F]
---          [--consecutive N] [--interval MS] -- torchrun --nproc-per-node 2 train.py
+--          [--consecutive N] [--interval MS] [--format FMT] -- torchrun --nproc-per-node 2 train.py
 --        cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/ranks.lua
+--        cuptimon-lua --replay run.1.cmcap --replay run.2.cmcap scripts/ranks.lua --format json
 --
 -- Arguments:
 --   --step NAME         a step is an NVTX range of this name (default "step")
@@ -15,6 +16,10 @@
 --   --consecutive N     ... for N steps running (default 3); the straggler line is printed then
 --   --interval MS       show the table every MS milliseconds (default 2000; 0: only at exit);
 --                       on a terminal the screen is redrawn in place
+--   --format FMT        text (aligned table, the default), csv, or json (an object per row): the
+--                       table's rows, values unformatted ("-" is empty or null), with the times
+--                       each rank was flagged (stragglers) and, with --interval, the refresh
+--                       (1, 2, ..., "exit"); the straggler lines go to stderr
 --
 -- A rank is a process: its rank and local rank come from its RANK and LOCAL_RANK environment
 -- variables (torchrun sets them; "-" when unset), its device is the one its kernels ran on.
@@ -53,7 +58,7 @@ local tabulate = require "cuptimon.table"
 local bit = require "bit"
 local ffi = require "ffi"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_output {
   step = { "step", "the NVTX range that makes a step" },
   step_kernel = { "", "the kernel whose launches separate steps (instead of NVTX ranges)" },
   threshold = { 0.15, "how much slower than the others' median a straggler's step is", min = 0 },
@@ -61,7 +66,14 @@ local opts = args.parse(arg, {
   interval = { 2000, "show the table every this many milliseconds (0: only at exit)", min = 0,
     integer = true },
 })
+args.output(opts, "ranks.lua")
 local by_kernel = opts.step_kernel ~= ""
+local text = tabulate.output() == "text"
+-- Lines beside the table (straggler lines, the summary): on stdout in text output, on stderr in
+-- csv or json output, where stdout holds the rows alone.
+local function say(line)
+  (text and io.stdout or io.stderr):write(line, "\n")
+end
 local LAG = 2         -- steps every rank must have begun beyond one before it is judged
 local MAX_PENDING = 65536 -- unmatched collectives (and range ends, credits) kept per rank at most
 local START, END = 2, 4   -- CUPTI_ACTIVITY_FLAG_MARKER_START, _END
@@ -77,6 +89,7 @@ local coll_lo, coll_hi = 1, 0 -- the ordinals waiting to be matched
 local judged = 0      -- steps judged so far (step indices 1..judged)
 local stragglers = {} -- lines printed
 local changed = false
+local range_names, nrange_names = {}, 0 -- NVTX range names seen (up to 8), for the no-step line
 
 local function rank_of(b, t0)
   local r = ranks[b.source]
@@ -125,7 +138,12 @@ local function on_marker(b)
   for i = 0, b.n - 1 do
     local f, mid, t = tonumber(flags[i]), tonumber(id[i]), since(ts[i], r.base)
     if bit.band(f, START) ~= 0 then
-      if b:str("name", i) == opts.step then
+      local name = b:str("name", i)
+      if name and not range_names[name] and nrange_names < 8 then
+        range_names[name] = true
+        nrange_names = nrange_names + 1
+      end
+      if name == opts.step then
         local k = r.begun + 1
         step_begin(r, k, t)
         local stop = r.ended[mid]
@@ -305,7 +323,7 @@ local function judge(k)
           row.step / 1e6, row.wait / 1e6)
         stragglers[#stragglers + 1] = line
         r.flagged = r.flagged + 1
-        print(line)
+        say(line)
         io.stdout:flush()
       end
     else
@@ -358,8 +376,12 @@ local function sorted()
   return list
 end
 
-local function report()
-  local t = tabulate.new {
+local refreshes = 0 -- the tables shown by --interval
+
+-- The table; `final` at exit. Machine-readable rows carry numbers (rank and local rank nil when
+-- unset), the times each rank was flagged, and their refresh with --interval.
+local function report(final)
+  local cols = {
     { "rank", "%s", width = 4, align = "right" }, { "local", "%s", width = 5 },
     { "pid", "%d", width = 5 }, { "device", "%s", width = 6 }, { "steps", "%d", width = 5 },
     { "kernels", "%d", width = 7 },
@@ -367,59 +389,76 @@ local function report()
     { "busy%", "%.1f", width = 6 }, { "comm_ms", "%.2f", width = 7 },
     { "wait_ms", "%.2f", width = 7 },
   }
+  if not text then cols[#cols + 1] = { "stragglers", "%d" } end
+  local t = tabulate.new(cols, { context = {
+    refresh = opts.interval > 0 and (final and "exit" or refreshes) or nil } })
   for _, r in ipairs(sorted()) do
     local span = r.span_hi and r.span_hi - r.span_lo or 0
-    t:add(r.rank and tostring(r.rank) or "-", r.local_rank and tostring(r.local_rank) or "-",
-      r.pid, r.device_text or "-", r.done, r.kernels, r.done > 0 and r.dur:quantile(0.5) / 1e6 or nil,
-      r.last and r.last / 1e6, span > 0 and math.min(100, 100 * r.busy / span) or 0,
-      r.comm / 1e6, r.wait / 1e6)
+    local rank, local_rank, device = r.rank, r.local_rank, r.device_text
+    if text then
+      rank, local_rank = rank and tostring(rank) or "-", local_rank and tostring(local_rank) or "-"
+      device = device or "-"
+    else
+      device = tonumber(device) or device -- a number, unless the rank used several ("0,1")
+    end
+    t:add(rank, local_rank, r.pid, device, r.done, r.kernels,
+      r.done > 0 and r.dur:quantile(0.5) / 1e6 or nil, r.last and r.last / 1e6,
+      span > 0 and math.min(100, 100 * r.busy / span) or 0, r.comm / 1e6, r.wait / 1e6, r.flagged)
   end
   t:print()
 end
 
 if opts.interval > 0 then
-  local tty = require("luv").guess_handle(1) == "tty"
+  local tty = require("luv").guess_handle(1) == "tty" and text
   cm.every(opts.interval, function()
     evaluate(false)
     if not changed then return end
     changed = false
+    refreshes = refreshes + 1
     if tty then
       io.write("\27[H\27[2J")
       for _, line in ipairs(stragglers) do print(line) end
     else
-      print(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
+      tabulate.note(("== %s, every %d ms"):format(os.date("!%Y-%m-%dT%H:%M:%SZ"), opts.interval))
     end
-    report()
-    if not tty then print() end
+    report(false)
+    if not tty then tabulate.note("") end
     io.stdout:flush()
   end)
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   for n = coll_lo, coll_hi do match(n) end
   evaluate(true)
-  if opts.interval > 0 then print("== at exit") end
+  if opts.interval > 0 then tabulate.note("== at exit") end
   if #order == 0 then
-    print("no ranks")
+    say("no ranks")
     return
   end
-  report()
+  report(true)
+  -- No rank began a step: the table has no step figures, and the straggler test saw nothing,
+  -- so there is no "no straggler" line; one line says how to get steps.
+  local begun = 0
+  for _, r in ipairs(order) do begun = begun + r.begun end
+  if begun == 0 then
+    local seen = {}
+    for name in pairs(range_names) do seen[#seen + 1] = ("%q"):format(name) end
+    table.sort(seen)
+    io.stderr:write(by_kernel and ("ranks.lua: no step: no launch of a kernel named %q; "
+      .. "--step-kernel takes a name as top.lua shows it\n"):format(opts.step_kernel)
+      or ("ranks.lua: no step: no NVTX range named %q (%s); name the step's range with "
+      .. "--step NAME, or count steps by the launches of one kernel with --step-kernel NAME\n")
+      :format(opts.step, #seen > 0 and "the ranges seen: " .. table.concat(seen, ", ")
+        .. (nrange_names >= 8 and ", ..." or "") or "the run has no NVTX ranges"))
+    cm.exit(1)
+    return
+  end
   local names = {}
   for _, r in ipairs(sorted()) do
     if r.flagged > 0 then
       names[#names + 1] = ("%s %d time%s"):format(label(r), r.flagged, r.flagged > 1 and "s" or "")
     end
   end
-  print(#names > 0 and ("stragglers: " .. table.concat(names, ", ")) or "no straggler")
-  -- No rank began a step: the table has no step figures, and the straggler test saw nothing.
-  local begun = 0
-  for _, r in ipairs(order) do begun = begun + r.begun end
-  if begun == 0 then
-    io.stderr:write(opts.step_kernel ~= "" and ("ranks.lua: no step: no launch of a kernel "
-      .. "named %q; --step-kernel takes a name as top.lua shows it\n"):format(opts.step_kernel)
-      or ("ranks.lua: no step: no NVTX range named %q; name the step's range with --step NAME, "
-      .. "or count steps by the launches of one kernel with --step-kernel NAME\n")
-      :format(opts.step))
-    cm.exit(1)
-  end
+  say(#names > 0 and ("stragglers: " .. table.concat(names, ", ")) or "no straggler")
 end)

@@ -918,12 +918,16 @@ cm.on("exit", function()
   local total = 0
   for _, n in pairs(rows) do total = total + n end
   local incomplete = (cm.stats() or {}).incomplete or 0
-  print(("sqlite.lua: wrote %s: %d rows (%d kernel, %d runtime, %d memcpy, %d memset, %d "
-    .. "synchronization, %d driver, %d nvtx%s), %d strings, %d process%s, %d records lost%s")
-    :format(opts.output, total, rows.kernel, rows.runtime, rows.memcpy, rows.memset,
-      rows.synchronization, rows.driver, rows.nvtx, rows.pm > 0 and (", %d pm"):format(rows.pm) or "",
-      nstrings, nprocs, nprocs == 1 and "" or "es",
-      lost, incomplete > 0 and " (and an unknown number: a process's final counts are missing)" or ""))
+  -- After a command that could not start, its one-line error is the run's only output (the file
+  -- is a complete, empty database).
+  if not cm.command_failed() then
+    print(("sqlite.lua: wrote %s: %d rows (%d kernel, %d runtime, %d memcpy, %d memset, %d "
+      .. "synchronization, %d driver, %d nvtx%s), %d strings, %d process%s, %d records lost%s")
+      :format(opts.output, total, rows.kernel, rows.runtime, rows.memcpy, rows.memset,
+        rows.synchronization, rows.driver, rows.nvtx, rows.pm > 0 and (", %d pm"):format(rows.pm) or "",
+        nstrings, nprocs, nprocs == 1 and "" or "es",
+        lost, incomplete > 0 and " (and an unknown number: a process's final counts are missing)" or ""))
+  end
   -- os.exit skips the host's own LOST line (a wire loss is named here too, and in CUPTIMON_LOSS).
   if not_written > 0 then
     io.stderr:write(("sqlite.lua: LOST %d records not written to %s (%s): their batches lack "

@@ -226,6 +226,7 @@ if opts.interval > 0 then
   cm.on("process_start", replaying)
 end
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   if opts.interval > 0 then tabulate.note("== at exit") end
   report(false)
 end)

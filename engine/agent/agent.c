@@ -1232,9 +1232,9 @@ static void *exit_job_main(void *arg) {
 }
 
 /* Runs cm__engine_exit_flush(eng, sync_end, end) and waits for it until `wait_end` at the latest.
- * Returns false when it was abandoned there (*out then holds only fence_complete: whether the
- * sync fence had completed, so that only the forced flush of buffers still being filled was left
- * behind); it runs inline when no helper thread can be started. Monotonic times in ms. */
+ * Returns false when it was abandoned there (*out then holds only fence_complete and
+ * fence_end_ms: whether and when the sync fence had completed, so that only the forced flush was
+ * left behind); it runs inline when no helper thread can be started. Monotonic times in ms. */
 static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, uint64_t wait_end,
                                cm__exit_flush *out) {
   memset(out, 0, sizeof *out);
@@ -1291,6 +1291,7 @@ static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, 
   }
   atomic_store(&out->fence_complete,
                atomic_load_explicit(&j->ef.fence_complete, memory_order_acquire));
+  atomic_store(&out->fence_end_ms, atomic_load_explicit(&j->ef.fence_end_ms, memory_order_acquire));
   pthread_mutex_unlock(&j->mu);
   exit_job_release(j);
   return done;
@@ -1313,35 +1314,48 @@ static void agent_exit_work(int exit_code) {
   atomic_store(&A.exiting, true);
   uint64_t t0 = cm__mono_ms();
   uint64_t end = t0 + A.exit_budget_ms;
+  /* The fence's two parts, for the log: the sync fence, then the forced flush (its wait). */
+  uint64_t exit_sync_ms = 0, exit_forced_ms = 0;
   uint64_t reserve = A.exit_budget_ms / 10 < 20 ? 20 : A.exit_budget_ms / 10;
   if (reserve > A.exit_budget_ms) reserve = A.exit_budget_ms;
   char cut[1024] = "";
   size_t cl = 0;
 #define CUT(...) cut_add(cut, sizeof cut, &cl, __VA_ARGS__)
 
-  /* 1. The fence: the device sync gets three quarters of the fence's part; the forced flush and
-   * the decoder may use the rest of the budget but its last tenth (what they deliver is queued
-   * as it comes, so the drain overlaps them). Another control call holding the engine is hurried
-   * out of the way. */
+  /* 1. The fence: the sync fence (the device's synchronize and the flushes until its record is
+   * decoded) gets nine tenths of the fence's part, which by default is all of the budget but its
+   * last tenth; the forced flush and the decoder may use the rest of it (what they deliver is
+   * queued as it comes, so the drain overlaps them). The sync fence gets the most because it is
+   * what makes the tail known: on the H200 with 16 launching threads, CUPTI was up to 1.4 s
+   * behind at exit, and a sync part of 750 ms left an unknown tail. Another control call
+   * holding the engine is hurried out of the way. */
   if (A.eng && !atomic_load(&A.gone)) {
     uint64_t flush_end = min_u64(t0 + A.exit_flush_ms, end - reserve);
-    uint64_t sync_end = flush_end - (flush_end - t0) / 4;
+    uint64_t sync_end = flush_end - (flush_end - t0) / 10;
     cm__exit_flush ef;
     /* The helper's own deadlines end at end - reserve; it gets a quarter of the reserve more
      * before it is left behind. */
     if (!exit_flush_bounded(A.eng, sync_end, end - reserve, end - reserve + reserve / 4, &ef)) {
-      if (atomic_load(&ef.fence_complete)) {
-        /* Every record produced before the fence is delivered; only CUPTI's forced flush of the
-         * buffers still being filled (records of work after the fence) was left behind. Under a
-         * backlog that flush alone took 15 to 69 s in the H200's floor consumer. */
+      /* Either way the tail is unknown. A completed sync fence proves only that the buffers
+       * CUPTI completed were delivered: with per-thread buffers (CUPTI's default), a thread
+       * that stopped launching without synchronizing keeps its partly filled buffer until the
+       * forced flush. On the H200, with 16 launching threads, exactly the main thread's records
+       * (its warm-up launches) were missing when the forced flush was left behind. */
+      atomic_store(&A.tail_unknown, true);
+      if (atomic_load(&ef.fence_complete))
         CUT("the final forced flush did not return within the budget and was left running; the "
-            "sync fence before it had completed, so every record produced before it was sent");
-      } else {
-        atomic_store(&A.tail_unknown, true);
+            "sync fence before it had completed, but the records in buffers only that flush "
+            "returns (threads that stopped without synchronizing) were not sent (not counted: "
+            "the tail is unknown)");
+      else
         CUT("the final flush did not return within the budget (CUPTI's flush or the device was "
             "still busy); it was left running, so records CUPTI still held were not sent (not "
             "counted: the tail is unknown)");
-      }
+    }
+    {
+      uint64_t fe = atomic_load(&ef.fence_end_ms), done = cm__mono_ms();
+      exit_sync_ms = fe >= t0 ? fe - t0 : done - t0;
+      exit_forced_ms = fe >= t0 ? done - fe : 0;
     }
     if (ef.engine_busy || ef.decode_timed_out) atomic_store(&A.tail_unknown, true);
     if (ef.engine_busy)
@@ -1441,13 +1455,14 @@ static void agent_exit_work(int exit_code) {
   alog(lvl,
        "exit: %llu batches (%llu records) sent, %llu batches dropped: %llu records by the agent "
        "(queue full or connection lost), %llu records at the exit deadline; %llu records dropped "
-       "by CUPTI, %llu bytes, %llu ms of a %u ms budget (fence %llu ms, drain %llu ms)%s%s",
+       "by CUPTI, %llu bytes, %llu ms of a %u ms budget (fence %llu ms: sync %llu ms, forced "
+       "flush %llu ms; drain %llu ms)%s%s",
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
        (unsigned long long)GET(records_dropped_exit), (unsigned long long)st.records_dropped,
        (unsigned long long)GET(bytes_sent), (unsigned long long)(cm__mono_ms() - t0),
-       A.exit_budget_ms, (unsigned long long)fence_ms, (unsigned long long)drain_ms,
-       cl ? "; " : "", cut);
+       A.exit_budget_ms, (unsigned long long)fence_ms, (unsigned long long)exit_sync_ms,
+       (unsigned long long)exit_forced_ms, (unsigned long long)drain_ms, cl ? "; " : "", cut);
 #undef CUT
   /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */
 }
@@ -1663,10 +1678,10 @@ static void agent_init(void) {
   }
   A.handshake_ms = (uint32_t)env_u64("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS, 3600000);
   /* One budget bounds the whole exit, as a service manager's stop timeout does; the fence's and
-   * the drain's deadlines are parts of it (by default half of it for the fence, at most, and
-   * whatever the fence left for the drain). */
+   * the drain's deadlines are parts of it (by default all of it but its last tenth for the
+   * fence, at most, and whatever the fence left for the drain, which overlaps the fence). */
   A.exit_budget_ms = (uint32_t)env_u64("CUPTIMON_EXIT_BUDGET_MS", EXIT_BUDGET_MS, 3600000);
-  A.exit_flush_ms = (uint32_t)env_u64("CUPTIMON_EXIT_FLUSH_MS", A.exit_budget_ms / 2, 3600000);
+  A.exit_flush_ms = (uint32_t)env_u64("CUPTIMON_EXIT_FLUSH_MS", A.exit_budget_ms - A.exit_budget_ms / 10, 3600000);
   A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", A.exit_budget_ms, 3600000);
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);

@@ -409,6 +409,9 @@ typedef struct cm__exit_flush {
    * flush: a caller that stops waiting during that flush (the agent's exit) knows from it that
    * every record produced before the fence was decoded. Readable from another thread. */
   _Atomic bool fence_complete;
+  /* CLOCK_MONOTONIC ms at which the sync fence ended (completed or not), before the forced
+   * flush; 0 until then. Readable from another thread, for the exit's log. */
+  _Atomic uint64_t fence_end_ms;
 } cm__exit_flush;
 
 /* The exit fence: a best effort to deliver every record produced before the call, by `deadline`

@@ -263,6 +263,7 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
   out->engine_busy = out->capture_active = out->sync_timed_out = out->decode_timed_out = false;
   out->synced = false;
   atomic_store(&out->fence_complete, false);
+  atomic_store(&out->fence_end_ms, 0);
   if (!e) return CM_EINVAL;
   /* Another control call (a monitor's sync flush) may hold api_mu while it waits for the device:
    * `exiting` ends its waits, and the broadcast wakes one waiting for the decoder. */
@@ -295,6 +296,7 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
     out->sync_timed_out = why == CM__SYNC_ABANDONED || why == CM__SYNC_BUSY || (why == CM__SYNC_OK && !fenced);
     out->synced = fenced && why == CM__SYNC_OK;
     if (out->synced) atomic_store_explicit(&out->fence_complete, true, memory_order_release);
+    atomic_store_explicit(&out->fence_end_ms, cm__mono_ms(), memory_order_release);
     /* Forced: buffers still being filled are delivered too (a running kernel's record with end 0). */
     if (!cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)) out->decode_timed_out = true;
     ok = !out->sync_timed_out && !out->decode_timed_out;

@@ -983,6 +983,14 @@ static int core_live_mode(lua_State *L) {
   return 1;
 }
 
+/* command_failed() -> true when the run's command (`-- cmd`) could not be started: the monitor
+ * printed the one-line error, and the script's exit hooks have nothing to report. */
+static int core_command_failed(lua_State *L) {
+  cm_host *h = core_host(L);
+  lua_pushboolean(L, h->live && h->live->command_failed && h->live->command_failed());
+  return 1;
+}
+
 static int core_check_mode(lua_State *L) {
   lua_pushboolean(L, (core_host(L)->flags & CM_HOST_CHECK) != 0);
   return 1;
@@ -1194,6 +1202,7 @@ static const luaL_Reg core_funcs[] = {
     {"exit", core_exit},
     {"check_mode", core_check_mode},
     {"live_mode", core_live_mode},
+    {"command_failed", core_command_failed},
     {"sources", core_sources},
     {"loss", core_loss},
     {"errors", core_errors},

@@ -63,6 +63,9 @@ typedef struct cm__live_ops {
   int (*window_end)(cm_source *s);
   /* 1 when the run takes live agents (`-- cmd`, --attach), 0 for a replay. */
   int (*agents)(void);
+  /* 1 when the command (`-- cmd`) could not be started (not found, or not executable: the
+   * one-line error is printed and the run's status is 127 or 126), else 0. May be NULL. */
+  int (*command_failed)(void);
 } cm__live_ops;
 /* Installs the live operations (NULL removes them). */
 void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops);

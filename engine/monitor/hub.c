@@ -828,9 +828,15 @@ static int live_window_end(cm_source *s) {
 /* Whether this run takes live agents (`-- cmd` or --attach), not a replay. */
 static int live_agents(void) { return g_hub && (g_hub->live || g_hub->attach); }
 
+/* Whether the command could not be started: cm__proc_spawn failed (printing why), so it never
+ * ran. A signal before the start (cm__hub_signal) is not such a failure. */
+static int live_command_failed(void) {
+  return g_hub && g_hub->live && g_hub->proc.done && !g_hub->proc.started;
+}
+
 static const cm__live_ops live_ops = {
     .shed = live_shed, .window_begin = live_window_begin, .window_end = live_window_end,
-    .agents = live_agents,
+    .agents = live_agents, .command_failed = live_command_failed,
 };
 
 static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {

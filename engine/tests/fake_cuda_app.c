@@ -28,6 +28,8 @@
  *          --flush-block-ms B (once the workload is done, every cuptiActivityFlushAll blocks B ms:
  *          the exit's flushes, as under a backlog on a GPU); --forced-flush-block-ms B, only the
  *          forced ones
+ *          --backlog-ms B (once the workload is done, CUPTI's flushes complete no buffer for B ms:
+ *          CUPTI behind by B ms at exit)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
  *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
@@ -214,7 +216,7 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--crash] [--exit-code C] [--slow-round R] "
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
@@ -346,6 +348,7 @@ int main(int argc, char **argv) {
   double rate = 0;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int flush_block_ms = 0;
+  int backlog_ms = 0;
   int slow_round = 0;
   uint64_t slow_factor = 20;
   const char *slow_kernel = "vectorAdd";
@@ -394,6 +397,8 @@ int main(int argc, char **argv) {
     } else if (strcmp(a, "--forced-flush-block-ms") == 0) {
       flush_block_ms = atoi(v);
       fake_set_flush_block_forced_only(1);
+    } else if (strcmp(a, "--backlog-ms") == 0) {
+      backlog_ms = atoi(v);
     } else if (strcmp(a, "--rate") == 0) {
       rate = strtod(v, NULL);
     } else if (strcmp(a, "--teardown-ms") == 0) {
@@ -536,6 +541,7 @@ int main(int argc, char **argv) {
   fflush(stdout);
   if (linger_ms) usleep((useconds_t)linger_ms * 1000);
   if (flush_block_ms) fake_set_flush_block_ms(flush_block_ms);
+  if (backlog_ms) fake_set_backlog_ms(backlog_ms);
   if (crash) abort();
   if (stamp) {
     struct timespec ts;

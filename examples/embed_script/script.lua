@@ -1,5 +1,7 @@
--- script.lua: the script examples/embed_script runs in-process. It counts kernels per name and
--- their total time, delivered every 20 ms, and prints both when the program shuts it down.
+-- script.lua: the script examples/embed_script runs in-process. It counts kernels per name
+-- (demangled, as the recipes show them) and sums their durations (stop - start, in ns),
+-- delivered every 20 ms, and prints both when the program shuts it down: the counts, then one
+-- line that says what the sum is, in microseconds.
 local cm = require "cuptimon"
 
 cm.configure({ deliver_ms = 20 })
@@ -19,5 +21,6 @@ end)
 cm.on("exit", function()
   print(("script: observed %d kernel records"):format(total))
   print(per_name)
-  print(busy)
+  print(("script: %s (the summed duration, stop - start, of %d kernels): %.1f us"):format(busy.name,
+    total, busy.sum / 1e3))
 end)

@@ -7,6 +7,8 @@
  * would on live data. It then checks that every record written was delivered and prints the
  * engine's counters. On a machine with a GPU and no --fake, it loads the real CUPTI, reports the
  * session facts (CUPTI version, clock check) and exits: there is no workload of its own to trace.
+ * Kernel names print as the recipes show them (cm.kernel_name): demangled, without the parameter
+ * list and the return type.
  */
 #include <dlfcn.h>
 #include <inttypes.h>
@@ -17,6 +19,47 @@
 
 #include "cuptimon.h"
 #include "fake_cupti.h"
+
+/* libstdc++'s demangler, as the monitor uses it (engine/monitor/host.c; the cuptimon_demangle
+ * target links it). */
+char *__cxa_demangle(const char *mangled, char *buf, size_t *n, int *status);
+
+/* The short form of kernel name `nm` (len bytes) into out (cap bytes, NUL-terminated): a
+ * mangled C++ name demangled, without its parameter list and return type ("_Z9reduceSumPKfPfi"
+ * becomes "reduceSum"), as cm.kernel_name gives it; any other name as it is. Returns out. */
+static const char *short_name(const char *nm, size_t len, char *out, size_t cap) {
+  snprintf(out, cap, "%.*s", (int)len, nm);
+  if (len < 3 || nm[0] != '_' || nm[1] != 'Z') return out;
+  int status = 0;
+  char *d = __cxa_demangle(out, NULL, NULL, &status);
+  if (status != 0 || !d) {
+    free(d);
+    return out;
+  }
+  size_t n = strlen(d);
+  /* The parameter list: from the '(' that matches the final ')'. */
+  if (n > 0 && d[n - 1] == ')') {
+    int depth = 0;
+    for (size_t i = n; i-- > 0;) {
+      if (d[i] == ')') depth++;
+      if (d[i] == '(' && --depth == 0) {
+        n = i;
+        break;
+      }
+    }
+  }
+  /* The return type ends at the last space outside template brackets. */
+  size_t from = 0;
+  int angle = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (d[i] == '<') angle++;
+    if (d[i] == '>') angle--;
+    if (d[i] == ' ' && angle == 0) from = i + 1;
+  }
+  snprintf(out, cap, "%.*s", (int)(n - from), d + from);
+  free(d);
+  return out;
+}
 
 typedef struct agg {
   uint64_t count, total_ns;
@@ -154,9 +197,11 @@ int main(int argc, char **argv) {
   for (int i = 0; i < 4096 && s->by_name[i].count; i++) {
     size_t len = 0;
     const char *nm = cm_string(s->e, s->by_name[i].name, &len);
-    printf("%10" PRIu64 " %14" PRIu64 " %10.1f  %.*s\n", s->by_name[i].count,
+    char shown[512];
+    if (nm) short_name(nm, len, shown, sizeof shown);
+    printf("%10" PRIu64 " %14" PRIu64 " %10.1f  %s\n", s->by_name[i].count,
            s->by_name[i].total_ns, (double)s->by_name[i].total_ns / (double)s->by_name[i].count,
-           (int)(len > 60 ? 60 : len), nm ? nm : "?");
+           nm ? shown : "?");
   }
 
   cm_stats st;

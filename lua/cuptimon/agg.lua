@@ -249,6 +249,18 @@ local function hist_opts(opts)
   return opts.indent or "", opts.width or 52
 end
 
+--- The buckets from the lowest to the highest (empty ones between included), for output other
+--- than text: { { lo =, hi =, count = }, ... }, each bucket [lo, hi); lo is nil for bucket 0,
+--- which holds the values below 1. An empty histogram gives {}.
+function Hist:bins()
+  local out = {}
+  if self.count == 0 then return out end
+  for b = self.bottom, self.top do
+    out[#out + 1] = { lo = b > 0 and 2 ^ (b - 1) or nil, hi = 2 ^ b, count = self.buckets[b] or 0 }
+  end
+  return out
+end
+
 --- The histogram as text, one line per bucket from the lowest to the highest. opts: indent,
 --- width (see hist_opts).
 function Hist:format(opts)

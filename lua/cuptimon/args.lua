@@ -7,7 +7,8 @@
 --   })
 --
 -- Design note. A recipe documents itself in its leading comment block (description, arguments,
--- example output); --help prints that block, then the options the block does not mention, so
+-- example output); --help prints that block, then the options the block does not describe (on a
+-- line that starts with the option's flag, alone or in a list: "  --sm, --tensor   ..."), so
 -- each option is described once. Options are `--name value` or `--name=value`; a boolean option
 -- takes no value (`--per-process`); dashes and underscores in names are the same. A number option
 -- may set `min` (and `max`) and `integer = true`, and any option a one-letter alias with
@@ -65,11 +66,29 @@ M.header = header
 
 local function flag(k) return "--" .. k:gsub("_", "-") end
 
--- Whether the header describes option `k`: a line that starts (after blanks) with its flag.
+-- The flags a help line starts with (after blanks): one, as in "  --top N   how many", or a
+-- list, as in "  -o, --output FILE" or "  --sm, --tensor, --dram   the metrics"; each may be
+-- followed by its value's placeholder (a word in capitals).
+local function leading_flags(line)
+  local rest, flags = line:match("^%s+(%-.*)$"), {}
+  while rest do
+    local f, after = rest:match("^(%-%-?%w[%w%-]*)(.*)$")
+    if not f then break end
+    flags[#flags + 1] = f
+    after = after:gsub("^ %u[%u%d_]*%f[^%w_]", "", 1)
+    rest = after:match("^, (%-.*)$")
+  end
+  return flags
+end
+
+-- Whether the header describes option `k`: a line that starts (after blanks) with its flag, or
+-- with a list of flags that holds it.
 local function described(text, k)
-  local f = flag(k):gsub("%-", "%%-")
+  local f = flag(k)
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
-    if line:match("^%s+" .. f .. "%f[^%w_%-]") then return true end
+    for _, g in ipairs(leading_flags(line)) do
+      if g == f then return true end
+    end
   end
   return false
 end

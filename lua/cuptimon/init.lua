@@ -437,6 +437,12 @@ end
 --- Whether the host only checks the script (cuptimon-lua --check).
 function M.checking() return core.check_mode() end
 
+--- Whether the run's command (`-- cmd`) could not be started (not found, or not executable):
+--- cuptimon-lua has printed the one-line error and exits 127 or 126. A recipe's exit hook then
+--- returns at once, so that no empty table or "no kernels" note follows the error. False for a
+--- replay, --attach, an embedding host, and a command that ran (whatever its status).
+function M.command_failed() return core.command_failed() end
+
 --- The number of errors reported so far (the script's, its callbacks' and its hooks').
 function M.errors() return (core.errors()) end
 

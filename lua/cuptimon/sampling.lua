@@ -180,6 +180,7 @@ function M.count_main(opts, kinds)
     seed = opts.seed > 0 and opts.seed or nil, kinds = kinds }
   if not s then error(err, 0) end
   cm.on("exit", function()
+    if cm.command_failed() then return end -- the one-line error says it all
     for _, name in ipairs(kinds) do
       local k = cm.registry.kind(name).name
       local e = s:sum("kind\t" .. k, "n")
@@ -257,6 +258,7 @@ function M.top_main(opts, form)
     end)
   end
   cm.on("exit", function()
+    if cm.command_failed() then return end
     if opts.interval > 0 then print("== at exit") end
     report()
   end)

@@ -7,6 +7,7 @@ with the exact ones (the full trace's counts and summed durations over the timed
 whether each exact figure lies in the estimate's 95% interval. Goal: within 5%.
 
 Usage: python3 spec/gpu/duty_accuracy.py BUILD_DIR [SECONDS=300] [DUTY=0.05] [PERIOD_MS=10000]
+(FULL_SECONDS=S runs the full trace for S seconds of the same loop instead of SECONDS.)
 Exit status 0 when all ten figures are within 5%, 1 otherwise, 2 when a run failed.
 
 The duty run's rates are over the time since the agent connected (CUDA's initialization, then the
@@ -32,6 +33,12 @@ def run(argv):
     return p.stdout
 
 
+def steps_of(out):
+    """(steps, seconds) of the timed loop, from duty_train.py's TRAIN line."""
+    m = re.search(r"TRAIN steps (\d+) seconds ([\d.]+)", out)
+    return int(m.group(1)), float(m.group(2))
+
+
 def main():
     b = os.path.abspath(sys.argv[1])
     seconds = sys.argv[2] if len(sys.argv) > 2 else "300"
@@ -39,8 +46,11 @@ def main():
     period = sys.argv[4] if len(sys.argv) > 4 else "10000"
     lua = os.path.join(b, "cuptimon-lua")
     train = [sys.executable, os.path.join(ROOT, "spec", "gpu", "duty_train.py"), seconds]
-    full = run([lua, os.path.join(ROOT, "scripts", "top.lua"), "--top", "10", "--"] + train)
-    loop_s = float(re.search(r"TRAIN steps \d+ seconds ([\d.]+)", full).group(1))
+    # The exact rates are per second of the timed loop, so the full trace may run the same loop
+    # for less time (FULL_SECONDS, default SECONDS) when the device time is short.
+    full_train = train[:-1] + [os.environ.get("FULL_SECONDS", seconds)]
+    full = run([lua, os.path.join(ROOT, "scripts", "top.lua"), "--top", "10", "--"] + full_train)
+    full_steps, loop_s = steps_of(full)
     exact = {}
     for line in full.splitlines():
         m = FULL_ROW.match(line)
@@ -56,6 +66,23 @@ def main():
             est[m.group(8)] = [float(m.group(i)) for i in range(1, 5)] + [bool(m.group(9))]
     footer = [l for l in est_out.splitlines() if l.startswith("duty ") or l.startswith("note:")]
     print("\n".join(footer))
+    # The full trace slows a launch-bound loop more than a duty cycle does, so the two runs need
+    # not make the same steps per second. Each rate divided by its own run's steps per second
+    # (launches and GPU time per step) separates the estimator's error from that difference.
+    duty_steps, duty_s = steps_of(est_out)
+    full_sps, duty_sps = full_steps / loop_s, duty_steps / duty_s
+    print("steps/s: full trace %.1f, duty cycle %.1f (ratio %.3f)" % (full_sps, duty_sps,
+                                                                      duty_sps / full_sps))
+    print("| kernel | launches/step exact | estimate | ratio | GPU us/step exact | estimate | "
+          "ratio |")
+    print("|---|--:|--:|--:|--:|--:|--:|")
+    for k in top5:
+        if k in est:
+            n, t = exact[k]
+            r, g = est[k][0], est[k][2]
+            print("| %s | %.3f | %.3f | %.3f | %.2f | %.2f | %.3f |" % (
+                k, n / full_sps, r / duty_sps, (r / duty_sps) / (n / full_sps),
+                t * 1e6 / full_sps, g * 1e3 / duty_sps, (g * 1e3 / duty_sps) / (t * 1e6 / full_sps)))
     print("| kernel | launches/s exact | estimate ± 95% | ratio | in interval | GPU ms/s exact | "
           "estimate ± 95% | ratio | in interval |")
     print("|---|--:|--:|--:|:-:|--:|--:|--:|:-:|")

@@ -227,6 +227,15 @@ static atomic_int knob_sync_block_ms = -1;
 /* fake_set_flush_block_ms: how long every cuptiActivityFlushAll sleeps first (0: not at all). */
 static atomic_int knob_flush_block_ms;
 static atomic_int knob_flush_block_forced_only; /* the block applies to forced flushes only */
+/* fake_set_backlog_ms: until this CLOCK_MONOTONIC time (ns; 0: none), cuptiActivityFlushAll
+ * completes no buffer, as CUPTI behind by that much does. */
+static atomic_uint_fast64_t knob_backlog_until_ns;
+
+static uint64_t fake_mono_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 /* Simulated stream captures: how many are in progress, and whether a synchronize in a mode other
  * than relaxed has invalidated them since the first one began. */
@@ -794,6 +803,8 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
     usleep((useconds_t)block * 1000);
   BUMP(st.flushes);
   if (forced) BUMP(st.forced_flushes);
+  uint64_t until = atomic_load(&knob_backlog_until_ns);
+  if (until && fake_mono_ns() < until) return CUPTI_SUCCESS; /* nothing completed yet */
   flush_threads(forced);
   if (forced) release_held(1);
   wait_delivered();
@@ -1646,6 +1657,10 @@ void fake_set_sync_block_ms(int ms) { atomic_store(&knob_sync_block_ms, ms < 0 ?
 void fake_set_flush_block_ms(int ms) { atomic_store(&knob_flush_block_ms, ms < 0 ? 0 : ms); }
 
 void fake_set_flush_block_forced_only(int on) { atomic_store(&knob_flush_block_forced_only, on != 0); }
+
+void fake_set_backlog_ms(int ms) {
+  atomic_store(&knob_backlog_until_ns, ms > 0 ? fake_mono_ns() + (uint64_t)ms * 1000000ull : 0);
+}
 
 /* Fires the driver API callback `cbid` at exit with a params struct that starts with the stream
  * and the given result, as CUPTI does for cuStreamBeginCapture_v2 and cuStreamEndCapture. */

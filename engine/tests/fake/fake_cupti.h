@@ -135,6 +135,11 @@ void fake_set_flush_block_ms(int ms);
  * --forced-flush-block-ms), as at the H200's exit, where the fence completed and CUPTI's forced
  * flush then took seconds. */
 void fake_set_flush_block_forced_only(int on);
+/* For the next `ms` milliseconds, cuptiActivityFlushAll (forced or not) returns at once and
+ * completes no buffer, as CUPTI does while it is that far behind (on the H200 with 16 launching
+ * threads, up to 1.4 s at exit); afterwards flushes work as before (0: no backlog).
+ * fake_cuda_app --backlog-ms sets it once its workload is done. */
+void fake_set_backlog_ms(int ms);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
