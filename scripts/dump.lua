@@ -303,6 +303,7 @@ cm.observe(sel, function(b)
 end)
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all; no empty files
   local t = tabulate.new { { "kind", width = 20 }, { "rows", "%d", width = 8 },
     { "file", align = "left" } }
   for _, name in ipairs(order) do

@@ -231,6 +231,7 @@ for _, k in ipairs { "memcpy", "memset" } do
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   local list = {}
   for _, s in pairs(procs) do list[#list + 1] = s end
   table.sort(list, function(a, b) return a.pid < b.pid end)

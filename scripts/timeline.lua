@@ -523,6 +523,7 @@ cm.on("exit", function()
   end
   if not shifted then out:write(tail(origin)) end
   out:close()
+  if cm.command_failed() then return end -- the one-line error says it all (FILE is an empty trace)
   print(("timeline.lua: wrote %s: %d slices (%d kernel, %d memcpy, %d memset, %d runtime, "
     .. "%d driver, %d nvtx), %d marks, %d flows"):format(opts.output,
     counts.kernel + counts.memcpy + counts.memset + counts.runtime + counts.driver + counts.nvtx,
