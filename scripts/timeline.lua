@@ -421,6 +421,34 @@ end
 -- 250 MB trace of 1.2 million events here, where writing it took 4.7 s. CUPTIMON_TIMELINE_CHUNK
 -- sets another chunk size, for the specs (a few KiB: many chunk boundaries, some inside a ts).
 local CHUNK = math.max(1024, tonumber(os.getenv("CUPTIMON_TIMELINE_CHUNK") or "") or 1048576)
+local function digit(c) return c >= 48 and c <= 57 end
+
+-- Writes v ns as microseconds with 3 decimals at obuf[o]; returns the new end.
+local function write_ts(obuf, o, v, digits)
+  if v < 0 then
+    obuf[o] = 45
+    o = o + 1
+    v = -v
+  end
+  local frac = v % 1000
+  local int, k = (v - frac) / 1000, 0
+  repeat
+    local d = int % 10
+    digits[k] = 48 + d
+    k = k + 1
+    int = (int - d) / 10
+  until int == 0 or k == 23 -- a ts of ours has at most 16 digits
+  for j = k - 1, 0, -1 do
+    obuf[o] = digits[j]
+    o = o + 1
+  end
+  obuf[o] = 46
+  obuf[o + 1] = 48 + math.floor(frac / 100)
+  obuf[o + 2] = 48 + math.floor(frac / 10) % 10
+  obuf[o + 3] = 48 + frac % 10
+  return o + 4
+end
+
 local function shift_bytes(s, n, shift, obuf, digits)
   local p = ffi.cast("const uint8_t *", s)
   local o, i = 0, 0
@@ -429,45 +457,24 @@ local function shift_bytes(s, n, shift, obuf, digits)
     obuf[o] = c
     o = o + 1
     i = i + 1
-    -- After "ts": comes a number written by us() (above): -?digits.ddd
+    -- After "ts": comes a number written by us() (above): -?digits.ddd, within the chunk (p[i]
+    -- at i = n is the NUL that ends a Lua string); anything else is copied as it is.
     if c == 58 and i >= 5 and p[i - 2] == 34 and p[i - 3] == 115 and p[i - 4] == 116
       and p[i - 5] == 34 then
       local neg = p[i] == 45
-      if neg then i = i + 1 end
-      local v = 0
-      while i < n and p[i] >= 48 and p[i] <= 57 do
-        v = v * 10 + (p[i] - 48)
-        i = i + 1
+      local j = neg and i + 1 or i
+      local first, v = j, 0
+      while j < n and digit(p[j]) do
+        v = v * 10 + (p[j] - 48)
+        j = j + 1
       end
-      i = i + 1 -- the decimal point
-      for _ = 1, 3 do
-        v = v * 10 + (p[i] - 48)
-        i = i + 1
+      if j > first and j + 3 < n and p[j] == 46 and digit(p[j + 1]) and digit(p[j + 2])
+        and digit(p[j + 3]) then
+        i = j + 4
+        v = v * 1000 + (p[j + 1] - 48) * 100 + (p[j + 2] - 48) * 10 + (p[j + 3] - 48)
+        if neg then v = -v end
+        o = write_ts(obuf, o, v - shift, digits)
       end
-      if neg then v = -v end
-      v = v - shift
-      if v < 0 then
-        obuf[o] = 45
-        o = o + 1
-        v = -v
-      end
-      local frac = v % 1000
-      local int, k = (v - frac) / 1000, 0
-      repeat
-        local d = int % 10
-        digits[k] = 48 + d
-        k = k + 1
-        int = (int - d) / 10
-      until int == 0 or k == 23 -- a ts of ours has at most 16 digits
-      for j = k - 1, 0, -1 do
-        obuf[o] = digits[j]
-        o = o + 1
-      end
-      obuf[o] = 46
-      obuf[o + 1] = 48 + math.floor(frac / 100)
-      obuf[o + 2] = 48 + math.floor(frac / 10) % 10
-      obuf[o + 3] = 48 + frac % 10
-      o = o + 4
     end
   end
   return o
