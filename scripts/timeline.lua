@@ -35,8 +35,9 @@
 --     capture that names its thread id, else "thread TID". Whether CUPTI gives a NAME record
 --     the thread id that its other records carry is not yet checked on a GPU. The monitor
 --     cannot name threads from /proc/PID/task/TID/comm: CUPTI's thread ids are not the
---     kernel's but pthread_self() cut to 32 bits (3446751232 in the demo capture), which
---     /proc does not know; that needs the agent to report each thread's kernel id and name.
+--     kernel's (3446751232 in the demo capture, above any Linux thread id; they look like
+--     pthread_self() cut to 32 bits), so /proc does not know them; that needs the agent to
+--     report each thread's kernel id and name.
 --   - NVTX ranges (push/pop and start/end) as slices on the thread that opened them, NVTX marks
 --     as instant events;
 --   - a flow arrow from each API call to the GPU work it launched (same correlation id);
