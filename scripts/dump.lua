@@ -225,7 +225,9 @@ local sel = {}
 for name, c in pairs(chosen) do
   local list, seen = {}, {}
   local fields = c.fields
-  if kernel_filter.active and KERNEL_KINDS[c.kind.name] then fields = { "name", unpack(c.fields) } end
+  if kernel_filter.active and KERNEL_KINDS[c.kind.name] then
+    fields = { "name", unpack(c.fields) }
+  end
   for _, f in ipairs(fields) do
     local real = f == MANGLED and "name" or f
     if not seen[real] then

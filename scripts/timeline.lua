@@ -56,8 +56,8 @@
 -- bounded whatever the length of the run: the API calls and GPU operations still waiting for
 -- their partner of a flow arrow (the last --window of each per process), open NVTX ranges (as
 -- many), the names NAME records gave (4096 to 8192 per process) and the tracks already named (a
--- track may be named twice after 4096 others). An arrow whose partner left that window, or arrived after it, is not drawn; the
--- slices are always written.
+-- track may be named twice after 4096 others). An arrow whose partner left that window, or
+-- arrived after it, is not drawn; the slices are always written.
 --
 -- Example output:
 --   (the trace goes to FILE; on stdout:)
@@ -503,7 +503,9 @@ local function shift_trace(shift, last)
     if #rest > CHUNK then rest, cut = "", #chunk end -- no newline in a whole chunk: not ours
     ok, werr = f:write(ffi.string(obuf, shift_bytes(chunk, cut, shift, obuf, digits)))
   end
-  if ok then ok, werr = f:write(ffi.string(obuf, shift_bytes(rest, #rest, shift, obuf, digits)), last:sub(2)) end
+  if ok then
+    ok, werr = f:write(ffi.string(obuf, shift_bytes(rest, #rest, shift, obuf, digits)), last:sub(2))
+  end
   local closed, cerr = f:close()
   if ok and not closed then ok, werr = nil, cerr end
   if ok then ok, werr = os.rename(tmp, opts.output) end
