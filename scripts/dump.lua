@@ -14,6 +14,11 @@
 --                    replaces --kinds and --fields
 --   --format FMT     csv (default) or jsonl
 --   --raw            write enum values and runtime cbids as numbers, not names
+--   --filter REGEX   write only the kernel rows whose name (demangled, as the `name` column
+--                    shows it) matches REGEX, a POSIX extended regular expression
+--                    ("^cm_demo_(matmul|relu)"); the rows of other kinds are not kernels and
+--                    are all written
+--   --exclude REGEX  leave out the kernel rows whose name matches REGEX
 --   --output PATH    (or -o PATH) where to write: PATH/KIND.EXT when PATH is a directory or ends in "/" (it is
 --                    created), else the prefix PATHKIND.EXT (default "./": kernel.csv, ...);
 --                    files are created, never written through a symlink: one that exists is
@@ -53,7 +58,7 @@ local enums = require "cuptimon.enums"
 local tabulate = require "cuptimon.table"
 local ffi = require "ffi"
 
-local opts = args.parse(arg, {
+local opts = args.parse(arg, args.with_filter({
   kinds = { "kernel,memcpy,memset,runtime", "comma-separated kinds to write" },
   fields = { "", "comma-separated fields to write (default: all)" },
   select = { "", "kinds and fields in cm_selection syntax (replaces --kinds and --fields)" },
@@ -61,10 +66,12 @@ local opts = args.parse(arg, {
   output = { "./", "output directory (ending in /) or file prefix", short = "o" },
   force = { false, "replace output files that exist (regular files only)" },
   raw = { false, "write enum values and runtime cbids as numbers" },
-})
+}, "kernel rows"))
 if opts.format ~= "csv" and opts.format ~= "jsonl" then
   args.usage_error(("dump.lua: --format must be csv or jsonl, got %q"):format(opts.format))
 end
+
+local kernel_filter = args.filter(opts, "dump.lua")
 
 local function kind_or_fail(name)
   local k = cm.registry.kind(name)
@@ -195,6 +202,7 @@ local EXACT = ffi.new("uint64_t", 2 ^ 53)
 
 -- kind name -> { file =, path =, rows =, writer = function(b) }
 local outs = {}
+local left_out = 0 -- kernel rows --filter/--exclude left out
 
 local function open(c)
   local path = prefix .. c.label .. ext
@@ -211,11 +219,16 @@ local function open(c)
   return { file = f, path = path, rows = 0 }
 end
 
--- What each kind observes: its fields, with `name` standing in for mangled_name.
+-- What each kind observes: its fields, with `name` standing in for mangled_name (and a kernel
+-- kind's `name` for --filter even when it is not written).
 local sel = {}
 for name, c in pairs(chosen) do
   local list, seen = {}, {}
-  for _, f in ipairs(c.fields) do
+  local fields = c.fields
+  if kernel_filter.active and KERNEL_KINDS[c.kind.name] then
+    fields = { "name", unpack(c.fields) }
+  end
+  for _, f in ipairs(fields) do
     local real = f == MANGLED and "name" or f
     if not seen[real] then
       list[#list + 1] = real
@@ -260,7 +273,12 @@ cm.observe(sel, function(b)
   end
   local csv = opts.format == "csv"
   local lines, cells = {}, {}
+  local filtered = kernel_filter.active and KERNEL_KINDS[kind.name]
   for i = 0, b.n - 1 do
+    if filtered and not kernel_filter:keep(b:kernel_name(i)) then
+      left_out = left_out + 1
+      goto next_row
+    end
     cells[1] = csv and pid or '{"process_pid":' .. pid
     for j = 1, #fields do
       local v
@@ -280,12 +298,14 @@ cm.observe(sel, function(b)
       cells[j + 1] = csv and v or keys[j] .. v
     end
     lines[#lines + 1] = table.concat(cells, ",", 1, #fields + 1) .. (csv and "\n" or "}\n")
+    ::next_row::
   end
   o.file:write(table.concat(lines))
-  o.rows = o.rows + b.n
+  o.rows = o.rows + #lines
 end)
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all; no empty files
   local t = tabulate.new { { "kind", width = 20 }, { "rows", "%d", width = 8 },
     { "file", align = "left" } }
   for _, name in ipairs(order) do
@@ -299,4 +319,7 @@ cm.on("exit", function()
     t:add(name, o.rows, o.path)
   end
   t:print()
+  if left_out > 0 then
+    tabulate.note(("%d kernel rows left out by --filter/--exclude"):format(left_out))
+  end
 end)

@@ -1,11 +1,16 @@
 -- nvtx.lua: GPU time attributed to NVTX ranges, per process (what nsys' nvtx_gpu_proj reports).
 --
--- Usage: cuptimon-lua scripts/nvtx.lua [--top N] -- cmd args...
+-- Usage: cuptimon-lua scripts/nvtx.lua [--top N] [--filter REGEX] [--exclude REGEX] -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/nvtx.lua
 --
 -- Arguments:
 --   --top N     how many range names to show per process (default 20; at least 1)
 --   --format FMT  text (aligned tables, the default), csv, or json (an object per row, with pid)
+--   --filter REGEX  charge only the kernels whose name (demangled, as top.lua shows it) matches
+--               REGEX, a POSIX extended regular expression ("^cm_demo_(matmul|relu)"); the
+--               kernels left out count nowhere (not in "% gpu" either), and the footer says how
+--               many; copies and memsets are not kernels and are kept
+--   --exclude REGEX  leave out the kernels whose name matches REGEX
 --
 -- A range is named by its path: the ranges open on its thread when it began, outermost first,
 -- then its own name ("train/step" for a step inside train). Each kernel, copy and memset is
@@ -32,12 +37,13 @@ local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
 local bit = require "bit"
 
-local opts = args.parse(arg, args.with_output {
+local opts = args.parse(arg, args.with_output(args.with_filter({
   top = { 20, "how many range names to show per process", min = 1, integer = true },
   horizon_ms = { 10000, "how long (trace time) an API call waits for its GPU work", min = 1,
     integer = true },
-})
+}, "kernels")))
 args.output(opts, "nvtx.lua")
+local kernels = args.filter(opts, "nvtx.lua")
 local horizon = opts.horizon_ms * 1e6
 
 local START, END = 2, 4 -- CUPTI_ACTIVITY_FLAG_MARKER_START, _END
@@ -62,6 +68,7 @@ local function proc(b)
       waiting = {},   -- { tid, t, dur }: matched work launched after the newest marker seen
       stats = {},     -- range name -> { ranges =, ops =, incl =, excl = }
       total = 0,      -- GPU ns of every operation
+      left_out = 0,   -- kernels --filter/--exclude left out
     }
     procs[b.source] = s
   end
@@ -203,16 +210,28 @@ end
 cm.observe({ runtime = { "start", "tid", "correlation" } }, api_batch)
 cm.observe({ driver = { "start", "tid", "correlation" } }, api_batch)
 
+-- GPU work; with --filter or --exclude, the kernels the filter leaves out are not charged
+-- anywhere, nor counted in the process's GPU time.
 local function gpu_batch(b)
   local s = proc(b)
   local start, stop, corr = b.start, b.stop, b.correlation
-  for i = 0, b.n - 1 do gpu_work(s, tonumber(corr[i]), tonumber(stop[i] - start[i])) end
+  local filtered = kernels.active and b.cols.name ~= nil
+  for i = 0, b.n - 1 do
+    if not filtered or kernels:keep(b:kernel_name(i)) then
+      gpu_work(s, tonumber(corr[i]), tonumber(stop[i] - start[i]))
+    else
+      s.left_out = s.left_out + 1
+    end
+  end
 end
-for _, k in ipairs { "kernel", "memcpy", "memset" } do
+cm.observe({ kernel = kernels.active and { "start", "stop", "correlation", "name" }
+  or { "start", "stop", "correlation" } }, gpu_batch)
+for _, k in ipairs { "memcpy", "memset" } do
   cm.observe({ [k] = { "start", "stop", "correlation" } }, gpu_batch)
 end
 
 cm.on("exit", function()
+  if cm.command_failed() then return end -- the one-line error says it all
   local list = {}
   for _, s in pairs(procs) do list[#list + 1] = s end
   table.sort(list, function(a, b) return a.pid < b.pid end)
@@ -246,6 +265,8 @@ cm.on("exit", function()
     if n > 1 then tabulate.note("") end
     tabulate.note(s.title)
     t:print()
-    tabulate.note(("%d range paths, %.1f us of GPU time"):format(#rows, s.total / 1e3))
+    tabulate.note(("%d range paths, %.1f us of GPU time"):format(#rows, s.total / 1e3)
+      .. (s.left_out > 0 and ("; %d kernels left out by --filter/--exclude"):format(s.left_out)
+        or ""))
   end
 end)

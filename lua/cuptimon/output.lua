@@ -11,19 +11,22 @@
 ---
 ---   local output = require "cuptimon.output"
 ---   local f, err = output.open(path, opts.force)   -- a Lua file, or nil and a one-line reason
+---   local f = output.open(path, opts.force, true)   -- opened for reading back too ("w+")
 local uv = require "luv"
 
 local M = {}
 
---- Creates `path` for writing; returns a Lua file, or nil and a message.
-function M.open(path, force)
-  local f, err, code = io.open(path, "wx")
+--- Creates `path` for writing (and reading back, when `readable`); returns a Lua file, or nil
+--- and a message.
+function M.open(path, force, readable)
+  local mode = readable and "w+x" or "wx"
+  local f, err, code = io.open(path, mode)
   if f then return f end
   if code ~= 17 then return nil, err end -- EEXIST: decided below; anything else as it is
   local st = uv.fs_lstat(path)
   if not st then return nil, err end
   -- A character device (/dev/null) has no content to destroy, and only root can make one.
-  if st.type == "char" then return io.open(path, "w") end
+  if st.type == "char" then return io.open(path, readable and "w+" or "w") end
   if st.type ~= "file" then
     return nil, ("%s exists and is not a regular file (a %s); it is never written through, "
       .. "even with --force"):format(path, st.type == "link" and "symbolic link" or st.type)
@@ -31,7 +34,7 @@ function M.open(path, force)
   if not force then return nil, ("%s exists; --force replaces it"):format(path) end
   local ok, rerr = os.remove(path)
   if not ok then return nil, rerr end
-  return io.open(path, "wx")
+  return io.open(path, mode)
 end
 
 return M
