@@ -12,7 +12,8 @@
  *   launch_loop --control PATH
  *       serves the requests of the control file PATH (engine/tests/window_control.h), for the
  *       dormant agent's attach windows (spec/gpu/dormant.sh): N launches and a synchronize per
- *       request, acknowledged with "launched=N total=T"
+ *       request, acknowledged with "launched=N total=T wall_ns=W cpu_ns=C" (W and C per
+ *       launch, from the first launch to the synchronize: spec/gpu/duty_residual.sh)
  *   launch_loop --threads T --seconds S
  *       T threads, each on its own stream, launch empty kernels as fast as they can for S seconds
  *       (bench/thread_sweep.sh, bench/long_run.sh). Prints
@@ -74,12 +75,15 @@ static int serve(const char *path) {
   long long n;
   uint64_t total = 0;
   while ((n = cm_window_next(path)) >= 0) {
+    uint64_t w0 = clock_ns(CLOCK_MONOTONIC), c0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     for (long long done = 0; done < n; done += 10000)
       launches((int)std::min(n - done, 10000LL), 0);
     CK(cudaDeviceSynchronize());
+    uint64_t w1 = clock_ns(CLOCK_MONOTONIC), c1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     total += (uint64_t)n;
-    char line[96];
-    snprintf(line, sizeof line, "launched=%lld total=%" PRIu64 "\n", n, total);
+    char line[160];
+    snprintf(line, sizeof line, "launched=%lld total=%" PRIu64 " wall_ns=%.1f cpu_ns=%.1f\n", n, total,
+             n ? (double)(w1 - w0) / (double)n : 0.0, n ? (double)(c1 - c0) / (double)n : 0.0);
     if (cm_window_ack(path, line) != 0) return 1;
   }
   return 0;
