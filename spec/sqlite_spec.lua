@@ -429,7 +429,11 @@ describe("sqlite.lua on the fake CUDA application", function()
     assert.are.same({ { "0" } }, query(db, "SELECT value FROM CUPTIMON_META WHERE name = 'complete'"))
     local rc2, py = helpers.sh(("python3 -c \"import sqlite3; print(sqlite3.connect('%s')"
       .. ".execute('PRAGMA integrity_check').fetchone()[0])\""):format(db))
-    if rc2 ~= 127 then assert.are.same({ 0, "ok\n" }, { rc2, py }) end
+    if rc2 == 127 then
+      pending("python3 is not installed (sqlite.lua's own checks above ran)")
+      return
+    end
+    assert.are.same({ 0, "ok\n" }, { rc2, py })
   end)
 end)
 
@@ -481,10 +485,12 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
       .. "v = [r[0] for r in c.execute('SELECT value FROM StringIds')]; "
       .. "print(len(v), v[1] == 'nul' + chr(0xfffd) + 'inside', len(c.execute('SELECT text FROM NVTX_EVENTS').fetchall()))\"")
       :format(db))
-    if rc2 ~= 127 then
-      assert.are.equal(0, rc2, py)
-      assert.matches("^" .. #names .. " True %d+\n$", py)
+    if rc2 == 127 then
+      pending("python3 is not installed (sqlite.lua's own checks above ran)")
+      return
     end
+    assert.are.equal(0, rc2, py)
+    assert.matches("^" .. #names .. " True %d+\n$", py)
   end)
 
   it("puts each field in its column, mapped as the header says (wire_gen: field = record index)", function()

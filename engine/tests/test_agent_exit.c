@@ -106,12 +106,27 @@ static void test_live_blocked_sync(bool flush_in_flight) {
   app_cleanup(&a);
 }
 
-/* Live mode with a 2 s budget, and cuptiActivityFlushAll blocking 10 s once the workload is done:
- * every flush (`forced_only` 0: the fence cannot complete) or only the forced one (1: the sync
- * fence completes first). Either way the exit stays within the budget and the tail is unknown:
- * only the forced flush returns the partly filled buffers of threads that stopped without
- * synchronizing (on the H200, the main thread's warm-up launches). BYE says which. */
-static void test_live_blocked_flush(int forced_only) {
+/* Live mode with the default 2 s budget and a CUPTI that misbehaves once the workload is done.
+ *  - EXIT_EVERY_FLUSH_BLOCKS: every cuptiActivityFlushAll blocks 10 s, so the fence cannot
+ *    complete: the tail is unknown.
+ *  - EXIT_FORCED_FLUSH_BLOCKS: only the forced flush blocks 10 s, after the sync fence completed.
+ *    The tail is still unknown: only that flush returns the partly filled buffers of threads that
+ *    stopped without synchronizing (on the H200, the main thread's warm-up launches).
+ *  - EXIT_BACKLOG: CUPTI is 1.2 s behind (its flushes complete no buffer for 1.2 s, as with 16
+ *    launching threads on the H200). The sync fence gets most of the budget, so it completes,
+ *    every record arrives and the tail is known; with the earlier split (the sync fence stopped
+ *    after 750 ms) it was unknown.
+ * In every case the exit stays within the budget, and BYE says what happened. */
+enum exit_case { EXIT_EVERY_FLUSH_BLOCKS, EXIT_FORCED_FLUSH_BLOCKS, EXIT_BACKLOG };
+
+static void test_live_exit(enum exit_case ec) {
+  static const char *const args[] = {
+      "--records 6000 --threads 2 --kinds kernel,memcpy --flush-block-ms 10000",
+      "--records 6000 --threads 2 --kinds kernel,memcpy --forced-flush-block-ms 10000",
+      "--records 6000 --threads 2 --kinds kernel,memcpy --backlog-ms 1200",
+  };
+  static const char *const what[] = {"every flush blocks 10 s", "the forced flush blocks 10 s",
+                                     "CUPTI 1.2 s behind at exit"};
   static server s;
   server_start(&s, "t", "kernel:all;memcpy:all", 50);
   server_run(&s);
@@ -119,59 +134,34 @@ static void test_live_blocked_flush(int forced_only) {
   snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
   const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_EXIT_BUDGET_MS=2000", NULL};
   app a;
-  app_start(&a, env, forced_only
-                         ? "--records 6000 --threads 2 --kinds kernel,memcpy --forced-flush-block-ms 10000"
-                         : "--records 6000 --threads 2 --kinds kernel,memcpy --flush-block-ms 10000");
+  app_start(&a, env, args[ec]);
   CMT_ASSERT(app_read_line(&a, 60000));
   uint64_t t0 = mono_ms();
   int st = app_wait(&a, 90000);
   uint64_t ms = mono_ms() - t0;
   server_join(&s);
-  printf("live, %s blocks 10 s: exit took %llu ms after the workload\n",
-         forced_only ? "the forced flush" : "every flush", (unsigned long long)ms);
+  printf("live, %s: exit took %llu ms after the workload\n", what[ec], (unsigned long long)ms);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
   CMT_LT(ms, 2000 + SLACK_MS);
   CMT_EQ(s.chk.byes, 1);
   printf("  BYE: %s\n", s.chk.bye_message);
-  if (forced_only) {
-    CMT_CONTAINS(s.chk.bye_message, "the sync fence before it had completed");
-    CMT_EQU(s.chk.stats_exit_tail_unknown, 1);
-  } else {
+  switch (ec) {
+  case EXIT_EVERY_FLUSH_BLOCKS:
     CMT_CONTAINS(s.chk.bye_message, "final flush did not return within the budget");
     CMT_EQU(s.chk.stats_exit_tail_unknown, 1);
+    break;
+  case EXIT_FORCED_FLUSH_BLOCKS:
+    CMT_CONTAINS(s.chk.bye_message, "the sync fence before it had completed");
+    CMT_EQU(s.chk.stats_exit_tail_unknown, 1);
+    break;
+  case EXIT_BACKLOG: {
+    CMT_EQU(s.chk.stats_exit_tail_unknown, 0);
+    CMT_ASSERT(strstr(s.chk.bye_message, "tail is unknown") == NULL);
+    int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_MEMCPY};
+    check_counts(&s.chk, &a, kinds, 2);
+    break;
   }
-  checker_free(&s.chk);
-  app_cleanup(&a);
-}
-
-/* Live mode with the default 2 s budget, and CUPTI 1.2 s behind when the workload ends (its
- * flushes complete no buffer for 1.2 s, as with 16 launching threads on the H200): the sync fence
- * gets most of the budget, so it completes, every record arrives and the tail is known. With the
- * earlier split (the sync fence stopped after 750 ms) the tail was unknown. */
-static void test_live_backlog(void) {
-  static server s;
-  server_start(&s, "t", "kernel:all;memcpy:all", 50);
-  server_run(&s);
-  char sock[200];
-  snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
-  const char *env[] = {sock, "CUPTIMON_TOKEN=t", NULL};
-  app a;
-  app_start(&a, env, "--records 6000 --threads 2 --kinds kernel,memcpy --backlog-ms 1200");
-  CMT_ASSERT(app_read_line(&a, 60000));
-  uint64_t t0 = mono_ms();
-  int st = app_wait(&a, 90000);
-  uint64_t ms = mono_ms() - t0;
-  server_join(&s);
-  printf("live, CUPTI 1.2 s behind at exit: exit took %llu ms after the workload\n",
-         (unsigned long long)ms);
-  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
-  CMT_LT(ms, 2000 + SLACK_MS);
-  CMT_EQ(s.chk.byes, 1);
-  printf("  BYE: %s\n", s.chk.bye_message);
-  CMT_EQU(s.chk.stats_exit_tail_unknown, 0);
-  CMT_ASSERT(strstr(s.chk.bye_message, "tail is unknown") == NULL);
-  int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_MEMCPY};
-  check_counts(&s.chk, &a, kinds, 2);
+  }
   checker_free(&s.chk);
   app_cleanup(&a);
 }
@@ -223,9 +213,9 @@ int main(void) {
   test_capture_blocked_sync();
   test_live_blocked_sync(false);
   test_live_blocked_sync(true);
-  test_live_blocked_flush(0);
-  test_live_blocked_flush(1);
-  test_live_backlog();
+  test_live_exit(EXIT_EVERY_FLUSH_BLOCKS);
+  test_live_exit(EXIT_FORCED_FLUSH_BLOCKS);
+  test_live_exit(EXIT_BACKLOG);
   test_control_caps();
   printf("ok\n");
   return 0;

@@ -94,15 +94,8 @@ ctl=$RT/ctl
 env CUDA_INJECTION64_PATH="$AGENT" CUPTIMON_LISTEN=1 CUPTIMON_AGENT_LOG=info "$LOOP" --control "$ctl" \
   >"$LOG/loop.out" 2>"$LOG/loop.err" &
 loop=$!
-wait_for() { # wait_for SECONDS COMMAND...: polls COMMAND every 50 ms
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do [ $SECONDS -ge $end ] && return 1; sleep 0.05; done
-}
-ask() { # ask N: the loop launches N kernels; prints its acknowledgement
-  printf '%s\n' "$1" >"$ctl.tmp" && mv "$ctl.tmp" "$ctl"
-  wait_for 60 test -e "$ctl.ack" || { echo "no acknowledgement from the loop"; return 1; }
-  cat "$ctl.ack"; rm -f "$ctl.ack"
-}
+# shellcheck source=spec/gpu/control.sh
+. "$(dirname "$0")/control.sh"
 wait_for 30 test -S "$RT/cuptimon/$loop.sock" || { echo "the loop is not listening"; fail=1; }
 for w in 1 2 3; do
   echo "dormant launches before window $w: $(ask 5000)"

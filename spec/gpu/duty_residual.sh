@@ -39,15 +39,9 @@ ctl=$RT/ctl
 env CUDA_INJECTION64_PATH="$AGENT" CUPTIMON_LISTEN=1 CUPTIMON_AGENT_LOG=info "$LOOP" --control "$ctl" \
   >"$LOG/loop.out" 2>"$LOG/loop.err" &
 loop=$!
-wait_for() { # wait_for SECONDS COMMAND...: polls COMMAND every 50 ms
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do [ $SECONDS -ge $end ] && return 1; sleep 0.05; done
-}
-ask() { # ask N: the loop launches N kernels; prints its acknowledgement
-  printf '%s\n' "$1" >"$ctl.tmp" && mv "$ctl.tmp" "$ctl"
-  wait_for 120 test -e "$ctl.ack" || { echo "no acknowledgement from the loop"; return 1; }
-  cat "$ctl.ack"; rm -f "$ctl.ack"
-}
+ASK_TIMEOUT_S=120
+# shellcheck source=spec/gpu/control.sh
+. "$(dirname "$0")/control.sh"
 fail=0
 acks=$LOG/acks.txt
 : >"$acks"
