@@ -1292,6 +1292,9 @@ static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, 
   atomic_store(&out->fence_complete,
                atomic_load_explicit(&j->ef.fence_complete, memory_order_acquire));
   atomic_store(&out->fence_end_ms, atomic_load_explicit(&j->ef.fence_end_ms, memory_order_acquire));
+  atomic_store(&out->device_synced_ms, atomic_load(&j->ef.device_synced_ms));
+  atomic_store(&out->default_flushes, atomic_load(&j->ef.default_flushes));
+  atomic_store(&out->seen_after_forced, atomic_load(&j->ef.seen_after_forced));
   pthread_mutex_unlock(&j->mu);
   exit_job_release(j);
   return done;
@@ -1316,6 +1319,7 @@ static void agent_exit_work(int exit_code) {
   uint64_t end = t0 + A.exit_budget_ms;
   /* The fence's two parts, for the log: the sync fence, then the forced flush (its wait). */
   uint64_t exit_sync_ms = 0, exit_forced_ms = 0;
+  char sync_how[160] = ""; /* how the sync fence went, for the log */
   uint64_t reserve = A.exit_budget_ms / 10 < 20 ? 20 : A.exit_budget_ms / 10;
   if (reserve > A.exit_budget_ms) reserve = A.exit_budget_ms;
   char cut[1024] = "";
@@ -1356,6 +1360,11 @@ static void agent_exit_work(int exit_code) {
       uint64_t fe = atomic_load(&ef.fence_end_ms), done = cm__mono_ms();
       exit_sync_ms = fe >= t0 ? fe - t0 : done - t0;
       exit_forced_ms = fe >= t0 ? done - fe : 0;
+      uint64_t ds = atomic_load(&ef.device_synced_ms);
+      if (ds >= t0)
+        snprintf(sync_how, sizeof sync_how, " (the device synchronized in %llu ms; %u default flushes%s)",
+                 (unsigned long long)(ds - t0), (unsigned)atomic_load(&ef.default_flushes),
+                 atomic_load(&ef.seen_after_forced) ? ", then its record came with a forced flush" : "");
     }
     if (ef.engine_busy || ef.decode_timed_out) atomic_store(&A.tail_unknown, true);
     if (ef.engine_busy)
@@ -1455,13 +1464,13 @@ static void agent_exit_work(int exit_code) {
   alog(lvl,
        "exit: %llu batches (%llu records) sent, %llu batches dropped: %llu records by the agent "
        "(queue full or connection lost), %llu records at the exit deadline; %llu records dropped "
-       "by CUPTI, %llu bytes, %llu ms of a %u ms budget (fence %llu ms: sync %llu ms, forced "
+       "by CUPTI, %llu bytes, %llu ms of a %u ms budget (fence %llu ms: sync %llu ms%s, forced "
        "flush %llu ms; drain %llu ms)%s%s",
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
        (unsigned long long)GET(records_dropped_exit), (unsigned long long)st.records_dropped,
        (unsigned long long)GET(bytes_sent), (unsigned long long)(cm__mono_ms() - t0),
-       A.exit_budget_ms, (unsigned long long)fence_ms, (unsigned long long)exit_sync_ms,
+       A.exit_budget_ms, (unsigned long long)fence_ms, (unsigned long long)exit_sync_ms, sync_how,
        (unsigned long long)exit_forced_ms, (unsigned long long)drain_ms, cl ? "; " : "", cut);
 #undef CUT
   /* The engine is left alive: CUPTI's threads may still call its callbacks during teardown. */

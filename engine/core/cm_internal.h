@@ -135,6 +135,7 @@ typedef struct cm__cupti {
   __typeof__(&cuptiEnableCallback) EnableCallback;
   __typeof__(&cuptiEnableDomain) EnableDomain;
   __typeof__(&cuptiActivityRegisterCallbacks) ActivityRegisterCallbacks;
+  __typeof__(&cuptiActivitySetAttribute) ActivitySetAttribute; /* may be NULL (a test double) */
   __typeof__(&cuptiActivityEnable) ActivityEnable;
   __typeof__(&cuptiActivityDisable) ActivityDisable;
   __typeof__(&cuptiActivityGetNextRecord) ActivityGetNextRecord;
@@ -412,6 +413,12 @@ typedef struct cm__exit_flush {
   /* CLOCK_MONOTONIC ms at which the sync fence ended (completed or not), before the forced
    * flush; 0 until then. Readable from another thread, for the exit's log. */
   _Atomic uint64_t fence_end_ms;
+  /* For the exit's log, each readable from another thread: when the device synchronize returned
+   * (CLOCK_MONOTONIC ms, 0 until then), how many default flushes ran after it, and whether the
+   * fence's sync record came only with a forced flush (see cm__engine_exit_flush). */
+  _Atomic uint64_t device_synced_ms;
+  _Atomic uint32_t default_flushes;
+  _Atomic bool seen_after_forced;
 } cm__exit_flush;
 
 /* The exit fence: a best effort to deliver every record produced before the call, by `deadline`
@@ -419,7 +426,10 @@ typedef struct cm__exit_flush {
  * control call in progress on another thread (a sync flush waiting for the device) give up at
  * once, takes the engine's control lock with the deadline, synchronizes the device on a helper
  * thread that it abandons at `sync_deadline` (and not at all while a graph capture is in
- * progress), then flushes CUPTI with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED and delivers. From then on
+ * progress), waits for the synchronize's record (after CM__EXIT_DEFAULT_FLUSH_MS of default
+ * flushes, with forced ones: after the synchronize every record before it is complete, and only a
+ * forced flush is known to return the partly filled buffers of threads that stopped), then
+ * flushes CUPTI with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED once more and delivers. From then on
  * every wait in a later control call ends at once, so nothing queued behind it can hold the
  * process. Returns 0 when nothing was cut short, else CM_ETIMEDOUT; *out says what happened.
  * Any thread; meant for the process's exit. */

@@ -94,6 +94,7 @@ int cm__cupti_load(cm__cupti *c) {
   BIND(c->lib, EnableCallback, "cuptiEnableCallback");
   BIND(c->lib, EnableDomain, "cuptiEnableDomain");
   BIND(c->lib, ActivityRegisterCallbacks, "cuptiActivityRegisterCallbacks");
+  BIND_OPT(c->lib, ActivitySetAttribute, "cuptiActivitySetAttribute");
   BIND(c->lib, ActivityEnable, "cuptiActivityEnable");
   BIND(c->lib, ActivityDisable, "cuptiActivityDisable");
   BIND(c->lib, ActivityGetNextRecord, "cuptiActivityGetNextRecord");

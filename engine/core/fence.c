@@ -208,13 +208,18 @@ bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
   return cm__engine_wait_decoded(e, deadline);
 }
 
-/* The sync fence: every record produced before the call is decoded when it returns true. Called
- * with api_mu held; delivers nothing itself. When the device cannot be synchronized (a stream
- * capture is in progress, or an earlier synchronize is still blocked) it degrades to a plain flush,
- * which delivers what CUPTI has completed; a synchronize that misses the deadline, or one still
- * blocked from an earlier fence, fails the fence.
- * *why receives the device_sync outcome of the first synchronize. */
-bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why) {
+/* How long the exit fence waits for its sync record with default flushes before it forces them.
+ * On the H200, after 60 s or more of sustained launches from several threads, default flushes
+ * never returned the sync record within 1.85 s (nor the main thread's earlier records), while a
+ * forced flush after a completed synchronize delivers them; short runs fenced either way. */
+#define CM__EXIT_DEFAULT_FLUSH_MS 50
+
+/* The sync fence. `ex` is the exit's account, NULL for the fences of control calls: those
+ * flush only by default, since a forced flush mid-run would deliver records of work launched
+ * after the mark before it completes (a running kernel's record with end 0). At exit nothing is
+ * launched after the fence, the device has just been synchronized, and a forced flush is what
+ * returns the buffers of threads that stopped launching. */
+static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex) {
   cm__cupti *c = &e->cupti;
   ADD(e, st_fences, 1);
   bool temp_sync = !(e->enabled >> CM_KIND_SYNCHRONIZATION & 1);
@@ -230,12 +235,19 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why) {
     ok = cm__engine_plain_flush(e, deadline, 0) && *why != CM__SYNC_ABANDONED && *why != CM__SYNC_BUSY;
   } else {
     uint64_t last_sync = cm__mono_ms();
+    uint64_t force_at = ex ? last_sync + CM__EXIT_DEFAULT_FLUSH_MS : UINT64_MAX;
+    if (ex) atomic_store(&ex->device_synced_ms, last_sync);
     for (;;) {
-      ok = cm__engine_plain_flush(e, deadline, 0);
+      bool forced = cm__mono_ms() >= force_at;
+      ok = cm__engine_plain_flush(e, deadline, forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
+      if (ex && !forced) atomic_fetch_add(&ex->default_flushes, 1);
       pthread_mutex_lock(&e->dec_mu);
       uint64_t seen = cm__decoder_sync_end(e->dec);
       pthread_mutex_unlock(&e->dec_mu);
-      if (seen >= mark) break;
+      if (seen >= mark) {
+        if (ex && forced) atomic_store(&ex->seen_after_forced, true);
+        break;
+      }
       uint64_t now = cm__mono_ms();
       if (now >= deadline || hurried(e)) {
         ok = false;
@@ -257,6 +269,14 @@ bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why) {
   return ok;
 }
 
+/* The sync fence: every record produced before the call is decoded when it returns true. Called
+ * with api_mu held; delivers nothing itself. When the device cannot be synchronized (a stream
+ * capture is in progress, or an earlier synchronize is still blocked) it degrades to a plain flush,
+ * which delivers what CUPTI has completed; a synchronize that misses the deadline, or one still
+ * blocked from an earlier fence, fails the fence.
+ * *why receives the device_sync outcome of the first synchronize. */
+bool cm__engine_fence(cm_engine *e, uint64_t deadline, int *why) { return fence(e, deadline, why, NULL); }
+
 int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
                           cm__exit_flush *out) {
   /* Field by field, not memset: another thread may read fence_complete meanwhile. */
@@ -264,6 +284,9 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
   out->synced = false;
   atomic_store(&out->fence_complete, false);
   atomic_store(&out->fence_end_ms, 0);
+  atomic_store(&out->device_synced_ms, 0);
+  atomic_store(&out->default_flushes, 0);
+  atomic_store(&out->seen_after_forced, false);
   if (!e) return CM_EINVAL;
   /* Another control call (a monitor's sync flush) may hold api_mu while it waits for the device:
    * `exiting` ends its waits, and the broadcast wakes one waiting for the decoder. */
@@ -290,7 +313,7 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
   if (e->active) {
     int why = CM__SYNC_NONE;
     uint64_t sd = sync_deadline < deadline ? sync_deadline : deadline;
-    bool fenced = cm__engine_fence(e, sd, &why);
+    bool fenced = fence(e, sd, &why, out);
     out->capture_active = why == CM__SYNC_CAPTURE;
     /* CM__SYNC_BUSY: an earlier synchronize is still blocked, so the device is still busy too. */
     out->sync_timed_out = why == CM__SYNC_ABANDONED || why == CM__SYNC_BUSY || (why == CM__SYNC_OK && !fenced);

@@ -30,6 +30,8 @@
  *          forced ones
  *          --backlog-ms B (once the workload is done, CUPTI's flushes complete no buffer for B ms:
  *          CUPTI behind by B ms at exit)
+ *          --default-flush-full-only (once the workload is done, default flushes return no partly
+ *          filled buffer: only a forced flush returns those, as at the H200's exit after 60 s)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
  *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
@@ -216,7 +218,7 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--default-flush-full-only] [--crash] [--exit-code C] [--slow-round R] "
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
@@ -349,6 +351,7 @@ int main(int argc, char **argv) {
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int flush_block_ms = 0;
   int backlog_ms = 0;
+  bool full_only = false;
   int slow_round = 0;
   uint64_t slow_factor = 20;
   const char *slow_kernel = "vectorAdd";
@@ -378,6 +381,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(a, "--stamp") == 0) {
       stamp = 1;
+      continue;
+    }
+    if (strcmp(a, "--default-flush-full-only") == 0) {
+      full_only = true;
       continue;
     }
     if (!v) usage();
@@ -542,6 +549,7 @@ int main(int argc, char **argv) {
   if (linger_ms) usleep((useconds_t)linger_ms * 1000);
   if (flush_block_ms) fake_set_flush_block_ms(flush_block_ms);
   if (backlog_ms) fake_set_backlog_ms(backlog_ms);
+  if (full_only) fake_set_default_flush_full_only(1);
   if (crash) abort();
   if (stamp) {
     struct timespec ts;

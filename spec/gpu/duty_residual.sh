@@ -52,7 +52,9 @@ phase() { # phase NAME: REPS requests, each acknowledgement tagged with NAME
   done
 }
 attach() { # attach NAME ARGS...: a monitor attached to the loop; its pid in $mon
-  "$LUA" --attach "$loop" scripts/count.lua "$@" >"$LOG/$1.log" 2>&1 &
+  local name=$1
+  shift
+  "$LUA" --attach "$loop" scripts/count.lua "$@" >"$LOG/$name.log" 2>&1 &
   mon=$!
   wait_for 30 grep -q "dormant: monitor pid $mon attached" "$LOG/loop.err" || { echo "no attach"; fail=1; }
 }

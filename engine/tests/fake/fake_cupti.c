@@ -230,6 +230,8 @@ static atomic_int knob_flush_block_forced_only; /* the block applies to forced f
 /* fake_set_backlog_ms: until this CLOCK_MONOTONIC time (ns; 0: none), cuptiActivityFlushAll
  * completes no buffer, as CUPTI behind by that much does. */
 static atomic_uint_fast64_t knob_backlog_until_ns;
+/* fake_set_default_flush_full_only: default flushes return no partly filled buffer. */
+static atomic_int knob_default_full_only;
 
 static uint64_t fake_mono_ns(void) {
   struct timespec ts;
@@ -562,7 +564,8 @@ static void flush_threads(int forced) {
   for (fthread *ft = reg.head; ft; ft = ft->next) {
     pthread_mutex_lock(&ft->lock);
     fbuf *b = ft->cur;
-    if (b && b->used && (forced || fbuf_complete(b, atomic_load(&sync_epoch)))) {
+    if (b && b->used &&
+        (forced || (!atomic_load(&knob_default_full_only) && fbuf_complete(b, atomic_load(&sync_epoch))))) {
       ft->cur = NULL;
       retire(b, forced);
     }
@@ -819,6 +822,15 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext con
   (void)streamId;
   if (!dropped) return CUPTI_ERROR_INVALID_PARAMETER;
   *dropped = (size_t)atomic_exchange(&drops_unreported, 0);
+  return CUPTI_SUCCESS;
+}
+
+/* Only the per-thread buffer attribute is known; the fake's buffers are per thread either way. */
+FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivitySetAttribute(CUpti_ActivityAttribute attr,
+                                                           size_t *valueSize, void *value) {
+  if (!valueSize || !value) return CUPTI_ERROR_INVALID_PARAMETER;
+  if (attr != CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER) return CUPTI_ERROR_NOT_SUPPORTED;
+  if (*valueSize < sizeof(uint8_t)) return CUPTI_ERROR_PARAMETER_SIZE_NOT_SUFFICIENT;
   return CUPTI_SUCCESS;
 }
 
@@ -1657,6 +1669,8 @@ void fake_set_sync_block_ms(int ms) { atomic_store(&knob_sync_block_ms, ms < 0 ?
 void fake_set_flush_block_ms(int ms) { atomic_store(&knob_flush_block_ms, ms < 0 ? 0 : ms); }
 
 void fake_set_flush_block_forced_only(int on) { atomic_store(&knob_flush_block_forced_only, on != 0); }
+
+void fake_set_default_flush_full_only(int on) { atomic_store(&knob_default_full_only, on != 0); }
 
 void fake_set_backlog_ms(int ms) {
   atomic_store(&knob_backlog_until_ns, ms > 0 ? fake_mono_ns() + (uint64_t)ms * 1000000ull : 0);

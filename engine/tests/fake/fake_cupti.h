@@ -140,6 +140,12 @@ void fake_set_flush_block_forced_only(int on);
  * threads, up to 1.4 s at exit); afterwards flushes work as before (0: no backlog).
  * fake_cuda_app --backlog-ms sets it once its workload is done. */
 void fake_set_backlog_ms(int ms);
+/* With `on`, a default (not forced) cuptiActivityFlushAll returns no partly filled buffer, only
+ * the full ones (which are returned as they fill): the records of a thread that has not filled
+ * its buffer, the fence's own sync record among them, come back only with a forced flush. That
+ * is what CUPTI did on the H200 at the exit of runs of 60 s and more with several launching
+ * threads. fake_cuda_app --default-flush-full-only sets it once its workload is done. */
+void fake_set_default_flush_full_only(int on);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
