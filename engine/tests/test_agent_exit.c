@@ -35,6 +35,12 @@
 static const char *const blocked_env[] = {"FAKE_CUDA_SYNC_BLOCK_MS=25000",
                                           "CUPTIMON_EXIT_BUDGET_MS=3000"};
 
+/* Prints the agent's log (every case runs it at info level), before any check that may fail: its
+ * exit line says how long the sync fence, the forced flush and the drain took, how many default
+ * flushes came before the forced ones, and what the budget cut, so that a failure in a loaded
+ * suite run can be told from a slow machine by its output alone. */
+static void print_agent_log(const app *a) { printf("  agent log:\n%s", app_log(a)); }
+
 static void check_counts(const checker *c, const app *a, const int *kinds, int nk) {
   for (int i = 0; i < nk; i++)
     CMT_EQ((int64_t)c->k[kinds[i]].count, app_get(a, cm_kind_name(kinds[i])));
@@ -47,7 +53,7 @@ static void test_capture_blocked_sync(void) {
   snprintf(path, sizeof path, "/tmp/cmt-agent-%d-exit.cap", (int)getpid());
   snprintf(env_cap, sizeof env_cap, "CUPTIMON_CAPTURE=%s", path);
   const char *env[] = {env_cap, "CUPTIMON_SELECT=kernel:all;memcpy:all", blocked_env[0],
-                       blocked_env[1], NULL};
+                       blocked_env[1], "CUPTIMON_AGENT_LOG=info", NULL};
   app a;
   app_start(&a, env, "--records 6000 --threads 2 --kinds kernel,memcpy");
   CMT_ASSERT(app_read_line(&a, 60000));
@@ -55,6 +61,7 @@ static void test_capture_blocked_sync(void) {
   int st = app_wait(&a, 60000);
   uint64_t ms = mono_ms() - t0;
   printf("capture, blocked sync: exit took %llu ms\n", (unsigned long long)ms);
+  print_agent_log(&a);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
   CMT_LT(ms, BUDGET_MS + SLACK_MS);
   static checker c;
@@ -84,7 +91,7 @@ static void test_live_blocked_sync(bool flush_in_flight) {
   snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
   const char *env[] = {sock, "CUPTIMON_TOKEN=t",
                        flush_in_flight ? "FAKE_CUDA_SYNC_BLOCK_MS=60000" : blocked_env[0],
-                       blocked_env[1], NULL};
+                       blocked_env[1], "CUPTIMON_AGENT_LOG=info", NULL};
   int linger = flush_in_flight ? 500 : 0;
   char args[200];
   snprintf(args, sizeof args, "--records 6000 --threads 2 --kinds kernel,memcpy --linger-ms %d",
@@ -99,6 +106,7 @@ static void test_live_blocked_sync(bool flush_in_flight) {
   server_join(&s);
   printf("live, blocked sync%s: exit took %llu ms after the workload (linger %d ms)\n",
          flush_in_flight ? ", FLUSH{sync, 60000} in flight" : "", (unsigned long long)ms, linger);
+  print_agent_log(&a);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
   CMT_LT(ms, (uint64_t)linger + BUDGET_MS + SLACK_MS);
   CMT_EQ(s.chk.byes, 1);
@@ -152,6 +160,7 @@ static void test_live_exit(enum exit_case ec) {
   uint64_t ms = mono_ms() - t0;
   server_join(&s);
   printf("live, %s: exit took %llu ms after the workload\n", what[ec], (unsigned long long)ms);
+  print_agent_log(&a);
   if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) CMT_FAIL("app status %d, log:\n%s", st, app_log(&a));
   CMT_LT(ms, 2000 + SLACK_MS);
   CMT_EQ(s.chk.byes, 1);
