@@ -825,14 +825,21 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext con
   return CUPTI_SUCCESS;
 }
 
-/* Only the per-thread buffer attribute is known; the fake's buffers are per thread either way. */
+/* The last value given to CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER (-1: never set). */
+static atomic_int per_thread_attr = -1;
+
+/* Only the per-thread buffer attribute is known; it is recorded for fake_per_thread_attr, and
+ * the fake's buffers stay per thread either way. */
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivitySetAttribute(CUpti_ActivityAttribute attr,
                                                            size_t *valueSize, void *value) {
   if (!valueSize || !value) return CUPTI_ERROR_INVALID_PARAMETER;
   if (attr != CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER) return CUPTI_ERROR_NOT_SUPPORTED;
   if (*valueSize < sizeof(uint8_t)) return CUPTI_ERROR_PARAMETER_SIZE_NOT_SUFFICIENT;
+  atomic_store(&per_thread_attr, *(const uint8_t *)value);
   return CUPTI_SUCCESS;
 }
+
+int fake_per_thread_attr(void) { return atomic_load(&per_thread_attr); }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnableLatencyTimestamps(uint8_t enable) {
   atomic_store(&st.latency_timestamps, enable ? 1 : 0);

@@ -146,6 +146,9 @@ void fake_set_backlog_ms(int ms);
  * is what CUPTI did on the H200 at the exit of runs of 60 s and more with several launching
  * threads. fake_cuda_app --default-flush-full-only sets it once its workload is done. */
 void fake_set_default_flush_full_only(int on);
+/* The last value the process gave CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, or -1 when it
+ * never set it. */
+int fake_per_thread_attr(void);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
