@@ -12,6 +12,18 @@
  *   cupti_floor: kernels K runtime R other O dropped D buffers B
  *
  * The exit status of the program is not changed; the harness checks the line.
+ *
+ * Two switches make the floor do what cuptimon's engine does with CUPTI, so that the two can be
+ * compared under the same settings (bench/load.py floor): CUPTI_FLOOR_PER_THREAD=0 or 1 sets
+ * CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER (unset keeps CUPTI's default, per-thread buffers;
+ * the engine turns them off), and CUPTI_FLOOR_FLUSH_MS=N starts a thread, named floor-flush, that
+ * calls cuptiActivityFlushAll(0) every N ms, as the engine's decode worker does at its flush
+ * cadence. With CUPTI_FLOOR_LAG=1 the completion callback prints, at most once a second, how far
+ * CUPTI is behind, for kernel and runtime API records apart: the time from the buffer's newest
+ * record end of each kind to the callback (-1 when the buffer has none), and the records counted
+ * so far of each kind (bench/load.py floor sets it):
+ *
+ *   FLOOR_LAG t_s T kernel_ms LK runtime_ms LR kernels K runtime R
  */
 #include <cupti.h>
 #include <dlfcn.h>
@@ -20,6 +32,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define FLOOR_BUFFER_SIZE (4u << 20)
 
@@ -29,7 +42,27 @@ static struct {
   CUptiResult (*FlushAll)(uint32_t);
   CUptiResult (*GetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
   CUptiResult (*GetNumDropped)(CUcontext, uint32_t, size_t *);
+  CUptiResult (*SetAttribute)(CUpti_ActivityAttribute, size_t *, void *);
 } fl;
+
+static unsigned flush_ms; /* CUPTI_FLOOR_FLUSH_MS: the flusher thread's period, 0 for none */
+static int lag_on;        /* CUPTI_FLOOR_LAG=1 */
+static uint64_t lag_t0_ns, lag_next_ns; /* the first request, and when the next line is due */
+static pthread_mutex_t lag_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* The lag in ms of a record kind's newest end `newest` at `now` (CUPTI's timestamps are on
+ * CLOCK_REALTIME here), or -1 when there is none or it is off this run's clock by an hour (the
+ * fake CUPTI's fixed dates). */
+static double lag_ms(uint64_t now, uint64_t newest) {
+  if (!newest || newest > now + 1000000000ull || now - newest > 3600ull * 1000000000ull) return -1;
+  return now > newest ? (double)(now - newest) / 1e6 : 0.0;
+}
 
 static uint64_t n_kernels, n_runtime, n_other, n_dropped, n_buffers;
 
@@ -56,11 +89,19 @@ static void CUPTIAPI floor_complete(CUcontext ctx, uint32_t stream, uint8_t *buf
                                     size_t valid) {
   (void)size;
   CUpti_Activity *rec = NULL;
-  uint64_t k = 0, r = 0, o = 0;
+  uint64_t k = 0, r = 0, o = 0, newest_k = 0, newest_r = 0;
   while (valid > 0 && fl.GetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
-    if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) k++;
-    else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) r++;
-    else o++;
+    if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      k++;
+      uint64_t end = ((const CUpti_ActivityKernel10 *)rec)->end;
+      if (end > newest_k) newest_k = end;
+    } else if (rec->kind == CUPTI_ACTIVITY_KIND_RUNTIME) {
+      r++;
+      uint64_t end = ((const CUpti_ActivityAPI *)rec)->end;
+      if (end > newest_r) newest_r = end;
+    } else {
+      o++;
+    }
   }
   size_t dropped = 0;
   if (fl.GetNumDropped(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
@@ -68,6 +109,19 @@ static void CUPTIAPI floor_complete(CUcontext ctx, uint32_t stream, uint8_t *buf
   __atomic_add_fetch(&n_kernels, k, __ATOMIC_RELAXED);
   __atomic_add_fetch(&n_runtime, r, __ATOMIC_RELAXED);
   __atomic_add_fetch(&n_other, o, __ATOMIC_RELAXED);
+  if (lag_on && (newest_k || newest_r)) {
+    uint64_t now = realtime_ns();
+    double lk = lag_ms(now, newest_k), lr = lag_ms(now, newest_r);
+    pthread_mutex_lock(&lag_mu);
+    if ((lk >= 0 || lr >= 0) && now >= lag_next_ns) {
+      lag_next_ns = now + 1000000000ull;
+      fprintf(stderr, "FLOOR_LAG t_s %.1f kernel_ms %.1f runtime_ms %.1f kernels %llu runtime %llu\n",
+              (double)(now - lag_t0_ns) / 1e9, lk, lr,
+              (unsigned long long)__atomic_load_n(&n_kernels, __ATOMIC_RELAXED),
+              (unsigned long long)__atomic_load_n(&n_runtime, __ATOMIC_RELAXED));
+    }
+    pthread_mutex_unlock(&lag_mu);
+  }
   pthread_mutex_lock(&free_mu);
   if (n_free < (int)(sizeof free_list / sizeof free_list[0])) {
     free_list[n_free++] = buffer;
@@ -92,6 +146,19 @@ static int floor_fail(const char *what) {
   return 1;
 }
 
+/* The flusher thread of CUPTI_FLOOR_FLUSH_MS: a default flush every flush_ms, until the process
+ * ends (it is detached, and never joined). */
+static void *flusher_main(void *arg) {
+  (void)arg;
+  pthread_setname_np(pthread_self(), "floor-flush");
+  struct timespec ts = {.tv_sec = flush_ms / 1000, .tv_nsec = (long)(flush_ms % 1000) * 1000000L};
+  for (;;) {
+    nanosleep(&ts, NULL);
+    fl.FlushAll(0);
+  }
+  return NULL;
+}
+
 int InitializeInjection(void);
 
 /* Called by CUDA at cuInit when this library is named by CUDA_INJECTION64_PATH. Returns 1 as
@@ -109,10 +176,20 @@ int InitializeInjection(void) {
   *(void **)&fl.FlushAll = dlsym(lib, "cuptiActivityFlushAll");
   *(void **)&fl.GetNextRecord = dlsym(lib, "cuptiActivityGetNextRecord");
   *(void **)&fl.GetNumDropped = dlsym(lib, "cuptiActivityGetNumDroppedRecords");
+  *(void **)&fl.SetAttribute = dlsym(lib, "cuptiActivitySetAttribute");
   if (!fl.RegisterCallbacks || !fl.Enable || !fl.FlushAll || !fl.GetNextRecord ||
       !fl.GetNumDropped) {
     fl.FlushAll = NULL;
     return floor_fail("a CUPTI activity symbol is missing");
+  }
+  /* CUPTI takes the per-thread attribute only before the buffer callbacks are registered. */
+  const char *pt = getenv("CUPTI_FLOOR_PER_THREAD");
+  if (pt && (strcmp(pt, "0") == 0 || strcmp(pt, "1") == 0)) {
+    uint8_t on = pt[0] == '1';
+    size_t sz = sizeof on;
+    if (!fl.SetAttribute ||
+        fl.SetAttribute(CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, &sz, &on) != CUPTI_SUCCESS)
+      return floor_fail("cannot set CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER");
   }
   if (fl.RegisterCallbacks(floor_request, floor_complete) != CUPTI_SUCCESS ||
       fl.Enable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS)
@@ -120,6 +197,16 @@ int InitializeInjection(void) {
   const char *rt = getenv("CUPTI_FLOOR_RUNTIME");
   if (rt && strcmp(rt, "1") == 0 && fl.Enable(CUPTI_ACTIVITY_KIND_RUNTIME) != CUPTI_SUCCESS)
     return floor_fail("cannot enable RUNTIME");
+  const char *lg = getenv("CUPTI_FLOOR_LAG");
+  lag_on = lg && strcmp(lg, "1") == 0;
+  lag_t0_ns = realtime_ns();
+  const char *fm = getenv("CUPTI_FLOOR_FLUSH_MS");
+  flush_ms = fm && *fm ? (unsigned)strtoul(fm, NULL, 10) : 0;
+  if (flush_ms) {
+    pthread_t t;
+    if (pthread_create(&t, NULL, flusher_main, NULL) != 0) return floor_fail("cannot start the flusher thread");
+    pthread_detach(t);
+  }
   atexit(floor_exit);
   return 1;
 }

@@ -11,6 +11,17 @@ bench/long_run.sh call this.
   load.py long BUILD_DIR [--threads T] [--seconds S]
       One run as above, the resident sets sampled every --interval (1 s): peak and the
       least-squares slope of the second half (after the first minute), in KiB per minute.
+  load.py floor BUILD_DIR [--threads T] [--seconds S]
+      The same load under the minimal CUPTI consumer (BUILD_DIR/gpu/libcupti_floor.so, kernels and
+      runtime API) instead of cuptimon, sampled the same way: what CUPTI itself costs and holds.
+      FLOOR_PER_THREAD (default 0, as the engine sets it) and FLOOR_FLUSH_MS (default 0: none;
+      the engine's decode worker flushes at the monitor's flush cadence) set the floor's switches.
+
+Every run also samples the CPU of the traced process's threads by name: cm-launch (the launching
+threads), cm-decode, cm-send and cm-control (the agent's), and the rest under their own names
+(CUPTI's threads and the main thread keep the program's name, launch_loop). The samples have a
+column cpu_<name> for each, and the report gives each name's share of a core over the first and
+the last minute, so a thread whose cost grows with the run's length shows.
 
 Design. The monitor is this script's child and the traced process the monitor's child. Both are
 sampled from /proc (VmRSS; utime + stime) every --interval. CPU: the traced process prints its own
@@ -76,8 +87,10 @@ def children(pid):
 
 
 def threads_cpu(pid):
-    """(CPU s of the threads named cm-launch, CPU s of the others) of a process."""
-    launch = other = 0.0
+    """{thread name: CPU s of the process's threads of that name}, or None when it is gone. A
+    thread that has exited is no longer in the sum; the launching threads live as long as the
+    workload, and the agent's threads as long as the process."""
+    by_name = {}
     try:
         tids = os.listdir("/proc/%d/task" % pid)
     except OSError:
@@ -85,44 +98,84 @@ def threads_cpu(pid):
     for tid in tids:
         st = proc_stat("/proc/%d/task/%s/stat" % (pid, tid))
         if st:
-            if st[0] == "cm-launch":
-                launch += st[2]
-            else:
-                other += st[2]
-    return launch, other
+            by_name[st[0]] = by_name.get(st[0], 0.0) + st[2]
+    return by_name
 
 
-def run_sampled(argv, interval, log_path):
-    """Runs argv (the monitor), sampling it and its first child (the traced process). Returns
-    (status, output, samples, monitor+children CPU s from wait4)."""
+def thread_shares(samples, window=60.0):
+    """{name: (share of a core over the first `window` s, over the last `window` s)} from the
+    samples' cpu_<name> columns, for every name seen at both ends."""
+    rows = [x for x in samples if x.get("agent_pid")]
+    if len(rows) < 2:
+        return {}
+    t0, t1 = rows[0]["t"], rows[-1]["t"]
+    window = min(window, (t1 - t0) / 2)
+    if window <= 0:
+        return {}
+    first_end = next(x for x in rows if x["t"] >= t0 + window)
+    last_start = next(x for x in rows if x["t"] >= t1 - window)
+    out = {}
+    for k in rows[-1]:
+        if not k.startswith("cpu_"):
+            continue
+        vals = [(x["t"], x.get(k)) for x in (rows[0], first_end, last_start, rows[-1])]
+        if any(v is None for _, v in vals):
+            continue
+        (a0, v0), (a1, v1), (b0, w0), (b1, w1) = vals
+        if a1 > a0 and b1 > b0:
+            out[k[4:]] = ((v1 - v0) / (a1 - a0), (w1 - w0) / (b1 - b0))
+    return out
+
+
+def print_thread_shares(r):
+    sh = r.get("thread_shares") or {}
+    if not sh:
+        return
+    print("CPU by thread name (share of a core), first minute -> last minute: " + "; ".join(
+        "%s %.2f -> %.2f" % (k, a, b) for k, (a, b) in sorted(sh.items())))
+
+
+def run_sampled(argv, interval, log_path, env=None, direct=False):
+    """Runs argv (the monitor), sampling it and its first child (the traced process); with
+    `direct`, argv is the traced process itself (the floor: no monitor). Returns (status, output,
+    samples, monitor+children CPU s from wait4, when the traced process ended)."""
     t0 = time.monotonic()
     with open(log_path, "w") as log:
-        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
         samples = []
         status = None
         agent_seen, gone_mono = None, None
         while status is None:
             t = time.monotonic() - t0
-            kids = children(p.pid)
+            kids = [p.pid] if direct else children(p.pid)
             agent = kids[0] if kids else None
-            mon = proc_stat("/proc/%d/stat" % p.pid)
-            row = {"t": round(t, 3), "monitor_rss_kib": rss_kib(p.pid),
+            mon = None if direct else proc_stat("/proc/%d/stat" % p.pid)
+            row = {"t": round(t, 3), "monitor_rss_kib": None if direct else rss_kib(p.pid),
                    "monitor_cpu_s": mon[2] if mon else None, "agent_pid": agent,
                    "agent_rss_kib": rss_kib(agent) if agent else None}
             tc = threads_cpu(agent) if agent else None
-            row["agent_launch_cpu_s"], row["agent_other_cpu_s"] = tc if tc else (None, None)
+            if tc:
+                row["agent_launch_cpu_s"] = tc.get("cm-launch", 0.0)
+                row["agent_other_cpu_s"] = sum(v for k, v in tc.items() if k != "cm-launch")
+                for k, v in tc.items():
+                    if k != "cm-launch":
+                        row["cpu_" + re.sub(r"[^A-Za-z0-9_.-]", "_", k)] = v
+            else:
+                row["agent_launch_cpu_s"] = row["agent_other_cpu_s"] = None
             samples.append(row)
             agent_seen = agent_seen or agent
             deadline = time.monotonic() + interval
             while time.monotonic() < deadline:
                 # The traced process's end (gone, or a zombie waiting for the monitor's reap),
                 # to 50 ms: the exit's length is measured from main's return to it.
-                if agent_seen and gone_mono is None:
+                if agent_seen and gone_mono is None and not direct:
                     st_agent = proc_state(agent_seen)
                     if st_agent is None or st_agent == "Z":
                         gone_mono = time.monotonic()
                 pid, st, ru = os.wait4(p.pid, os.WNOHANG)
                 if pid:
+                    if direct:
+                        gone_mono = time.monotonic()
                     status = os.waitstatus_to_exitcode(st)
                     total_cpu = ru.ru_utime + ru.ru_stime
                     break
@@ -147,12 +200,21 @@ def num(pattern, text, group=1, conv=float):
     return conv(m.group(group)) if m else None
 
 
-def one_run(a, threads, seconds, name):
-    argv = [os.path.join(a.build, "cuptimon-lua"), os.path.join(ROOT, "bench", "sum_durations.lua"),
-            "--", a.loop, "--threads", str(threads),
-            "--seconds", str(seconds)]
+def one_run(a, threads, seconds, name, floor=False):
+    loop = [a.loop, "--threads", str(threads), "--seconds", str(seconds)]
+    env = None
+    if floor:
+        argv = loop
+        env = dict(os.environ, CUDA_INJECTION64_PATH=os.path.join(a.build, "gpu", "libcupti_floor.so"),
+                   CUPTI_FLOOR_RUNTIME="1", CUPTI_FLOOR_LAG="1",
+                   CUPTI_FLOOR_PER_THREAD=os.environ.get("FLOOR_PER_THREAD", "0"),
+                   CUPTI_FLOOR_FLUSH_MS=os.environ.get("FLOOR_FLUSH_MS", "0"))
+    else:
+        argv = [os.path.join(a.build, "cuptimon-lua"),
+                os.path.join(ROOT, "bench", "sum_durations.lua"), "--"] + loop
     status, out, samples, total_cpu, gone_mono = run_sampled(argv, a.interval,
-                                                             os.path.join(a.out, name + ".log"))
+                                                             os.path.join(a.out, name + ".log"),
+                                                             env=env, direct=floor)
     r = {"threads": threads, "seconds": seconds, "status": status}
     main_ns = num(r"^MAIN_RETURN_MONO_NS (\d+)", out, conv=int)
     r["exit_ms"] = (1000 * gone_mono - main_ns / 1e6) if main_ns and gone_mono else None
@@ -168,9 +230,13 @@ def one_run(a, threads, seconds, name):
               "lost_frames", "incomplete"):
         r[k] = num(r"^LOSS .*\b%s (\d+)" % k, out, conv=int)
     r["lost_line"] = next((l for l in out.splitlines() if "LOST" in l), "")
+    if floor:
+        r["kernels"] = num(r"^cupti_floor: kernels (\d+)", out, conv=int)
+        r["runtime"] = num(r"^cupti_floor: kernels \d+ runtime (\d+)", out, conv=int)
+        r["dropped_cupti"] = num(r"^cupti_floor: .* dropped (\d+)", out, conv=int)
     u, s = num(r"^PROCESS_CPU user_s ([\d.]+)", out), num(r"^PROCESS_CPU .* sys_s ([\d.]+)", out)
     r["agent_cpu_s"] = u + s if u is not None and s is not None else None
-    r["monitor_cpu_s"] = (total_cpu - r["agent_cpu_s"]) if r["agent_cpu_s"] is not None else None
+    r["monitor_cpu_s"] = (total_cpu - r["agent_cpu_s"]) if r["agent_cpu_s"] is not None and not floor else None
     if r["launches"] and r["launch_seconds"] and r["delivered"] is not None:
         r["delivered_per_launch_s"] = r["delivered"] / r["launch_seconds"]
     # CPU of CUPTI's and the agent's threads over the sampled window.
@@ -190,14 +256,24 @@ def one_run(a, threads, seconds, name):
         if len(half) >= 2 and half[-1][0] - half[0][0] >= 60:
             r[role + "_rss_slope_kib_per_min"] = 60 * bs.slope([t for t, _ in half],
                                                                [v for _, v in half])
+    r["thread_shares"] = thread_shares(samples)
+    fields = []
+    for x in samples:
+        fields += [k for k in x if k not in fields]
     with open(os.path.join(a.out, name + "_samples.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(samples[0].keys()))
+        w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
         w.writerows(samples)
     expected = 2 * r["launched_total"] if r["launched_total"] else None
     # The exit may add at most the agent's exit budget (2 s by default) plus 100 ms.
     budget = int(os.environ.get("CUPTIMON_EXIT_BUDGET_MS", "2000"))
     r["exit_ok"] = r["exit_ms"] is None or r["exit_ms"] <= budget + 100
+    if floor:
+        # The floor has no exit budget: its exit is reported, not judged.
+        r["ok"] = (status == 0 and r["dropped_cupti"] == 0
+                   and r["kernels"] == r["launched_total"] and r["runtime"] is not None
+                   and r["runtime"] >= r["launched_total"])
+        return r
     r["ok"] = (status == 0 and r["dropped"] == 0 and r["incomplete"] == 0 and not r["lost_line"]
                and r["exit_ok"]
                and r["kernels"] == r["launched_total"] and expected is not None
@@ -235,11 +311,11 @@ def sweep(a):
     return rows
 
 
-def long_run(a):
-    r = one_run(a, a.threads[0], a.seconds, "long_run")
+def long_run(a, floor=False):
+    r = one_run(a, a.threads[0], a.seconds, "floor_run" if floor else "long_run", floor=floor)
     # Memory stays flat (issue 18): each resident set grows by less than 1 MiB/min over the second
     # half of the run.
-    for key in ("agent", "monitor"):
+    for key in ("agent",) if floor else ("agent", "monitor"):
         slope = r.get(key + "_rss_slope_kib_per_min")
         if slope is not None and slope >= 1024:
             r["ok"] = False
@@ -248,8 +324,10 @@ def long_run(a):
     print("| process | RSS peak (MiB) | RSS slope, second half (KiB/min) | CPU (% of a core) |")
     print("|---|--:|--:|--:|")
     secs = r["launch_seconds"] or a.seconds
-    for role, cpu in (("agent (traced process)", r["agent_cpu_s"]), ("monitor", r["monitor_cpu_s"])):
-        key = role.split()[0]
+    roles = [("traced process, floor" if floor else "agent (traced process)", "agent", r["agent_cpu_s"])]
+    if not floor:
+        roles.append(("monitor", "monitor", r["monitor_cpu_s"]))
+    for role, key, cpu in roles:
         print("| %s | %s | %s | %s |" % (role, g(r[key + "_rss_peak_kib"] and r[key + "_rss_peak_kib"] / 1024, "%.1f"),
                                          g(r.get(key + "_rss_slope_kib_per_min"), "%.1f"),
                                          g(cpu and 100 * cpu / secs)))
@@ -258,14 +336,18 @@ def long_run(a):
               r["threads"], g(r["launches"]), g(r["launch_seconds"], "%.1f"),
               g(r["launches_per_s"]), g(r["delivered"]), g(r["dropped"]), r["status"],
               g(r["exit_ms"])))
+    if floor:
+        print("floor: %s kernel records, %s runtime records, %s dropped by CUPTI" % (
+            g(r["kernels"]), g(r["runtime"]), g(r["dropped_cupti"])))
     if r["lost_line"]:
         print(r["lost_line"])
+    print_thread_shares(r)
     return [r]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("mode", choices=("sweep", "long"))
+    ap.add_argument("mode", choices=("sweep", "long", "floor"))
     ap.add_argument("build")
     ap.add_argument("--threads", default=None)
     ap.add_argument("--seconds", type=float, default=None)
@@ -294,8 +376,8 @@ def main():
     print("%s: %s, %s s each, sampled every %s s. %s" % (
         a.mode, "threads " + ",".join(map(str, a.threads)), a.seconds, a.interval,
         bs.describe(a.build)), flush=True)
-    rows = sweep(a) if a.mode == "sweep" else long_run(a)
-    name = "thread_sweep" if a.mode == "sweep" else "long_run"
+    rows = sweep(a) if a.mode == "sweep" else long_run(a, floor=a.mode == "floor")
+    name = {"sweep": "thread_sweep", "long": "long_run", "floor": "floor_run"}[a.mode]
     with open(os.path.join(a.out, name + ".json"), "w") as f:
         json.dump(rows, f, indent=1)
     bad = [r for r in rows if not r["ok"]]

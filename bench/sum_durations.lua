@@ -12,15 +12,30 @@
 -- queue's and the send queue's waits, to the monitor; the agent's unsent records; records/s):
 --
 --   LAG t_s T cupti_ms C decode_ms D decode_wait_ms Q send_wait_ms S recv_ms R backlog B delivered_per_s N
+--       buffers_out O buffers_alloc A kernels K runtime R recv_peak_ms P
+--
+-- (O: the agent's activity buffers that CUPTI holds or that wait for the decoder; A: all that its
+-- pool has allocated, free ones included; both from the agent's last STATS. K and R: the kernel
+-- and runtime records that reached the script so far: with one launch API call per kernel, R - K
+-- is how many kernel records CUPTI still holds behind the API records of the same launches.)
+--
+-- With CM_BENCH_GAP_AT_S=T (and CM_BENCH_GAP_MS=G, default 2000), tracing stops T seconds in for
+-- G ms (the observer is closed, so every kind is disabled in the process, and opened again): an
+-- experiment on whether CUPTI's cost per record, which grows with the run's length, starts over
+-- once its kinds were off. The records launched in the gap are not traced, so such a run delivers
+-- fewer records than were launched; it prints "GAP off_s A on_s B" when tracing went off and on.
 --
 -- Usage: cuptimon-lua bench/sum_durations.lua -- cmd args...
 local cm = require "cuptimon"
 local uv = require "luv"
 
+io.stdout:setvbuf("line")
+
 local kernels, calls, kernel_ns = 0, 0, 0ULL
 local first, last
 
-cm.observe({ kernel = { "start", "stop" }, runtime = { "cbid", "start", "stop" } }, function(b)
+local selection = { kernel = { "start", "stop" }, runtime = { "cbid", "start", "stop" } }
+local function on_batch(b)
   local now = uv.hrtime()
   first = first or now
   last = now
@@ -32,16 +47,32 @@ cm.observe({ kernel = { "start", "stop" }, runtime = { "cbid", "start", "stop" }
     kernel_ns = kernel_ns + sum
     kernels = kernels + b.n
   end
-end)
+end
+local observer = assert(cm.observe(selection, on_batch))
 
 local t0, last_n = uv.hrtime(), 0
+
+local gap_at = tonumber(os.getenv("CM_BENCH_GAP_AT_S") or "")
+if gap_at then
+  local gap_ms = tonumber(os.getenv("CM_BENCH_GAP_MS") or "") or 2000
+  cm.after(math.floor(gap_at * 1000), function()
+    observer:close()
+    local off = (uv.hrtime() - t0) / 1e9
+    cm.after(gap_ms, function()
+      observer = assert(cm.observe(selection, on_batch))
+      print(("GAP off_s %.1f on_s %.1f"):format(off, (uv.hrtime() - t0) / 1e9))
+    end)
+  end)
+end
 cm.every(1000, function()
   local s = cm.stats()
   local n = kernels + calls
   print(("LAG t_s %.1f cupti_ms %.1f decode_ms %.1f decode_wait_ms %.1f send_wait_ms %.1f recv_ms %.1f "
-    .. "backlog %d delivered_per_s %d"):format((uv.hrtime() - t0) / 1e9, s.lag_cupti_ns / 1e6,
-    s.lag_decode_ns / 1e6, s.decode_wait_ns / 1e6, s.send_wait_ns / 1e6, s.lag_recv_ns / 1e6,
-    s.backlog_records, n - last_n))
+    .. "backlog %d delivered_per_s %d buffers_out %d buffers_alloc %d kernels %d runtime %d "
+    .. "recv_peak_ms %.1f"):format((uv.hrtime() - t0) / 1e9,
+    s.lag_cupti_ns / 1e6, s.lag_decode_ns / 1e6, s.decode_wait_ns / 1e6, s.send_wait_ns / 1e6,
+    s.lag_recv_ns / 1e6, s.backlog_records, n - last_n, s.buffers_outstanding, s.buffers_allocated,
+    kernels, calls, s.lag_recv_peak_ns / 1e6))
   last_n = n
 end)
 

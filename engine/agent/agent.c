@@ -419,6 +419,7 @@ static void monitor_gone(const char *why) {
 }
 
 static void *sender_main(void *arg) {
+  pthread_setname_np(pthread_self(), "cm-send");
   (void)arg;
   sigset_t all;
   sigfillset(&all);
@@ -1053,6 +1054,7 @@ static const cm__control_ops control_ops = {
 /* ---- the control thread --------------------------------------------------------------------- */
 
 static void *control_main(void *arg) {
+  pthread_setname_np(pthread_self(), "cm-control");
   (void)arg;
   sigset_t all;
   sigfillset(&all);
@@ -1220,6 +1222,7 @@ static void exit_job_release(exit_job *j) {
 }
 
 static void *exit_job_main(void *arg) {
+  pthread_setname_np(pthread_self(), "cm-exit");
   exit_job *j = arg;
   /* Into the job itself, so the waiter can read fence_complete while the forced flush runs. */
   cm__engine_exit_flush(j->eng, j->sync_end, j->end, &j->ef);

@@ -184,6 +184,7 @@ static void on_connection(int fd) {
 }
 
 static void *listener_main(void *arg) {
+  pthread_setname_np(pthread_self(), "cm-listen");
   (void)arg;
   sigset_t all;
   sigfillset(&all);

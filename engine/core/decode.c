@@ -58,7 +58,12 @@ struct cm__decoder {
   uint64_t late;
   _Atomic uint64_t late_pub;
   int16_t ts_off[CM_KIND_MAX]; /* offset of each kind's end (else start) timestamp, or -1 */
-  uint64_t last_ts;            /* that timestamp of the last record of the last buffer, or 0 */
+  /* Of the last buffer: the oldest of its kinds' newest timestamps (each kind's last record's
+   * end, else start), or 0. Records of different kinds share a buffer, and CUPTI can be seconds
+   * behind on one kind (kernels, whose timestamps come from the device) while the API records
+   * beside them are fresh, so the lag is that of the kind most behind, not of the buffer's last
+   * record. */
+  uint64_t last_ts;
   int npending;
   int pending[CM_KIND_MAX]; /* kinds with a non-empty run */
   kstate k[CM_KIND_MAX];
@@ -193,12 +198,11 @@ static void publish_counts(cm__decoder *d) {
 
 uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
   CUpti_Activity *rec = NULL;
-  const CUpti_Activity *last = NULL;
+  const CUpti_Activity *last_of[CM_KIND_MAX] = {0};
   uint64_t count = 0;
   const size_t sync_end_off = offsetof(CUpti_ActivitySynchronization2, end);
   while (d->c->ActivityGetNextRecord(buf, valid, &rec) == CUPTI_SUCCESS) {
     count++;
-    last = rec;
     /* The walk is a dependent chain (where the next record starts depends on this one's kind),
      * which leaves it bound by memory latency: prefetching 1 KiB ahead measured twice as fast on
      * kernel records. */
@@ -211,6 +215,7 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
     }
     kstate *ks = &d->k[kind];
     ks->seen++;
+    last_of[kind] = rec;
     if (kind == CUPTI_ACTIVITY_KIND_SYNCHRONIZATION) {
       uint64_t end;
       memcpy(&end, (const uint8_t *)rec + sync_end_off, sizeof end);
@@ -235,11 +240,15 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
   }
   d->npending = 0;
   publish_counts(d);
-  /* The lag is read off the buffer's last record (records are appended in the order they are
-   * written), so the hot loop above pays one store per record for it. */
+  /* The lag is read off each kind's last record in the buffer (records of a kind are appended
+   * in the order they are written), so the hot loop above pays one store per record for it. */
   d->last_ts = 0;
-  if (last && (unsigned)last->kind < CM_KIND_MAX && d->ts_off[last->kind] >= 0)
-    memcpy(&d->last_ts, (const uint8_t *)last + d->ts_off[last->kind], sizeof d->last_ts);
+  for (int k = 0; k < CM_KIND_MAX; k++) {
+    if (!last_of[k] || d->ts_off[k] < 0) continue;
+    uint64_t ts;
+    memcpy(&ts, (const uint8_t *)last_of[k] + d->ts_off[k], sizeof ts);
+    if (ts && (!d->last_ts || ts < d->last_ts)) d->last_ts = ts;
+  }
   return count;
 }
 

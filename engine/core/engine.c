@@ -264,6 +264,7 @@ static void note_lag(cm_engine *e, uint64_t newest, uint64_t completed, uint64_t
 
 static void *worker_main(void *arg) {
   cm_engine *e = arg;
+  pthread_setname_np(pthread_self(), "cm-decode");
   uint64_t next_flush = 0, next_deliver = 0, flush_said_ms = 0;
   pthread_mutex_lock(&e->work_mu);
   for (;;) {

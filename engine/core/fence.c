@@ -110,6 +110,7 @@ static int sync_contexts(const cm__cupti *c, void *cur) {
 }
 
 static void *sync_helper_main(void *arg) {
+  pthread_setname_np(pthread_self(), "cm-sync");
   sync_job *j = arg;
   int synced = sync_contexts(&j->c, j->cur);
   /* The count drops before `done` is published, so a waiter that saw this sync finish may start

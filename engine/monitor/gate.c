@@ -417,6 +417,7 @@ static void expire(cm__gate *g) {
 }
 
 static void *gate_main(void *arg) {
+  pthread_setname_np(pthread_self(), "cm-gate");
   cm__gate *g = arg;
   struct pollfd *pf = calloc(g->o.max_pending + 2, sizeof *pf);
   if (!pf) return NULL;

@@ -1,0 +1,91 @@
+/*
+ * test_engine_lag.c: CUPTI's stage lag (cm_stats lag_cupti_ns) is that of the kind most behind in
+ * a buffer, not of the buffer's last record.
+ *
+ * Records of several kinds share a buffer, and CUPTI can be seconds behind on one of them while
+ * the records beside them are fresh (kernel records, whose timestamps come from the device,
+ * behind the API records of the same launches). A lag read off the buffer's last record then
+ * says "on time" while CUPTI holds seconds of kernel records. Here a kernel record that ended 3 s
+ * ago is written before a runtime record that ends now: the lag must be about 3 s. A buffer of
+ * fresh records alone must give a lag under a second.
+ */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <cupti.h>
+
+#include "cmt.h"
+#include "cuptimon.h"
+#include "fake_cupti.h"
+
+static void on_batch(void *ud, const cm_batch *b) {
+  (void)ud;
+  (void)b;
+}
+
+static uint64_t realtime_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Writes a runtime API record from `start` to `end`. */
+static void emit_api(uint64_t start, uint64_t end, uint32_t correlation) {
+  CUpti_ActivityAPI a;
+  memset(&a, 0, sizeof a);
+  a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
+  a.cbid = 211; /* cudaLaunchKernel_v7000 */
+  a.start = start;
+  a.end = end;
+  a.correlationId = correlation;
+  CMT_EQ(fake_emit(&a, sizeof a, 0), 0);
+}
+
+/* The lag CUPTI's stage reports after a plain flush of what was written. */
+static uint64_t lag_after_flush(cm_engine *e) {
+  CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 5000));
+  cm_stats st;
+  memset(&st, 0, sizeof st);
+  cm_stats_get(e, &st);
+  return st.lag_cupti_ns;
+}
+
+int main(void) {
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  cm_engine *e;
+  CMT_OK(cm_engine_new(&e, NULL));
+  cm_selection *s = NULL;
+  CMT_OK(cm_selection_new(&s));
+  CMT_OK(cm_selection_parse(s, "kernel:start,stop;runtime:start,stop"));
+  uint32_t id = 0;
+  CMT_OK(cm_observe(e, s, on_batch, NULL, &id));
+
+  /* Fresh records only: the lag is the time from writing to the flush, well under a second. */
+  uint64_t now = realtime_ns();
+  unsigned char rec[256];
+  size_t n = fake_make_kernel(rec, "fresh", 0, 7, now - 20000, now - 10000, 1);
+  CMT_EQ(fake_emit(rec, n, 0), 0);
+  emit_api(now - 30000, now - 5000, 1);
+  uint64_t fresh = lag_after_flush(e);
+  printf("fresh kernel and API records: lag_cupti_ns %" PRIu64 "\n", fresh);
+  CMT_LT(fresh, 1000000000ull);
+
+  /* A kernel record 3 s old written before a fresh API record: the kernel's lag is reported. */
+  now = realtime_ns();
+  n = fake_make_kernel(rec, "late", 0, 7, now - 3000000000ull - 10000, now - 3000000000ull, 2);
+  CMT_EQ(fake_emit(rec, n, 0), 0);
+  emit_api(now - 30000, now - 1000, 3);
+  uint64_t late = lag_after_flush(e);
+  printf("a kernel record 3 s behind, then a fresh API record: lag_cupti_ns %" PRIu64 "\n", late);
+  CMT_GE(late, 2900000000ull);
+  CMT_LT(late, 10000000000ull);
+
+  CMT_OK(cm_unobserve(e, id));
+  cm_selection_free(s);
+  cm_engine_free(e);
+  printf("ok\n");
+  return 0;
+}

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Which thread's cost grows with a long run's length, cuptimon's or CUPTI's (issue 18, items 2 and
+# 5), from the repository root on the device machine:
+#   bash spec/gpu/cupti_growth.sh BUILD_DIR     (about 5 min; THREADS=16 CM_SECONDS=150
+#                                                GAP_AT=0 FLOOR_SECONDS=100)
+#
+# On the H200 on 2026-12-03 (540 s, 16 launching threads, kernels and runtime API, per-thread
+# buffers off) the traced process's threads other than the launching ones used 0.28 of a core
+# after 10 s, 0.66 after 150 s and a whole core from 265 s on, at a steady launch rate; from then
+# on CUPTI's stage lag and the resident set grew. This script tells which thread that is, and
+# whether CUPTI does the same without cuptimon:
+#  1. cuptimon: bench/load.py long under bench/sum_durations.lua for CM_SECONDS, the CPU of each
+#     thread sampled by name every second (cm-decode, cm-send and cm-control are the agent's;
+#     CUPTI's threads and the main thread keep the program's name, launch_loop), and the kernel
+#     and runtime records delivered so far in its LAG lines. With GAP_AT=T (0: none) tracing
+#     stops for 2 s at T s and starts again (CM_BENCH_GAP_AT_S): does the grown cost start over?
+#     On the H200 (2026-12-04, T = 110 of 200 s) it did not: CUPTI's thread went from 0.4 of a
+#     core to a whole one at once, the process grew by 1 GiB in 50 s, and 3.96 M kernel records
+#     whose launches' API records arrived never did.
+#  2. the floor (gpu/libcupti_floor.so, per-thread buffers off as the engine sets them, no
+#     periodic flush, as the agent has none in this run) under the same load for FLOOR_SECONDS,
+#     sampled the same way, with its lag from a record's end to its buffer's completion.
+# Each prints its table and "CPU by thread name (share of a core), first minute -> last minute".
+# Logs and samples go to $OUT (cm_* and floor_*), else to /tmp/cuptimon-growth.
+set -u
+B=$(cd "${1:-build}" && pwd)
+LOG=${OUT:-/tmp/cuptimon-growth}
+mkdir -p "$LOG"
+THREADS=${THREADS:-16}
+CM_SECONDS=${CM_SECONDS:-150}
+GAP_AT=${GAP_AT:-0}
+FLOOR_SECONDS=${FLOOR_SECONDS:-100}
+unset CUPTIMON_LIBCUPTI CUPTIMON_LIBCUDA
+for f in "$B/cuptimon-lua" "$B/gpu/launch_loop" "$B/gpu/libcupti_floor.so"; do
+  [ -e "$f" ] || { echo "cupti_growth.sh: $f is missing (build with nvcc)"; exit 1; }
+done
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+status=0
+gap=()
+if [ "$GAP_AT" != 0 ]; then gap=(env "CM_BENCH_GAP_AT_S=$GAP_AT"); fi
+echo "== cuptimon, $THREADS threads, $CM_SECONDS s$([ "$GAP_AT" != 0 ] && echo ", tracing off for 2 s at $GAP_AT s")"
+"${gap[@]}" env CUPTIMON_AGENT_LOG=info timeout $((CM_SECONDS + 60)) \
+  python3 bench/load.py long "$B" --threads "$THREADS" --seconds "$CM_SECONDS" --out "$tmp/cm"
+rc=$?
+# A gap makes load.py's count check fail on purpose (the gap's launches are not traced), so with
+# one only a run that did not finish is a failure here.
+if [ "$GAP_AT" != 0 ]; then [ -s "$tmp/cm/long_run.json" ] || status=1; elif [ $rc != 0 ]; then status=1; fi
+cp "$tmp/cm/long_run.log" "$LOG/cm_run.log" 2>/dev/null
+cp "$tmp/cm/long_run_samples.csv" "$LOG/cm_samples.csv" 2>/dev/null
+echo "== floor, $THREADS threads, $FLOOR_SECONDS s"
+FLOOR_PER_THREAD=0 FLOOR_FLUSH_MS=0 timeout $((FLOOR_SECONDS + 120)) \
+  python3 bench/load.py floor "$B" --threads "$THREADS" --seconds "$FLOOR_SECONDS" --out "$tmp/floor" || status=1
+cp "$tmp/floor/floor_run.log" "$LOG/floor_run.log" 2>/dev/null
+cp "$tmp/floor/floor_run_samples.csv" "$LOG/floor_samples.csv" 2>/dev/null
+exit $status
