@@ -508,6 +508,25 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_true(took <= 7, ("the run took %d s\n%s"):format(took, out))
   end)
 
+  -- Issue 18: on the H200 under sustained launches CUPTI fell seconds behind on kernel records
+  -- while the API and sync records of the same time came on time; the exit's fence ended at its
+  -- sync record and 3.96 M kernel records never arrived, with no counter showing it. The fake
+  -- holds its kernel records and writes some per flush (--kernel-backlog N): the fence flushes on
+  -- while records from before it arrive, so a backlog the budget can drain arrives whole, and one
+  -- it cannot is an unknown tail (LOST, status 3), never a silent loss.
+  it("waits for kernel records CUPTI is behind on at exit, and reports them lost when it cannot", function()
+    local run = "FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_EXIT_BUDGET_MS=2000 %s %s -- %s --records 6000 "
+      .. "--threads 2 --kinds kernel,memcpy --kernel-backlog %d"
+    local rc, out = helpers.sh(run:format(bin, script("count.lua"), app, 200))
+    assert.are.equal(0, rc, out)
+    assert.matches("concurrent_kernel%s+3000\n", out)
+    assert.is_nil(out:find("LOST"), out)
+    rc, out = helpers.sh(run:format(bin, script("count.lua"), app, 1))
+    assert.are.equal(3, rc, out)
+    assert.matches("cuptimon%-lua: LOST [^\n]*the records CUPTI still held are unknown", out)
+    assert.matches("CUPTI was still delivering records from before the exit's synchronize", out)
+  end)
+
   -- Issue 19, item 3: one same-uid process floods the socket with connections that send nothing
   -- while ten CUDA processes start, each silent for 50 ms while CUPTI loads (as on a GPU). The
   -- gate evicts the flooder's own idle connections first, and an agent whose connection was

@@ -1298,6 +1298,8 @@ static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, 
   atomic_store(&out->device_synced_ms, atomic_load(&j->ef.device_synced_ms));
   atomic_store(&out->default_flushes, atomic_load(&j->ef.default_flushes));
   atomic_store(&out->seen_after_forced, atomic_load(&j->ef.seen_after_forced));
+  atomic_store(&out->backlog_records, atomic_load(&j->ef.backlog_records));
+  atomic_store(&out->backlog_cut, atomic_load(&j->ef.backlog_cut));
   pthread_mutex_unlock(&j->mu);
   exit_job_release(j);
   return done;
@@ -1322,7 +1324,7 @@ static void agent_exit_work(int exit_code) {
   uint64_t end = t0 + A.exit_budget_ms;
   /* The fence's two parts, for the log: the sync fence, then the forced flush (its wait). */
   uint64_t exit_sync_ms = 0, exit_forced_ms = 0;
-  char sync_how[160] = ""; /* how the sync fence went, for the log */
+  char sync_how[256] = ""; /* how the sync fence went, for the log */
   uint64_t reserve = A.exit_budget_ms / 10 < 20 ? 20 : A.exit_budget_ms / 10;
   if (reserve > A.exit_budget_ms) reserve = A.exit_budget_ms;
   char cut[1024] = "";
@@ -1364,10 +1366,23 @@ static void agent_exit_work(int exit_code) {
       exit_sync_ms = fe >= t0 ? fe - t0 : done - t0;
       exit_forced_ms = fe >= t0 ? done - fe : 0;
       uint64_t ds = atomic_load(&ef.device_synced_ms);
+      uint64_t late = atomic_load(&ef.backlog_records);
+      char late_how[96] = "";
+      if (late)
+        snprintf(late_how, sizeof late_how, "; %llu records from before it came after its record",
+                 (unsigned long long)late);
       if (ds >= t0)
-        snprintf(sync_how, sizeof sync_how, " (the device synchronized in %llu ms; %u default flushes%s)",
+        snprintf(sync_how, sizeof sync_how, " (the device synchronized in %llu ms; %u default flushes%s%s)",
                  (unsigned long long)(ds - t0), (unsigned)atomic_load(&ef.default_flushes),
-                 atomic_load(&ef.seen_after_forced) ? ", then its record came with a forced flush" : "");
+                 atomic_load(&ef.seen_after_forced) ? ", then its record came with a forced flush" : "",
+                 late_how);
+    }
+    if (atomic_load(&ef.backlog_cut)) {
+      atomic_store(&A.tail_unknown, true);
+      CUT("CUPTI was still delivering records from before the exit's synchronize (%llu after its "
+          "sync record) when the fence's deadline came: it was behind on some kind, and the "
+          "records it still held were not sent (not counted: the tail is unknown)",
+          (unsigned long long)atomic_load(&ef.backlog_records));
     }
     if (ef.engine_busy || ef.decode_timed_out) atomic_store(&A.tail_unknown, true);
     if (ef.engine_busy)

@@ -296,6 +296,17 @@ void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear);
 /* The end (else start) timestamp of the last record of the buffer decoded last, or 0. Called
  * with the decoder's lock held. */
 uint64_t cm__decoder_last_ts(const cm__decoder *d);
+/* A sync fence's watch on records from before its mark (CUPTI's clock): from this call on, the
+ * decoder counts the records it decodes whose end (else start) timestamp lies before `mark`, by
+ * less than an hour (0 stops the watch). After the fence's own sync record has come, such records
+ * still arriving mean that CUPTI is behind on some kind (on the H200, kernel records seconds
+ * behind the API records of the same launches), so the fence keeps flushing until they stop.
+ * Both are called with the decoder's lock held. */
+void cm__decoder_watch_before(cm__decoder *d, uint64_t mark);
+uint64_t cm__decoder_before_count(const cm__decoder *d);
+/* An hour in ns: a timestamp further than this from the realtime clock is taken to be on another
+ * clock (a test double's fixed dates), and is no measure of lag. */
+#define CM__HOUR_NS (3600ull * 1000000000ull)
 /* Late records counted since creation; any thread, like cm__decoder_lost. */
 uint64_t cm__decoder_late(const cm__decoder *d);
 /* Records seen per kind since creation. */
@@ -419,6 +430,12 @@ typedef struct cm__exit_flush {
   _Atomic uint64_t device_synced_ms;
   _Atomic uint32_t default_flushes;
   _Atomic bool seen_after_forced;
+  /* Records from before the fence's mark that CUPTI delivered after the fence's own sync record
+   * (CUPTI behind on some kind; the fence waited for them), and whether the deadline came while
+   * they were still arriving (then the records CUPTI still held are unknown). Readable from
+   * another thread. */
+  _Atomic uint64_t backlog_records;
+  _Atomic bool backlog_cut;
 } cm__exit_flush;
 
 /* The exit fence: a best effort to deliver every record produced before the call, by `deadline`

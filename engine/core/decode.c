@@ -58,6 +58,11 @@ struct cm__decoder {
   uint64_t late;
   _Atomic uint64_t late_pub;
   int16_t ts_off[CM_KIND_MAX]; /* offset of each kind's end (else start) timestamp, or -1 */
+  /* While a sync fence runs (cm__decoder_watch_before): its mark, and the records decoded since
+   * then whose timestamp is before it (and within the hour before it, so that a clock other than
+   * CUPTI's realtime one, as a test double's fixed dates, counts nothing). 0: not watching. */
+  uint64_t before_mark;
+  uint64_t before_count;
   /* Of the last buffer: the oldest of its kinds' newest timestamps (each kind's last record's
    * end, else start), or 0. Records of different kinds share a buffer, and CUPTI can be seconds
    * behind on one kind (kernels, whose timestamps come from the device) while the API records
@@ -216,6 +221,11 @@ uint64_t cm__decoder_decode(cm__decoder *d, uint8_t *buf, size_t valid) {
     kstate *ks = &d->k[kind];
     ks->seen++;
     last_of[kind] = rec;
+    if (d->before_mark && d->ts_off[kind] >= 0) {
+      uint64_t ts;
+      memcpy(&ts, (const uint8_t *)rec + d->ts_off[kind], sizeof ts);
+      d->before_count += ts < d->before_mark && ts + CM__HOUR_NS > d->before_mark;
+    }
     if (kind == CUPTI_ACTIVITY_KIND_SYNCHRONIZATION) {
       uint64_t end;
       memcpy(&end, (const uint8_t *)rec + sync_end_off, sizeof end);
@@ -277,6 +287,13 @@ void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear) {
 }
 
 uint64_t cm__decoder_last_ts(const cm__decoder *d) { return d->last_ts; }
+
+void cm__decoder_watch_before(cm__decoder *d, uint64_t mark) {
+  d->before_mark = mark;
+  d->before_count = 0;
+}
+
+uint64_t cm__decoder_before_count(const cm__decoder *d) { return d->before_count; }
 
 uint64_t cm__decoder_late(const cm__decoder *d) {
   return atomic_load_explicit(&d->late_pub, memory_order_relaxed);

@@ -215,6 +215,60 @@ bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
  * forced flush after a completed synchronize delivers them; short runs fenced either way. */
 #define CM__EXIT_DEFAULT_FLUSH_MS 50
 
+/* How long a fence whose sync record has come waits, flushing, for records from before its mark
+ * to stop arriving, once some arrived after that record (CUPTI behind on a kind). */
+#define CM__FENCE_QUIET_MS 50
+
+static uint64_t before_count(cm_engine *e) {
+  pthread_mutex_lock(&e->dec_mu);
+  uint64_t n = cm__decoder_before_count(e->dec);
+  pthread_mutex_unlock(&e->dec_mu);
+  return n;
+}
+
+/* The fence's last part, once its own sync record has been decoded. That record proves that CUPTI
+ * has written the SYNCHRONIZATION records before it, not that it has written every kind's: on the
+ * H200 under sustained launches CUPTI fell seconds behind on kernel records while the API and
+ * sync records of the same time arrived on time, and a fence that stopped at its sync record
+ * (the exit's among them) left millions of kernel records behind, uncounted. So the fence flushes
+ * on while records from before its mark keep arriving: it ends at the first flush that brings
+ * none, or, once some came after the sync record, after CM__FENCE_QUIET_MS without any. At the
+ * deadline it fails, and the exit's account says that CUPTI was still delivering (the tail is then
+ * unknown). `force_at`: when the exit fence forces its flushes (UINT64_MAX mid-run). */
+static bool drain_before_mark(cm_engine *e, uint64_t deadline, uint64_t force_at, cm__exit_flush *ex) {
+  uint64_t seen = before_count(e), late = 0;
+  uint64_t quiet_since = cm__mono_ms();
+  for (;;) {
+    bool forced = cm__mono_ms() >= force_at;
+    cm__engine_plain_flush(e, deadline, forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
+    uint64_t n = before_count(e), now = cm__mono_ms();
+    if (n > seen) {
+      late += n - seen;
+      seen = n;
+      quiet_since = now;
+      if (ex) atomic_store(&ex->backlog_records, late);
+    } else if (!late || now - quiet_since >= CM__FENCE_QUIET_MS) {
+      break;
+    }
+    if (now >= deadline || hurried(e)) {
+      if (ex) atomic_store(&ex->backlog_cut, true);
+      cm__engine_log(e, CM_LOG_WARN,
+                     "a fence's deadline came while CUPTI was still delivering records from before "
+                     "it (%llu after its sync record): CUPTI is behind, and what it still holds is "
+                     "not in the fence's window",
+                     (unsigned long long)late);
+      return false;
+    }
+    usleep(1000);
+  }
+  if (late)
+    cm__engine_log(e, CM_LOG_INFO,
+                   "a fence waited for %llu records from before it that CUPTI delivered after its "
+                   "sync record (CUPTI was behind on some kind)",
+                   (unsigned long long)late);
+  return true;
+}
+
 /* The sync fence. `ex` is the exit's account, NULL for the fences of control calls: those
  * flush only by default, since a forced flush mid-run would deliver records of work launched
  * after the mark before it completes (a running kernel's record with end 0). At exit nothing is
@@ -228,6 +282,9 @@ static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex)
     temp_sync = false;
   uint64_t mark = 0;
   c->GetTimestamp(&mark);
+  pthread_mutex_lock(&e->dec_mu);
+  cm__decoder_watch_before(e->dec, mark);
+  pthread_mutex_unlock(&e->dec_mu);
   int synced = cm__engine_device_sync(e, deadline, why);
   bool ok = true;
   if (synced == 0) {
@@ -247,6 +304,7 @@ static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex)
       pthread_mutex_unlock(&e->dec_mu);
       if (seen >= mark) {
         if (ex && forced) atomic_store(&ex->seen_after_forced, true);
+        ok = drain_before_mark(e, deadline, force_at, ex);
         break;
       }
       uint64_t now = cm__mono_ms();
@@ -265,6 +323,9 @@ static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex)
       usleep(1000);
     }
   }
+  pthread_mutex_lock(&e->dec_mu);
+  cm__decoder_watch_before(e->dec, 0);
+  pthread_mutex_unlock(&e->dec_mu);
   if (temp_sync) c->ActivityDisable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
   if (!ok) ADD(e, st_fence_timeouts, 1);
   return ok;
@@ -288,6 +349,8 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
   atomic_store(&out->device_synced_ms, 0);
   atomic_store(&out->default_flushes, 0);
   atomic_store(&out->seen_after_forced, false);
+  atomic_store(&out->backlog_records, 0);
+  atomic_store(&out->backlog_cut, false);
   if (!e) return CM_EINVAL;
   /* Another control call (a monitor's sync flush) may hold api_mu while it waits for the device:
    * `exiting` ends its waits, and the broadcast wakes one waiting for the decoder. */
@@ -317,13 +380,14 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
     bool fenced = fence(e, sd, &why, out);
     out->capture_active = why == CM__SYNC_CAPTURE;
     /* CM__SYNC_BUSY: an earlier synchronize is still blocked, so the device is still busy too. */
-    out->sync_timed_out = why == CM__SYNC_ABANDONED || why == CM__SYNC_BUSY || (why == CM__SYNC_OK && !fenced);
+    out->sync_timed_out = why == CM__SYNC_ABANDONED || why == CM__SYNC_BUSY ||
+                          (why == CM__SYNC_OK && !fenced && !atomic_load(&out->backlog_cut));
     out->synced = fenced && why == CM__SYNC_OK;
     if (out->synced) atomic_store_explicit(&out->fence_complete, true, memory_order_release);
     atomic_store_explicit(&out->fence_end_ms, cm__mono_ms(), memory_order_release);
     /* Forced: buffers still being filled are delivered too (a running kernel's record with end 0). */
     if (!cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED)) out->decode_timed_out = true;
-    ok = !out->sync_timed_out && !out->decode_timed_out;
+    ok = !out->sync_timed_out && !out->decode_timed_out && !atomic_load(&out->backlog_cut);
   }
   pthread_mutex_lock(&e->dec_mu);
   cm__engine_deliver(e);

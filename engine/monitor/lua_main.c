@@ -298,7 +298,7 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
   enum { MAX_LISTED = 16 };
   struct {
     int pid, final_missing;       /* a source of it ended without its final counts */
-    int tail_unknown;             /* a source's exit left its final flush behind */
+    int tail_unknown;             /* a source's exit cut its final fence short */
     uint64_t last_number, skipped; /* the largest last batch number of those; corrupt bytes */
   } by_pid[MAX_LISTED];
   int id, pid, npids = 0, more = 0;
@@ -328,7 +328,7 @@ static int loss_line(cm_host *h, char *line, size_t cap) {
     if (by_pid[k].skipped)
       addf(line, cap, &n, " (its capture is damaged)");
     else if (by_pid[k].tail_unknown)
-      addf(line, cap, &n, " (its exit left the final flush behind at the deadline: the records "
+      addf(line, cap, &n, " (its exit's final fence was cut short at the deadline: the records "
                           "CUPTI still held are unknown)");
     else if (by_pid[k].final_missing && by_pid[k].last_number)
       addf(line, cap, &n,

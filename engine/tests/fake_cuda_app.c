@@ -30,6 +30,8 @@
  *          forced ones
  *          --backlog-ms B (once the workload is done, CUPTI's flushes complete no buffer for B ms:
  *          CUPTI behind by B ms at exit)
+ *          --kernel-backlog N (kernel records are held when made, and each cuptiActivityFlushAll
+ *          writes at most N of them: CUPTI behind on kernel records alone, as on the H200)
  *          --default-flush-full-only (once the workload is done, default flushes return no partly
  *          filled buffer: only a forced flush returns those, as at the H200's exit after 60 s)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
@@ -218,7 +220,7 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--default-flush-full-only] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--kernel-backlog N] [--default-flush-full-only] [--crash] [--exit-code C] [--slow-round R] "
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
@@ -350,7 +352,7 @@ int main(int argc, char **argv) {
   double rate = 0;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int flush_block_ms = 0;
-  int backlog_ms = 0;
+  int backlog_ms = 0, kernel_backlog = 0;
   bool full_only = false;
   int slow_round = 0;
   uint64_t slow_factor = 20;
@@ -406,6 +408,8 @@ int main(int argc, char **argv) {
       fake_set_flush_block_forced_only(1);
     } else if (strcmp(a, "--backlog-ms") == 0) {
       backlog_ms = atoi(v);
+    } else if (strcmp(a, "--kernel-backlog") == 0) {
+      kernel_backlog = atoi(v);
     } else if (strcmp(a, "--rate") == 0) {
       rate = strtod(v, NULL);
     } else if (strcmp(a, "--teardown-ms") == 0) {
@@ -513,6 +517,7 @@ int main(int argc, char **argv) {
   }
 
   uint64_t per_kind[64] = {0}, total = 0;
+  if (kernel_backlog) fake_set_kernel_backlog(kernel_backlog);
   double t0 = now_ms();
   if (control) {
     int rc = serve_windows(control, threads, kinds, nkinds, per_kind, &total);

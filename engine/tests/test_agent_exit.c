@@ -20,7 +20,13 @@
  *     buffer (as on the H200 after 60 s of sustained launches): the sync fence's own record comes
  *     back only with a forced flush, which the exit's fence issues once the device is synchronized;
  *     every record arrives and the tail is known.
- *  7. A monitor asks for too much in CONFIGURE (a billion buffers, a 2 GiB buffer, a 1 TiB send
+ *  7. Live mode, and CUPTI is behind on kernel records alone (the fake holds them, and each flush
+ *     writes 200: the H200 under sustained launches, where the exit's fence completed at its
+ *     sync record and 3.96 M kernel records never arrived, uncounted): the fence flushes on while
+ *     records from before it keep coming, every record arrives, and the tail is known.
+ *  8. The same with one kernel record per flush, which the budget cannot drain: the tail is
+ *     unknown, STATS and BYE say so (before, 2,600 of 3,000 kernel records were lost silently).
+ *  9. A monitor asks for too much in CONFIGURE (a billion buffers, a 2 GiB buffer, a 1 TiB send
  *     queue, a 1 ms flush cadence, no batch bound, a 49-day fence) and in FLUSH (a 49-day
  *     timeout): the agent clamps each, says so in its log, and traces exactly as before.
  */
@@ -135,8 +141,20 @@ static void test_live_blocked_sync(bool flush_in_flight) {
  *    With default flushes only (the fence of the earlier exit) the sync fence timed out at its
  *    deadline (here the final forced flush still brought the records; on the H200 that flush
  *    itself took seconds, and the tail was unknown).
+ *  - EXIT_KERNEL_BACKLOG: CUPTI is behind on kernel records alone (200 written per flush), with
+ *    records stamped with the realtime clock, as CUPTI's are. The fence's sync record comes at
+ *    once; the fence flushes on while records from before it arrive, and every record arrives.
+ *  - EXIT_KERNEL_BACKLOG_CUT: one kernel record per flush, more than the budget can drain: the
+ *    tail is unknown, and BYE says that CUPTI was still delivering.
  * In every case the exit stays within the budget, and BYE says what happened. */
-enum exit_case { EXIT_EVERY_FLUSH_BLOCKS, EXIT_FORCED_FLUSH_BLOCKS, EXIT_BACKLOG, EXIT_DEFAULT_FULL_ONLY };
+enum exit_case {
+  EXIT_EVERY_FLUSH_BLOCKS,
+  EXIT_FORCED_FLUSH_BLOCKS,
+  EXIT_BACKLOG,
+  EXIT_DEFAULT_FULL_ONLY,
+  EXIT_KERNEL_BACKLOG,
+  EXIT_KERNEL_BACKLOG_CUT
+};
 
 static void test_live_exit(enum exit_case ec) {
   static const char *const args[] = {
@@ -144,17 +162,23 @@ static void test_live_exit(enum exit_case ec) {
       "--records 6000 --threads 2 --kinds kernel,memcpy --forced-flush-block-ms 10000",
       "--records 6000 --threads 2 --kinds kernel,memcpy --backlog-ms 1200",
       "--records 6000 --threads 2 --kinds kernel,memcpy --default-flush-full-only",
+      "--records 6000 --threads 2 --kinds kernel,memcpy --kernel-backlog 200",
+      "--records 6000 --threads 2 --kinds kernel,memcpy --kernel-backlog 1",
   };
   static const char *const what[] = {"every flush blocks 10 s", "the forced flush blocks 10 s",
                                      "CUPTI 1.2 s behind at exit",
-                                     "default flushes return only full buffers"};
+                                     "default flushes return only full buffers",
+                                     "CUPTI behind on kernel records (200 a flush)",
+                                     "CUPTI behind on kernel records (1 a flush)"};
+  bool kernel_backlog = ec == EXIT_KERNEL_BACKLOG || ec == EXIT_KERNEL_BACKLOG_CUT;
   static server s;
   server_start(&s, "t", "kernel:all;memcpy:all", 50);
   server_run(&s);
   char sock[200];
   snprintf(sock, sizeof sock, "CUPTIMON_SOCKET=%s", s.path);
   const char *env[] = {sock, "CUPTIMON_TOKEN=t", "CUPTIMON_EXIT_BUDGET_MS=2000",
-                       "CUPTIMON_AGENT_LOG=info", NULL};
+                       "CUPTIMON_AGENT_LOG=info", kernel_backlog ? "FAKE_CUPTI_NOW_STAMPS=1" : NULL,
+                       NULL};
   app a;
   app_start(&a, env, args[ec]);
   CMT_ASSERT(app_read_line(&a, 60000));
@@ -179,9 +203,16 @@ static void test_live_exit(enum exit_case ec) {
     CMT_CONTAINS(s.chk.bye_message, "the tail is unknown");
     CMT_EQU(s.chk.stats_exit_tail_unknown, 1);
     break;
+  case EXIT_KERNEL_BACKLOG_CUT:
+    CMT_CONTAINS(s.chk.bye_message, "CUPTI was still delivering records from before the exit's synchronize");
+    CMT_CONTAINS(s.chk.bye_message, "the tail is unknown");
+    CMT_EQU(s.chk.stats_exit_tail_unknown, 1);
+    break;
   case EXIT_BACKLOG:
-  case EXIT_DEFAULT_FULL_ONLY: {
+  case EXIT_DEFAULT_FULL_ONLY:
+  case EXIT_KERNEL_BACKLOG: {
     if (ec == EXIT_DEFAULT_FULL_ONLY) CMT_CONTAINS(app_log(&a), "its record came with a forced flush");
+    if (ec == EXIT_KERNEL_BACKLOG) CMT_CONTAINS(app_log(&a), "records from before it came after its record");
     CMT_EQU(s.chk.stats_exit_tail_unknown, 0);
     CMT_ASSERT(strstr(s.chk.bye_message, "tail is unknown") == NULL);
     int kinds[] = {CM_KIND_CONCURRENT_KERNEL, CM_KIND_MEMCPY};
@@ -244,6 +275,8 @@ int main(void) {
   test_live_exit(EXIT_FORCED_FLUSH_BLOCKS);
   test_live_exit(EXIT_BACKLOG);
   test_live_exit(EXIT_DEFAULT_FULL_ONLY);
+  test_live_exit(EXIT_KERNEL_BACKLOG);
+  test_live_exit(EXIT_KERNEL_BACKLOG_CUT);
   test_control_caps();
   printf("ok\n");
   return 0;

@@ -232,6 +232,14 @@ static atomic_int knob_flush_block_forced_only; /* the block applies to forced f
 static atomic_uint_fast64_t knob_backlog_until_ns;
 /* fake_set_default_flush_full_only: default flushes return no partly filled buffer. */
 static atomic_int knob_default_full_only;
+/* fake_set_kernel_backlog: while > 0, kernel records are not written when made but held in
+ * `held_k`, and each cuptiActivityFlushAll writes at most this many of them (into the flushing
+ * thread's buffer) before it takes the buffers: CUPTI behind on kernel records alone, as on the
+ * H200 under sustained launches, where the API and sync records of the same time came on time. */
+static atomic_int knob_kernel_backlog;
+static pthread_mutex_t held_k_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint8_t *held_k;          /* records back to back, guarded by held_k_mu */
+static size_t held_k_len, held_k_cap, held_k_off; /* bytes held, capacity, bytes written out */
 
 static uint64_t fake_mono_ns(void) {
   struct timespec ts;
@@ -537,6 +545,36 @@ static void emit_external_correlation(const void *api_record) {
 static atomic_uint emit_phase;
 static atomic_uint emit_inflight[2];
 
+/* Holds a kernel record for fake_set_kernel_backlog. Returns 0, or -1 without memory. */
+static int hold_kernel(const void *record, size_t size) {
+  pthread_mutex_lock(&held_k_mu);
+  if (held_k_len + size > held_k_cap) {
+    size_t cap = held_k_cap ? held_k_cap * 2 : 1u << 16;
+    while (cap < held_k_len + size) cap *= 2;
+    uint8_t *p = realloc(held_k, cap);
+    if (!p) {
+      pthread_mutex_unlock(&held_k_mu);
+      return -1;
+    }
+    held_k = p;
+    held_k_cap = cap;
+  }
+  memcpy(held_k + held_k_len, record, size);
+  held_k_len += size;
+  pthread_mutex_unlock(&held_k_mu);
+  return 0;
+}
+
+/* Writes at most `n` held kernel records from the calling thread (a flush). */
+static void release_kernels(int n) {
+  const size_t size = sizeof(CUpti_ActivityKernel10);
+  pthread_mutex_lock(&held_k_mu);
+  for (; n > 0 && held_k_off + size <= held_k_len; n--, held_k_off += size)
+    write_record(held_k + held_k_off, size, 0);
+  if (held_k_off == held_k_len) held_k_off = held_k_len = 0;
+  pthread_mutex_unlock(&held_k_mu);
+}
+
 int fake_emit(const void *record, size_t size, int pending) {
   uint32_t kind;
   if (!record || size < sizeof kind || size % 8 != 0) return -1;
@@ -552,7 +590,10 @@ int fake_emit(const void *record, size_t size, int pending) {
   } else {
     if (kind == CUPTI_ACTIVITY_KIND_RUNTIME || kind == CUPTI_ACTIVITY_KIND_DRIVER)
       emit_external_correlation(record);
-    rc = write_record(record, size, pending);
+    if (kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL && !pending && atomic_load(&knob_kernel_backlog) > 0)
+      rc = hold_kernel(record, size);
+    else
+      rc = write_record(record, size, pending);
   }
   atomic_fetch_sub(&emit_inflight[ph], 1);
   return rc;
@@ -808,6 +849,8 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
   if (forced) BUMP(st.forced_flushes);
   uint64_t until = atomic_load(&knob_backlog_until_ns);
   if (until && fake_mono_ns() < until) return CUPTI_SUCCESS; /* nothing completed yet */
+  int backlog = atomic_load(&knob_kernel_backlog);
+  if (backlog > 0) release_kernels(backlog);
   flush_threads(forced);
   if (forced) release_held(1);
   wait_delivered();
@@ -1678,6 +1721,8 @@ void fake_set_flush_block_ms(int ms) { atomic_store(&knob_flush_block_ms, ms < 0
 void fake_set_flush_block_forced_only(int on) { atomic_store(&knob_flush_block_forced_only, on != 0); }
 
 void fake_set_default_flush_full_only(int on) { atomic_store(&knob_default_full_only, on != 0); }
+
+void fake_set_kernel_backlog(int per_flush) { atomic_store(&knob_kernel_backlog, per_flush < 0 ? 0 : per_flush); }
 
 void fake_set_backlog_ms(int ms) {
   atomic_store(&knob_backlog_until_ns, ms > 0 ? fake_mono_ns() + (uint64_t)ms * 1000000ull : 0);

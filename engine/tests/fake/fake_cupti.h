@@ -146,6 +146,9 @@ void fake_set_backlog_ms(int ms);
  * is what CUPTI did on the H200 at the exit of runs of 60 s and more with several launching
  * threads. fake_cuda_app --default-flush-full-only sets it once its workload is done. */
 void fake_set_default_flush_full_only(int on);
+/* While per_flush > 0, kernel records are held when made and each cuptiActivityFlushAll writes
+ * at most per_flush of them before it takes the buffers: CUPTI behind on kernel records alone. */
+void fake_set_kernel_backlog(int per_flush);
 /* The last value the process gave CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, or -1 when it
  * never set it. */
 int fake_per_thread_attr(void);
