@@ -25,6 +25,12 @@
 -- once its kinds were off. The records launched in the gap are not traced, so such a run delivers
 -- fewer records than were launched; it prints "GAP off_s A on_s B" when tracing went off and on.
 --
+-- With CM_BENCH_SHED_AT_S=T, runtime is shed for good T seconds in, by a record-rate budget that
+-- every rate exceeds and whose hold never ends (cm.budget: kernels are never toggled, and the
+-- runtime records written before the shed still reach this script's observer): does CUPTI's
+-- worker recover when it has only kernel records to write? The budget's shed event prints
+-- "SHED runtime at_s A"; the runtime records of the launches after it are not traced.
+--
 -- Usage: cuptimon-lua bench/sum_durations.lua -- cmd args...
 local cm = require "cuptimon"
 local uv = require "luv"
@@ -51,6 +57,16 @@ end
 local observer = assert(cm.observe(selection, on_batch))
 
 local t0, last_n = uv.hrtime(), 0
+
+local shed_at = tonumber(os.getenv("CM_BENCH_SHED_AT_S") or "")
+if shed_at then
+  cm.after(math.floor(shed_at * 1000), function()
+    cm.on("shed", function(ev)
+      print(("SHED %s at_s %.1f"):format(ev.kind, (uv.hrtime() - t0) / 1e9))
+    end)
+    cm.budget { records_per_s = 1, shed = { "runtime" }, hold_ms = 2 ^ 31, window_ms = 1000 }
+  end)
+end
 
 local gap_at = tonumber(os.getenv("CM_BENCH_GAP_AT_S") or "")
 if gap_at then

@@ -383,7 +383,8 @@ local stat_names = {
 --- lag_peak_s (how far behind the records the script's view is: a batch's arrival less its newest
 --- record start, now and at its peak; the largest over sources for the sum), backlog_records (the
 --- records the agent had decoded and not yet sent at its last STATS), and by stage, in ns:
---- lag_cupti_ns (a record's timestamp to CUPTI completing its buffer), lag_decode_ns and
+--- lag_cupti_ns (the timestamp of the kind most behind in a buffer to CUPTI completing the
+--- buffer), lag_decode_ns and
 --- lag_decode_peak_ns (to the agent's decoder), decode_wait_ns, send_wait_ns and
 --- send_wait_peak_ns (the agent's decode and send queues), lag_recv_ns and lag_recv_peak_ns (to
 --- the monitor). Returns nil, err for an unknown source.

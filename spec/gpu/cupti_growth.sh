@@ -16,7 +16,10 @@
 #     stops for 2 s at T s and starts again (CM_BENCH_GAP_AT_S): does the grown cost start over?
 #     On the H200 (2026-12-04, T = 110 of 200 s) it did not: CUPTI's thread went from 0.4 of a
 #     core to a whole one at once, the process grew by 1 GiB in 50 s, and 3.96 M kernel records
-#     whose launches' API records arrived never did.
+#     whose launches' API records reached the script never did (in the gap, or not at all). With SHED_AT=T (0: none) runtime is shed
+#     for good at T s instead (CM_BENCH_SHED_AT_S, a budget: kernels are never toggled): does
+#     CUPTI's worker recover with only kernel records to write? That is the experiment a default
+#     shed (issue 18, item 5) needs first.
 #  2. the floor (gpu/libcupti_floor.so, per-thread buffers off as the engine sets them, no
 #     periodic flush, as the agent has none in this run) under the same load for FLOOR_SECONDS,
 #     sampled the same way, with its lag from a record's end to its buffer's completion.
@@ -29,6 +32,7 @@ mkdir -p "$LOG"
 THREADS=${THREADS:-16}
 CM_SECONDS=${CM_SECONDS:-150}
 GAP_AT=${GAP_AT:-0}
+SHED_AT=${SHED_AT:-0}
 FLOOR_SECONDS=${FLOOR_SECONDS:-100}
 unset CUPTIMON_LIBCUPTI CUPTIMON_LIBCUDA
 for f in "$B/cuptimon-lua" "$B/gpu/launch_loop" "$B/gpu/libcupti_floor.so"; do
@@ -37,15 +41,18 @@ done
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 status=0
-gap=()
-if [ "$GAP_AT" != 0 ]; then gap=(env "CM_BENCH_GAP_AT_S=$GAP_AT"); fi
-echo "== cuptimon, $THREADS threads, $CM_SECONDS s$([ "$GAP_AT" != 0 ] && echo ", tracing off for 2 s at $GAP_AT s")"
-"${gap[@]}" env CUPTIMON_AGENT_LOG=info timeout $((CM_SECONDS + 60)) \
+what=""
+[ "$GAP_AT" != 0 ] && what="$what, tracing off for 2 s at $GAP_AT s"
+[ "$SHED_AT" != 0 ] && what="$what, runtime shed at $SHED_AT s"
+echo "== cuptimon, $THREADS threads, $CM_SECONDS s$what"
+CM_BENCH_GAP_AT_S=$([ "$GAP_AT" != 0 ] && echo "$GAP_AT") \
+CM_BENCH_SHED_AT_S=$([ "$SHED_AT" != 0 ] && echo "$SHED_AT") \
+  CUPTIMON_AGENT_LOG=info timeout $((CM_SECONDS + 60)) \
   python3 bench/load.py long "$B" --threads "$THREADS" --seconds "$CM_SECONDS" --out "$tmp/cm"
 rc=$?
-# A gap makes load.py's count check fail on purpose (the gap's launches are not traced), so with
-# one only a run that did not finish is a failure here.
-if [ "$GAP_AT" != 0 ]; then [ -s "$tmp/cm/long_run.json" ] || status=1; elif [ $rc != 0 ]; then status=1; fi
+# A gap or a shed makes load.py's count check fail on purpose (records of launches in the gap, or
+# the shed runtime records, are not traced), so with one only a run that did not finish fails here.
+if [ -n "$what" ]; then [ -s "$tmp/cm/long_run.json" ] || status=1; elif [ $rc != 0 ]; then status=1; fi
 cp "$tmp/cm/long_run.log" "$LOG/cm_run.log" 2>/dev/null
 cp "$tmp/cm/long_run_samples.csv" "$LOG/cm_samples.csv" 2>/dev/null
 echo "== floor, $THREADS threads, $FLOOR_SECONDS s"
