@@ -299,7 +299,7 @@ uint64_t cm__decoder_last_ts(const cm__decoder *d);
 /* A sync fence's watch on records from before its mark (CUPTI's clock): from this call on, the
  * decoder counts the records it decodes whose end (else start) timestamp lies before `mark`, by
  * less than an hour (0 stops the watch). After the fence's own sync record has come, such records
- * still arriving mean that CUPTI is behind on some kind (on the H200, kernel records seconds
+ * still arriving mean that CUPTI is behind on some kind (kernel records, timed on the device,
  * behind the API records of the same launches), so the fence keeps flushing until they stop.
  * Both are called with the decoder's lock held. */
 void cm__decoder_watch_before(cm__decoder *d, uint64_t mark);

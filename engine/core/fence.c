@@ -227,15 +227,17 @@ static uint64_t before_count(cm_engine *e) {
 }
 
 /* The fence's last part, once its own sync record has been decoded. That record proves that CUPTI
- * has written the SYNCHRONIZATION records before it, not that it has written every kind's: on the
- * H200 under sustained launches CUPTI fell seconds behind on kernel records while the API and
- * sync records of the same time arrived on time, and a fence that stopped at its sync record
- * (the exit's among them) left millions of kernel records behind, uncounted. So the fence flushes
- * on while records from before its mark keep arriving: it ends at once when none came during the
- * fence, else at the first flush that brings none, or, once some came after the sync record,
- * after CM__FENCE_QUIET_MS without any. At the
- * deadline it fails, and the exit's account says that CUPTI was still delivering (the tail is then
- * unknown). `force_at`: when the exit fence forces its flushes (UINT64_MAX mid-run). */
+ * has written the SYNCHRONIZATION records before it, not that it has written every kind's. Kinds
+ * share buffers, and CUPTI's worker can be seconds behind on one of them (kernel records, timed
+ * on the device) while the API and sync records of the same time arrive on time; a fence that
+ * stopped at its sync record (the exit's among them) then left the records CUPTI still held
+ * behind, uncounted. (On the H200 a script received 3.96 M fewer kernel than runtime records
+ * after CUPTI's worker saturated, with no counter showing it.) So the fence flushes on while
+ * records from before its mark keep arriving: it ends at once when none came during the fence,
+ * else at the first flush that brings none, or, once some came after the sync record, after
+ * CM__FENCE_QUIET_MS without any. At the deadline it fails, and the exit's account says that
+ * CUPTI was still delivering (the tail is then unknown). `force_at`: when the exit fence forces
+ * its flushes (UINT64_MAX mid-run). */
 static bool drain_before_mark(cm_engine *e, uint64_t deadline, uint64_t force_at, cm__exit_flush *ex) {
   uint64_t seen = before_count(e), late = 0;
   /* No record from before the mark came during the fence at all: nothing was in flight (an idle
