@@ -34,6 +34,7 @@ local function fresh()
 end
 
 local function wait_for(cond, ms, what)
+  uv.update_time() -- uv.now() is the loop's cached time (helpers.run_until says why)
   local deadline = uv.now() + (ms or 10000)
   while not cond() do
     if uv.now() > deadline then error("timed out waiting for " .. (what or "a condition"), 2) end

@@ -42,6 +42,10 @@ end
 --- Runs the host's loop until cond() is true or `timeout_ms` passes; returns cond()'s value.
 function M.run_until(cond, timeout_ms)
   local uv = require "luv"
+  -- uv.now() is the loop's cached time, as old as the loop's last turn: a spec that ran for a
+  -- while without the loop would get a deadline that far short (a TSan run on a loaded machine
+  -- gave up on a directory that a monitor had made in time).
+  uv.update_time()
   local deadline = uv.now() + (timeout_ms or 5000)
   local t = uv.new_timer()
   t:start(5, 5, function() end)
@@ -57,6 +61,7 @@ end
 --- Runs the loop for `ms` milliseconds.
 function M.sleep(ms)
   local uv = require "luv"
+  uv.update_time() -- the timer counts from the loop's cached time (see run_until)
   local done = false
   local t = uv.new_timer()
   t:start(ms, 0, function() done = true end)

@@ -362,6 +362,7 @@ describe("sqlite.lua on the fake CUDA application", function()
     local pid = tonumber(p:read("*l"))
     p:close()
     local function wait_for(cond, what)
+      uv.update_time() -- uv.now() is the loop's cached time (helpers.run_until says why)
       local deadline = uv.now() + 15000
       while not cond() do
         assert(uv.now() < deadline, "timed out waiting for " .. what)
