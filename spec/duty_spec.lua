@@ -160,9 +160,12 @@ describe("duty cycles with the real agent", function()
 
   it("estimates hold the known rates in their 95% intervals (3 seeded runs)", function()
     if os.getenv("CUPTIMON_SANITIZER") then
-      -- Under ThreadSanitizer the fake application runs several times slower and stalls often,
-      -- so a statistical check of three runs says nothing; it runs in the release and ASan suites.
-      return pending("a statistical check of paced runs, meaningless at TSan's speed")
+      -- Under a sanitizer the fake application runs slower and stalls more. The paced launches
+      -- leave the windows' counts so even that the interval is about 0.2% wide, so a stall at a
+      -- window's edge puts the truth outside it: under ASan, 1 of 8 runs of this check failed on
+      -- 2026-12-03's code and 3 of 10 on this day's, alone on the machine, while the release
+      -- suite passed every run. It runs in the release suite.
+      return pending("a statistical check of paced runs, meaningless at a sanitizer's speed")
     end
     -- The app paces its launches to absolute times and skips what a stall (this machine is
     -- shared) missed, so launched / steady_ms is the true rate.
@@ -210,7 +213,7 @@ describe("duty cycles with the real agent", function()
   end)
 
   it("reports a kernel that runs only between windows below the detection limit", function()
-    if os.getenv("CUPTIMON_SANITIZER") then
+    if os.getenv("CUPTIMON_SANITIZER") == "tsan" then
       -- The fake app launches its hidden kernel right after a launch that found kernels off; at
       -- TSan's speed a window can open in between (hidden_written=1 was seen), which is the test
       -- application's race, not the estimator's. It runs in the release and ASan suites.

@@ -296,7 +296,7 @@ void cm__decoder_watch_late(cm__decoder *d, uint64_t set, uint64_t clear);
 /* The end (else start) timestamp of the last record of the buffer decoded last, or 0. Called
  * with the decoder's lock held. */
 uint64_t cm__decoder_last_ts(const cm__decoder *d);
-/* A sync fence's watch on records from before its mark (CUPTI's clock): from this call on, the
+/* The exit fence's watch on records from before its mark (CUPTI's clock): from this call on, the
  * decoder counts the records it decodes whose end (else start) timestamp lies before `mark`, by
  * less than an hour (0 stops the watch). After the fence's own sync record has come, such records
  * still arriving mean that CUPTI is behind on some kind (kernel records, timed on the device,

@@ -226,18 +226,19 @@ static uint64_t before_count(cm_engine *e) {
   return n;
 }
 
-/* The fence's last part, once its own sync record has been decoded. That record proves that CUPTI
+/* The exit fence's last part, once its own sync record has been decoded. That record proves that CUPTI
  * has written the SYNCHRONIZATION records before it, not that it has written every kind's. Kinds
  * share buffers, and CUPTI's worker can be seconds behind on one of them (kernel records, timed
  * on the device) while the API and sync records of the same time arrive on time; a fence that
  * stopped at its sync record (the exit's among them) then left the records CUPTI still held
  * behind, uncounted. (On the H200 a script received 3.96 M fewer kernel than runtime records
- * after CUPTI's worker saturated, with no counter showing it.) So the fence flushes on while
+ * after CUPTI's worker saturated, with no counter showing it.) So the exit's fence flushes on while
  * records from before its mark keep arriving: it ends at once when none came during the fence,
  * else at the first flush that brings none, or, once some came after the sync record, after
  * CM__FENCE_QUIET_MS without any. At the deadline it fails, and the exit's account says that
- * CUPTI was still delivering (the tail is then unknown). `force_at`: when the exit fence forces
- * its flushes (UINT64_MAX mid-run). */
+ * CUPTI was still delivering (the tail is then unknown). `force_at`: when it forces its flushes.
+ * Mid-run fences do not wait so: they mark windows' edges, and their lateness is a lag that the
+ * stage lags show (lag_cupti_ns), not a loss; at exit, what is not waited for is lost. */
 static bool drain_before_mark(cm_engine *e, uint64_t deadline, uint64_t force_at, cm__exit_flush *ex) {
   uint64_t seen = before_count(e), late = 0;
   /* No record from before the mark came during the fence at all: nothing was in flight (an idle
@@ -290,9 +291,11 @@ static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex)
     temp_sync = false;
   uint64_t mark = 0;
   c->GetTimestamp(&mark);
-  pthread_mutex_lock(&e->dec_mu);
-  cm__decoder_watch_before(e->dec, mark);
-  pthread_mutex_unlock(&e->dec_mu);
+  if (ex) {
+    pthread_mutex_lock(&e->dec_mu);
+    cm__decoder_watch_before(e->dec, mark);
+    pthread_mutex_unlock(&e->dec_mu);
+  }
   int synced = cm__engine_device_sync(e, deadline, why);
   bool ok = true;
   if (synced == 0) {
@@ -312,7 +315,9 @@ static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex)
       pthread_mutex_unlock(&e->dec_mu);
       if (seen >= mark) {
         if (ex && forced) atomic_store(&ex->seen_after_forced, true);
-        ok = drain_before_mark(e, deadline, force_at, ex);
+        /* The exit's fence only: a mid-run fence marks a window's edge, and flushing on after its
+         * sync record would move the window's records to the wrong side of it. */
+        if (ex) ok = drain_before_mark(e, deadline, force_at, ex);
         break;
       }
       uint64_t now = cm__mono_ms();
@@ -331,9 +336,11 @@ static bool fence(cm_engine *e, uint64_t deadline, int *why, cm__exit_flush *ex)
       usleep(1000);
     }
   }
-  pthread_mutex_lock(&e->dec_mu);
-  cm__decoder_watch_before(e->dec, 0);
-  pthread_mutex_unlock(&e->dec_mu);
+  if (ex) {
+    pthread_mutex_lock(&e->dec_mu);
+    cm__decoder_watch_before(e->dec, 0);
+    pthread_mutex_unlock(&e->dec_mu);
+  }
   if (temp_sync) c->ActivityDisable(CUPTI_ACTIVITY_KIND_SYNCHRONIZATION);
   if (!ok) ADD(e, st_fence_timeouts, 1);
   return ok;
