@@ -163,7 +163,8 @@ describe("cuptimon-lua --attach (dormant agents)", function()
       local delay = i % 41
       local rc, out = helpers.sh(("%s%s --attach %d %s %s %d %d"):format(env, bin, pid,
         fixture("attach_detach_mid.lua"), ctl, 200000, delay))
-      wait_for(function() return exists(ctl .. ".ack") end, 20000, "the app's acknowledgement")
+      wait_for(function() return exists(ctl .. ".ack") end, 20000,
+        ("the app's acknowledgement of window %d (the script exited %d:\n%s)"):format(i, rc, out))
       local written = tonumber(read(ctl .. ".ack"):match("written=(%d+)"))
       os.remove(ctl .. ".ack")
       local seen, dropped = out:match("detached seen=(%d+) dropped=(%d+)")
