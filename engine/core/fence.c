@@ -215,8 +215,8 @@ bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
  * forced flush after a completed synchronize delivers them; short runs fenced either way. */
 #define CM__EXIT_DEFAULT_FLUSH_MS 50
 
-/* How long a fence whose sync record has come waits, flushing, for records from before its mark
- * to stop arriving, once some arrived after that record (CUPTI behind on a kind). */
+/* How long the exit's fence, once its sync record has come, waits, flushing, for records from
+ * before its mark to stop arriving, once some arrived after that record (CUPTI behind on a kind). */
 #define CM__FENCE_QUIET_MS 50
 
 static uint64_t before_count(cm_engine *e) {
@@ -255,16 +255,16 @@ static bool drain_before_mark(cm_engine *e, uint64_t deadline, uint64_t force_at
       late += n - seen;
       seen = n;
       quiet_since = now;
-      if (ex) atomic_store(&ex->backlog_records, late);
+      atomic_store(&ex->backlog_records, late);
     } else if (!late || now - quiet_since >= CM__FENCE_QUIET_MS) {
       break;
     }
     if (now >= deadline || hurried(e)) {
-      if (ex) atomic_store(&ex->backlog_cut, true);
+      atomic_store(&ex->backlog_cut, true);
       cm__engine_log(e, CM_LOG_WARN,
-                     "a fence's deadline came while CUPTI was still delivering records from before "
-                     "it (%llu after its sync record): CUPTI is behind, and what it still holds is "
-                     "not in the fence's window",
+                     "the exit fence's deadline came while CUPTI was still delivering records from "
+                     "before it (%llu after its sync record): CUPTI is behind, and what it still "
+                     "holds is not delivered",
                      (unsigned long long)late);
       return false;
     }
@@ -272,8 +272,8 @@ static bool drain_before_mark(cm_engine *e, uint64_t deadline, uint64_t force_at
   }
   if (late)
     cm__engine_log(e, CM_LOG_INFO,
-                   "a fence waited for %llu records from before it that CUPTI delivered after its "
-                   "sync record (CUPTI was behind on some kind)",
+                   "the exit's fence waited for %llu records from before it that CUPTI delivered "
+                   "after its sync record (CUPTI was behind on some kind)",
                    (unsigned long long)late);
   return true;
 }
