@@ -124,7 +124,9 @@ describe("duty cycles with the real agent", function()
       if w.ok ~= "true" then
         -- Only a window that the process's exit cut short (its fence failed) may fail.
         failed = failed + 1
-        assert.matches("discarded=E[A-Z]+:", line)
+        if not line:find("discarded=the process ended during it", 1, true) then
+          assert.matches("discarded=E[A-Z]+:", line)
+        end
       else
         assert.are.equal(0, failed, "a window succeeded after one failed:\n" .. out)
         -- After its closing fence the agent holds no free buffer: freed, as on a detach (1 or
@@ -159,21 +161,23 @@ describe("duty cycles with the real agent", function()
   end)
 
   it("estimates hold the known rates in their 95% intervals (3 seeded runs)", function()
-    if os.getenv("CUPTIMON_SANITIZER") then
-      -- Under a sanitizer the fake application runs slower and stalls more. The paced launches
-      -- leave the windows' counts so even that the interval is about 0.2% wide, so a stall at a
-      -- window's edge puts the truth outside it: under ASan, 1 of 8 runs of this check failed on
-      -- 2026-12-03's code (alone on the machine) and 3 of 10 on 2026-12-04's (5 of them beside a
-      -- CPU hog), while the release suite passed every run. It runs in the release suite.
-      return pending("a statistical check of paced runs, meaningless at a sanitizer's speed")
+    if os.getenv("CUPTIMON_SANITIZER") == "tsan" then
+      return pending("a statistical check of timed runs, meaningless at TSan's speed")
     end
-    -- The app paces its launches to absolute times and skips what a stall (this machine is
-    -- shared) missed, so launched / steady_ms is the true rate.
+    -- The app launches as a Poisson process (--poisson-seed), so the windows' counts spread as a
+    -- real workload's do and the interval is a few percent wide. Paced launches would leave the
+    -- counts so even that the interval is about 0.2% wide, narrower than the error of a window's
+    -- edges (the agent stamps its SELECTs within the calls that enable and disable the kinds:
+    -- docs/monitor.md, "What the interval covers"), and the truth fell outside it in about 1 run
+    -- in 8. The app skips what a stall missed, so launched / steady_ms is the true rate.
     local held = { n = 0, t = 0, b = 0 }
     local ratios = { n = {}, t = {}, b = {}, total = {} }
     local function within(e, v) return e.lo <= v and v <= e.hi end
     for seed = 1, 3 do
-      local rc, out = steady(100, 400, seed, 3200, 2000, "--kernel-us 50")
+      local rc, out = unstarved(function(attempt)
+        local s = seed + 100 * (attempt - 1)
+        return steady_cmd(100, 400, s, 3200, 2000, "--kernel-us 50 --poisson-seed " .. s)
+      end, 2000, 3200)
       assert.are.equal(0, rc, out)
       local a = pairs_of(out, "fake_cuda_app:")
       local rate = a.launched / (a.steady_ms / 1000)
@@ -191,12 +195,8 @@ describe("duty cycles with the real agent", function()
       table.insert(ratios.total, e.total / a.launched)
       assert.matches("\nduty 0%.250 %(100 of every 400 ms%): %d+ windows so far, traced [%d.]+ s of [%d.]+ s elapsed", out)
     end
-    -- The app's copies are not random: one every 10th launch, so each window holds 9 or 10 of them
-    -- and the spread between windows (what the interval is made of) is the rounding at a
-    -- window's edges, not sampling noise. The bytes' interval can then miss by that rounding (1
-    -- of 3 held, seen twice here); their median check below is what holds them to the truth.
     for m, n in pairs(held) do
-      if m ~= "b" then assert.is_true(n >= 2, m .. ": " .. n .. " of 3 intervals held the truth") end
+      assert.is_true(n >= 2, m .. ": " .. n .. " of 3 intervals held the truth")
     end
     for m, list in pairs(ratios) do
       table.sort(list)

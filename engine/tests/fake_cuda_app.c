@@ -55,7 +55,10 @@
  * burst, so the report's launched / steady_ms is the true rate), and after every
  * --copy-every K kernels (default 10; 0 for none) a host-to-device copy of --copy-bytes B bytes
  * (default 1048576) lasting U/2. From --phase-ms P on the kernel rate is --phase-factor F times R
- * (a phase change). With --hidden-kernel NAME each launch of steady_kernel that finds kernel
+ * (a phase change). With --poisson-seed S (not 0) the launches are a Poisson process instead:
+ * the gaps are exponential with mean 1/R, drawn from a generator seeded with S, so that the counts
+ * of the windows spread as a real workload's do (the true rate is still launched / steady_ms).
+ * With --hidden-kernel NAME each launch of steady_kernel that finds kernel
  * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
  * line reports the launches and records written, and kernel_segments / memcpy_segments: the
  * records written in each run of launches that found the kind traced, in order, which are the
@@ -73,6 +76,7 @@
  * steps=N and the kernels written.
  */
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -227,7 +231,7 @@ static void usage(void) {
                   "[--device D] [--pause-ms P] [--no-comm]\n"
                   "       fake_cuda_app --steady-ms D [--kernel-rate R] [--kernel-us U] "
                   "[--copy-every K] [--copy-bytes B] [--phase-ms P] [--phase-factor F] "
-                  "[--hidden-kernel NAME]\n"
+                  "[--poisson-seed S] [--hidden-kernel NAME]\n"
                   "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
 }
@@ -290,8 +294,9 @@ static void sleep_until(double t_s) {
 /* The --steady-ms workload (see the header). Returns the process's exit status. */
 static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int copy_every,
                       uint64_t copy_bytes, double phase_ms, double phase_factor,
-                      const char *hidden, int linger_ms, int exit_code) {
+                      uint64_t poisson_seed, const char *hidden, int linger_ms, int exit_code) {
   static segments ks, cs;
+  uint64_t rng = poisson_seed;
   uint64_t buf[32], launched = 0, kernels = 0, copies = 0, dropped = 0, hidden_launched = 0,
                     hidden_written = 0;
   double t0 = mono_s(), t = t0;
@@ -327,7 +332,16 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
       seg_note(&cs, crc == 0);
     }
     double r = phase_ms > 0 && (t - t0) * 1e3 >= phase_ms ? rate * phase_factor : rate;
-    t += 1.0 / r;
+    if (poisson_seed) {
+      /* xorshift64*, then an exponential gap from a uniform in (0, 1]. */
+      rng ^= rng >> 12;
+      rng ^= rng << 25;
+      rng ^= rng >> 27;
+      double u = (double)((rng * 2685821657736338717ull) >> 11) / 9007199254740992.0;
+      t += -log(1.0 - u) / r;
+    } else {
+      t += 1.0 / r;
+    }
     /* A stall (a shared, loaded machine) is not made up by a burst: the schedule moves on, so
      * the launches stay evenly spread; the true rate is launched / steady_ms either way. */
     double now = mono_s();
@@ -365,6 +379,7 @@ int main(int argc, char **argv) {
   double steady_ms = 0, kernel_rate = 2000, phase_ms = 0, phase_factor = 1;
   uint64_t kernel_us = 50, copy_bytes = 1048576;
   int copy_every = 10;
+  uint64_t poisson_seed = 0;
   const char *hidden = NULL;
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
@@ -446,6 +461,8 @@ int main(int argc, char **argv) {
       copy_bytes = strtoull(v, NULL, 10);
     } else if (strcmp(a, "--phase-ms") == 0) {
       phase_ms = strtod(v, NULL);
+    } else if (strcmp(a, "--poisson-seed") == 0) {
+      poisson_seed = strtoull(v, NULL, 10);
     } else if (strcmp(a, "--phase-factor") == 0) {
       phase_factor = strtod(v, NULL);
     } else if (strcmp(a, "--hidden-kernel") == 0) {
@@ -502,7 +519,7 @@ int main(int argc, char **argv) {
   if (steady_ms > 0) {
     if (kernel_rate <= 0 || phase_factor <= 0 || copy_every < 0) usage();
     return run_steady(init, steady_ms, kernel_rate, kernel_us, copy_every, copy_bytes, phase_ms,
-                      phase_factor, hidden, linger_ms, exit_code);
+                      phase_factor, poisson_seed, hidden, linger_ms, exit_code);
   }
 
   if (steps > 0) {
