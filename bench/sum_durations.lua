@@ -12,9 +12,10 @@
 -- queue's and the send queue's waits, to the monitor; the agent's unsent records; records/s):
 --
 --   LAG t_s T cupti_ms C decode_ms D decode_wait_ms Q send_wait_ms S recv_ms R backlog B delivered_per_s N
---       buffers_out O buffers_alloc A kernels K runtime R recv_peak_ms P
+--       buffers_out O buffers_alloc A kernels K runtime R recv_peak_ms P held_ms H guard_shed G
 --
--- (O: the agent's activity buffers that CUPTI holds or that wait for the decoder; A: all that its
+-- (H: how long CUPTI held records back before writing them, the agent's lag guard's measure; G:
+-- the kinds the guard shed, or "-". O: the agent's activity buffers that CUPTI holds or that wait for the decoder; A: all that its
 -- pool has allocated, free ones included; both from the agent's last STATS. K and R: the kernel
 -- and runtime records that reached the script so far: with one launch API call per kernel, R - K
 -- is how many kernel records CUPTI still holds behind the API records of the same launches.)
@@ -85,10 +86,11 @@ cm.every(1000, function()
   local n = kernels + calls
   print(("LAG t_s %.1f cupti_ms %.1f decode_ms %.1f decode_wait_ms %.1f send_wait_ms %.1f recv_ms %.1f "
     .. "backlog %d delivered_per_s %d buffers_out %d buffers_alloc %d kernels %d runtime %d "
-    .. "recv_peak_ms %.1f"):format((uv.hrtime() - t0) / 1e9,
+    .. "recv_peak_ms %.1f held_ms %.1f guard_shed %s"):format((uv.hrtime() - t0) / 1e9,
     s.lag_cupti_ns / 1e6, s.lag_decode_ns / 1e6, s.decode_wait_ns / 1e6, s.send_wait_ns / 1e6,
     s.lag_recv_ns / 1e6, s.backlog_records, n - last_n, s.buffers_outstanding, s.buffers_allocated,
-    kernels, calls, s.lag_recv_peak_ns / 1e6))
+    kernels, calls, s.lag_recv_peak_ns / 1e6, s.lag_held_ns / 1e6,
+    #s.guard_shed > 0 and table.concat(s.guard_shed, ",") or "-"))
   last_n = n
 end)
 

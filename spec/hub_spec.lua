@@ -527,6 +527,41 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("CUPTI was still delivering records from before the exit's synchronize", out)
   end)
 
+  -- Issue 18, item 5: CUPTI behind for good (the fake holds kernel records and writes 20 per
+  -- flush) trips the agent's lag guard, which has CUPTI stop writing the API records, then the
+  -- kernels. Every record CUPTI had written still reaches the script, nothing is lost, and the
+  -- monitor says what was shed and why.
+  it("sheds kinds by default when CUPTI falls behind for good, and loses nothing", function()
+    local run = "FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_GUARD_LAG_MS=%d %s %s -- %s --records 100000 "
+      .. "--threads 1 --kinds kernel,runtime --kernel-backlog 20 --rate 40000"
+    local rc, out = helpers.sh(run:format(300, bin, fixture("guard_count.lua"), app))
+    assert.are.equal(0, rc, out)
+    local a = helpers.pairs_of(out, "fake_cuda_app:")
+    local got = helpers.pairs_of(out, "got")
+    assert.are.equal(a.concurrent_kernel, got.concurrent_kernel, out)
+    assert.are.equal(a.runtime, got.runtime, out)
+    assert.is_true(a.runtime < 50000 and a.concurrent_kernel < 50000, out)
+    assert.are.equal("concurrent_kernel,runtime", got.guard_shed, out)
+    local first = out:find("stopped tracing runtime for the rest of the run", 1, true)
+    local second = out:find("stopped tracing concurrent_kernel for the rest of the run", 1, true)
+    assert.is_true(first ~= nil and second ~= nil and first < second, out)
+    assert.matches("note: CUPTI fell [%d.]+ s behind pid %d+, so its agent stopped tracing "
+      .. "concurrent_kernel, runtime %(the lag guard", out)
+    assert.is_nil(out:find("LOST"), out)
+    -- With the guard off, everything is traced to the end, however far behind CUPTI is.
+    rc, out = helpers.sh(run:format(0, bin, fixture("guard_count.lua"), app))
+    -- The exit's fence waits for the held kernel records within its budget; when it cannot
+    -- have them all, the tail is unknown: the LOST line and status 3.
+    if rc ~= 0 then
+      assert.are.equal(3, rc, out)
+      assert.matches("its exit's final fence was cut short at the deadline", out)
+    end
+    got = helpers.pairs_of(out, "got")
+    assert.are.equal(50000, got.runtime, out)
+    assert.are.equal("", got.guard_shed or "", out)
+    assert.is_nil(out:find("lag guard", 1, true), out)
+  end)
+
   -- Issue 19, item 3: one same-uid process floods the socket with connections that send nothing
   -- while ten CUDA processes start, each silent for 50 ms while CUPTI loads (as on a GPU). The
   -- gate evicts the flooder's own idle connections first, and an agent whose connection was

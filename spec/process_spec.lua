@@ -30,7 +30,7 @@ describe("the process table", function()
     assert.are.equal("{argv={1=wire_gen 2=--synthetic} cupti_version=130000 " ..
       "devices={1={index=0 name=Fake GPU}} dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " ..
       "env={RANK=3 WORLD_SIZE=4} " ..
-      "exe=/usr/bin/wire_gen exit_code=0 host=testhost incomplete=0 kind=replay " ..
+      "exe=/usr/bin/wire_gen exit_code=0 guard_lag_s=0 guard_shed={} host=testhost incomplete=0 kind=replay " ..
       "lag_decode_peak_ns=0 lag_peak_s=0 last_number=1 " ..
       "lost_frames=0 lost_wire=0 message= pid=111 ppid=" .. ppid .. " produced=500 received=500 " ..
       "skipped_bytes=0 source=1 stats={batches_queued=1 batches_received=1 records_decoded=500 records_dropped=0 " ..
@@ -58,7 +58,7 @@ describe("the process table", function()
     local received = assert(exit:match(" received=(%d+) "), exit)
     -- The engine's decode lag is real time (the fence's sync records are stamped now).
     local lag = assert(exit:match(" lag_decode_peak_ns=(%d+) "), exit)
-    local tail2 = ("env={} exe=%s host=%s incomplete=0 kind=inproc lag_decode_peak_ns=%s lag_peak_s=0 " ..
+    local tail2 = ("env={} exe=%s guard_lag_s=0 guard_shed={} host=%s incomplete=0 kind=inproc lag_decode_peak_ns=%s lag_peak_s=0 " ..
       "last_number=0 lost_frames=0 lost_wire=0 pid=%s ppid=%s produced=%s received=%s skipped_bytes=0 source=1")
       :format(exe, host, lag, pid, ppid, received, received)
     assert.are.equal(head .. " dropped=0 dropped_agent=0 dropped_cupti=0 dropped_exit=0 " .. tail2 ..

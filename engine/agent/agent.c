@@ -87,7 +87,13 @@ enum {
   EXIT_BUDGET_MS = 2000,  /* all exit work: the final fence, the drain, the last frames, joins */
   MAX_BATCH_FRAME = 8 << 20, /* a larger batch is split into frames of about this size */
   MAX_STRINGS_FRAME = 4 << 20,
-  MAX_OBSERVERS = 8
+  MAX_OBSERVERS = 8,
+  /* The lag guard (guard_tick): its default lag limit, how many checks in a row must see the
+   * lag over it, and the bounds of the interval between checks. */
+  DEFAULT_GUARD_LAG_MS = 5000,
+  GUARD_CHECKS = 3,
+  GUARD_CHECK_MIN_MS = 20,
+  GUARD_CHECK_MAX_MS = 1000
 };
 
 /* One queued frame: malloc'd bytes, handed from the producer to the sender. */
@@ -145,6 +151,12 @@ static struct agent {
   bool cadence_idle;
   uint64_t pm_wait_end;
   int nobs;
+  /* The lag guard (guard_tick; control thread only): the limit (CUPTIMON_GUARD_LAG_MS in ns, 0
+   * when the guard is off); the checks in a row that saw CUPTI's lag over it; buffers_decoded at
+   * the last check; when the next check is due and when the last shed's grace ends (mono ms). */
+  uint64_t guard_limit_ns;
+  uint32_t guard_over;
+  uint64_t guard_decoded, guard_next_ms, guard_quiet_ms;
 
   /* Guarded by send_mu: the send queue. */
   pthread_mutex_t send_mu;
@@ -192,6 +204,12 @@ static struct agent {
   _Atomic uint64_t selects_applied, select_last_ns, select_prev_ns;
   /* How long the last BATCH frame sent had waited in the queue, and the peak (STATS). */
   _Atomic uint64_t send_wait_ns, send_wait_peak_ns;
+  /* The kinds the lag guard stopped tracing for the rest of the session (one bit per kind), how
+   * many times it shed, and CUPTI's lag when it last did (STATS guard_shed, guard_sheds,
+   * guard_lag_ns). Written by the control thread. */
+  _Atomic uint64_t guard_shed, guard_sheds, guard_lag_ns;
+  /* The guard's measure at its last check (STATS lag_held_ns). */
+  _Atomic uint64_t guard_held_ns;
   uint64_t cb_stats_ms; /* when on_batch last queued a STATS frame (callback state) */
 } A = {
     .init_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -529,6 +547,11 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("decode_wait_ns", st.decode_wait_ns);
   KV("send_wait_ns", GET(send_wait_ns));
   KV("send_wait_peak_ns", GET(send_wait_peak_ns));
+  KV("guard_shed", GET(guard_shed));
+  KV("guard_sheds", GET(guard_sheds));
+  KV("guard_lag_ns", GET(guard_lag_ns));
+  KV("guard_limit_ns", A.guard_limit_ns);
+  KV("lag_held_ns", GET(guard_held_ns));
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -545,7 +568,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[48]; /* stats_items_locked writes at most 35 */
+  cm_wire_kv kv[48]; /* stats_items_locked writes at most 40 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -880,6 +903,89 @@ static int apply_selection(const cm_selection *sel) {
   return rc;
 }
 
+/* The lag guard. CUPTI can fall behind the launches for good: on the H200 its own worker thread
+ * grew to a whole core over a long run at a high launch rate, and the records it held then grew
+ * the process by a gigabyte in 50 s (issue 18). Nothing the agent does downstream of CUPTI bounds
+ * that memory: only tracing less does. So while the time CUPTI is known to have held records back
+ * (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it then
+ * wrote the record into, for the kind most behind in a buffer, the largest over the buffers decoded
+ * since the last check; a record waiting in a partly filled buffer does not count) stays over
+ * CUPTIMON_GUARD_LAG_MS (default 5000; 0 turns the guard off) for GUARD_CHECKS checks in a row,
+ * each on a buffer decoded since the last, the guard has CUPTI stop writing one group of kinds
+ * for the rest of the session, in this order: the API records (runtime, driver, external
+ * correlation), then every other kind but kernels, then kernels, which leaves nothing traced.
+ * The observer keeps its selection (cm__engine_set_suppressed), so the records CUPTI had already
+ * written still arrive, are sent, and the exit's fence still waits for them: nothing traced is
+ * dropped by the shed. After each step the guard waits one limit's time for CUPTI to catch up
+ * before it takes the next. It never turns a kind back on: on the H200, turning kinds off and on
+ * again under load made CUPTI fall further behind. Each step is logged, and STATS carries the
+ * kinds shed (guard_shed), so the monitor says so. Control thread. */
+static const uint64_t guard_steps[] = {
+    1ull << CM_KIND_RUNTIME | 1ull << CM_KIND_DRIVER | 1ull << CM_KIND_EXTERNAL_CORRELATION,
+    ((1ull << CM_KIND_RESOURCE) - 1) & ~(1ull << CM_KIND_KERNEL | 1ull << CM_KIND_CONCURRENT_KERNEL),
+    (1ull << CM_KIND_RESOURCE) - 1,
+};
+
+static uint32_t guard_check_ms(void) {
+  uint64_t ms = A.guard_limit_ns / 1000000 / 10;
+  if (ms < GUARD_CHECK_MIN_MS) ms = GUARD_CHECK_MIN_MS;
+  if (ms > GUARD_CHECK_MAX_MS) ms = GUARD_CHECK_MAX_MS;
+  return (uint32_t)ms;
+}
+
+static bool guard_armed(void) {
+  return A.guard_limit_ns && A.eng && A.nobs > 0 && !atomic_load(&A.exiting) &&
+         (cm__engine_enabled(A.eng) & ~GET(guard_shed) & ((1ull << CM_KIND_RESOURCE) - 1));
+}
+
+static void guard_tick(void) {
+  if (!guard_armed()) return;
+  uint64_t now = cm__mono_ms();
+  if (now < A.guard_next_ms) return;
+  A.guard_next_ms = now + guard_check_ms();
+  cm_stats st;
+  memset(&st, 0, sizeof st);
+  cm_stats_get(A.eng, &st);
+  bool fresh = st.buffers_decoded != A.guard_decoded;
+  A.guard_decoded = st.buffers_decoded;
+  uint64_t lag = cm__engine_take_lag_held_max(A.eng);
+  if (!fresh) return; /* no buffer completed since the last check: no new measure */
+  atomic_store(&A.guard_held_ns, lag);
+  if (lag <= A.guard_limit_ns) {
+    A.guard_over = 0;
+    return;
+  }
+  if (++A.guard_over < GUARD_CHECKS || now < A.guard_quiet_ms) return;
+  uint64_t shed = GET(guard_shed), add = 0, wanted = cm__engine_enabled(A.eng);
+  for (size_t i = 0; i < sizeof guard_steps / sizeof guard_steps[0] && !add; i++)
+    add = guard_steps[i] & wanted & ~shed;
+  if (!add) return;
+  char names[512];
+  size_t len = 0;
+  names[0] = 0;
+  for (int k = 0; k < CM_KIND_MAX; k++) {
+    if (!(add >> k & 1) || len >= sizeof names) continue;
+    const char *nm = cm_kind_name(k);
+    int w = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", nm ? nm : "?");
+    if (w > 0) len += (size_t)w;
+  }
+  atomic_store(&A.guard_shed, shed | add);
+  atomic_store(&A.guard_lag_ns, lag);
+  INC(guard_sheds, 1);
+  bool last = (wanted & ~(shed | add)) == 0;
+  alog(CM_LOG_WARN, "CUPTI is %.1f s behind the application (over CUPTIMON_GUARD_LAG_MS=%llu "
+       "for %d checks in a row): tracing of %s stops for the rest of the session%s, so that the "
+       "records CUPTI holds stop growing",
+       (double)lag / 1e9, (unsigned long long)(A.guard_limit_ns / 1000000),
+       GUARD_CHECKS, names, last ? " (nothing is traced any more)" : "");
+  int rc = cm__engine_set_suppressed(A.eng, shed | add);
+  if (rc) alog(CM_LOG_ERROR, "the lag guard could not change the traced kinds: %s: %s",
+               cm_err_name(rc), cm_errmsg());
+  A.guard_over = 0;
+  A.guard_quiet_ms = now + A.guard_limit_ns / 1000000;
+  push_stats(); /* the monitor learns it now, not at the next batch */
+}
+
 static void tracing_off(void) {
   if (A.nobs == 0) return;
   apply_selection(NULL);
@@ -1088,8 +1194,11 @@ static void *control_main(void *arg) {
     }
     struct pollfd pf[2] = {{.fd = A.wake[0], .events = POLLIN},
                            {.fd = reading ? A.fd : -1, .events = POLLIN}};
-    int pr = poll(pf, 2, A.npm_wait ? PM_RETRY_MS : -1);
+    int tmo = A.npm_wait ? PM_RETRY_MS : -1;
+    if (guard_armed() && (tmo < 0 || (uint32_t)tmo > guard_check_ms())) tmo = (int)guard_check_ms();
+    int pr = poll(pf, 2, tmo);
     pm_retry();
+    guard_tick();
     if (pr < 0) {
       if (errno == EINTR) continue;
       alog(CM_LOG_ERROR, "control thread: poll failed: %s", strerror(errno));
@@ -1712,6 +1821,10 @@ static void agent_init(void) {
   A.exit_drain_ms = (uint32_t)env_u64("CUPTIMON_EXIT_DRAIN_MS", A.exit_budget_ms, 3600000);
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
+  const char *guard = getenv("CUPTIMON_GUARD_LAG_MS");
+  A.guard_limit_ns = guard && strcmp(guard, "0") == 0
+                         ? 0
+                         : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
   if (dormant) {
     /* Nothing is loaded or enabled until a monitor attaches (listen.c, docs/agent.md). */
     if (cap) alog(CM_LOG_WARN, "CUPTIMON_LISTEN is set: CUPTIMON_CAPTURE is ignored");
@@ -1861,6 +1974,14 @@ static void session_reset(int fd) {
   A.cb_last_kind = -1;
   A.sender_started = A.control_started = false;
   A.cadence_idle = false; /* session_begin applies the live cadence next */
+  /* Each session starts with every kind the monitor asks for: the guard sheds afresh. */
+  if (GET(guard_shed)) cm__engine_set_suppressed(A.eng, 0);
+  atomic_store(&A.guard_shed, 0);
+  atomic_store(&A.guard_sheds, 0);
+  atomic_store(&A.guard_lag_ns, 0);
+  atomic_store(&A.guard_held_ns, 0);
+  A.guard_over = 0;
+  A.guard_decoded = A.guard_next_ms = A.guard_quiet_ms = 0;
   memset(&A.base, 0, sizeof A.base);
   cm_stats_get(A.eng, &A.base);
 }

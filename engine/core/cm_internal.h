@@ -229,6 +229,12 @@ void cm__pool_destroy(cm__pool *p);
 uint8_t *cm__pool_get(cm__pool *p, size_t *size, bool *warn);
 /* Any thread. Returns a buffer obtained from cm__pool_get. */
 void cm__pool_put(cm__pool *p, uint8_t *buf);
+/* Notes when CUPTI asked for buffer `buf` (CLOCK_REALTIME ns), and reads it back: every record
+ * CUPTI puts in the buffer is written after that instant, so a record older than it was held by
+ * CUPTI at least that long (the lag guard's measure). The thread that got the buffer stamps it;
+ * the decoder reads it after the completion queue's lock. */
+void cm__pool_stamp(uint8_t *buf, uint64_t ns);
+uint64_t cm__pool_requested_ns(uint8_t *buf);
 /* Any thread. Changes the size of buffers allocated from now on and the bound. */
 void cm__pool_configure(cm__pool *p, size_t buffer_size, uint32_t max_buffers, uint32_t warn);
 /* Any thread. Frees the free buffers beyond `keep`; returns how many were freed. */
@@ -518,5 +524,21 @@ void cm__pm_columns_free(cm__pm_columns *cols);
  * usual), so an engine with no session holds no buffer memory: the dormant agent calls it when a
  * monitor detaches. Any thread. */
 void cm__engine_trim(cm_engine *e);
+/* The longest CUPTI is known to have held a record, over the buffers decoded since the previous
+ * call: for each buffer, the time from the timestamp of the kind most behind in it (as for
+ * lag_cupti_ns) to CUPTI asking for the buffer, which it wrote that record into later. Unlike
+ * lag_cupti_ns it does not count the time a record waited in a partly filled buffer, so a slow
+ * process without a flush cadence does not look behind. 0 when no buffer showed CUPTI holding a
+ * record back (or none had a timestamp on this run's clock). Any thread; the agent's lag guard
+ * takes it. */
+uint64_t cm__engine_take_lag_held_max(cm_engine *e);
+/* Keeps `kinds` (one bit per kind) disabled in CUPTI, whatever the observers select, until the
+ * next call, and disables them now. The observers keep their selections, so the records of those
+ * kinds that CUPTI already wrote still reach them, at flushes and fences as usual; the exit's
+ * fence still waits for them. 0 lifts it: the selected kinds are enabled again. Returns 0 or the
+ * error of a failed enable. Any thread but an observer callback (it takes api_mu). */
+int cm__engine_set_suppressed(cm_engine *e, uint64_t kinds);
+/* The kinds enabled in CUPTI now (one bit per kind). Any thread. */
+uint64_t cm__engine_enabled(cm_engine *e);
 
 #endif /* CM_INTERNAL_H */

@@ -117,6 +117,7 @@ static void CUPTIAPI on_buffer_request(uint8_t **buffer, size_t *size, size_t *m
   if (e) {
     bool warn = false;
     uint8_t *b = cm__pool_get(&e->pool, size, &warn);
+    if (b) cm__pool_stamp(b, cm__realtime_ns());
     if (warn)
       cm__engine_log(e, CM_LOG_WARN,
            "more than %u activity buffers are outstanding: the decoder is not keeping up with "
@@ -245,10 +246,20 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 
 /* ---- the decode worker ---------------------------------------------------------------------- */
 
+uint64_t cm__engine_enabled(cm_engine *e) {
+  return atomic_load_explicit(&e->enabled, memory_order_relaxed);
+}
+
+uint64_t cm__engine_take_lag_held_max(cm_engine *e) {
+  return atomic_exchange_explicit(&e->lag_held_max_ns, 0, memory_order_relaxed);
+}
+
 /* Stores the stage lags of one decoded buffer whose last record has timestamp `newest` (0:
- * none). A timestamp that is not on the realtime clock of this run (a test double's fixed
+ * none), and how long CUPTI held that record before asking for the buffer (at `requested`) that
+ * it then wrote it into (lag_held_max_ns). A timestamp that is not on the realtime clock of this run (a test double's fixed
  * dates, a clock more than an hour off) is no measure of lag and is ignored. */
-static void note_lag(cm_engine *e, uint64_t newest, uint64_t completed, uint64_t started) {
+static void note_lag(cm_engine *e, uint64_t newest, uint64_t requested, uint64_t completed,
+                     uint64_t started) {
   uint64_t now = cm__realtime_ns();
   const uint64_t hour = 3600ull * 1000000000ull;
   atomic_store_explicit(&e->decode_wait_ns, started > completed ? started - completed : 0,
@@ -257,6 +268,12 @@ static void note_lag(cm_engine *e, uint64_t newest, uint64_t completed, uint64_t
   uint64_t lag = now > newest ? now - newest : 0;
   atomic_store_explicit(&e->lag_cupti_ns, completed > newest ? completed - newest : 0,
                         memory_order_relaxed);
+  uint64_t held = requested > newest ? requested - newest : 0;
+  uint64_t cur = atomic_load_explicit(&e->lag_held_max_ns, memory_order_relaxed);
+  while (held > cur && !atomic_compare_exchange_weak_explicit(&e->lag_held_max_ns, &cur, held,
+                                                              memory_order_relaxed,
+                                                              memory_order_relaxed)) {
+  }
   atomic_store_explicit(&e->lag_decode_ns, lag, memory_order_relaxed);
   if (lag > atomic_load_explicit(&e->lag_decode_peak_ns, memory_order_relaxed))
     atomic_store_explicit(&e->lag_decode_peak_ns, lag, memory_order_relaxed);
@@ -310,7 +327,7 @@ static void *worker_main(void *arg) {
       uint64_t newest = cm__decoder_last_ts(e->dec);
       if (limit && held_over(e, limit)) cm__engine_deliver(e);
       pthread_mutex_unlock(&e->dec_mu);
-      note_lag(e, newest, it->completed_ns, started);
+      note_lag(e, newest, cm__pool_requested_ns(it->buf), it->completed_ns, started);
       ADD(e, st_records_decoded, n);
       ADD(e, st_buffers_decoded, 1);
       ADD(e, st_bytes_decoded, it->valid);
@@ -358,11 +375,13 @@ static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bi
     }
 }
 
-/* Enables and disables kinds to move CUPTI from `e->enabled` to `want`, touching only the kinds
+/* Enables and disables kinds to move CUPTI from `e->enabled` to `want` less the suppressed
+ * kinds, touching only the kinds
  * that differ. On a failed enable, the kinds this call enabled are disabled again and the error is
  * returned, so a failure leaves CUPTI as it was. Called with api_mu held. */
 static int apply_kinds(cm_engine *e, uint64_t want) {
   cm__cupti *c = &e->cupti;
+  want &= ~e->suppressed;
   uint64_t add = want & ~e->enabled, drop = e->enabled & ~want, done = 0;
   for (int k = 0; k < CM_KIND_MAX; k++) {
     if (!(add >> k & 1)) continue;
@@ -393,6 +412,15 @@ static void apply_toggles(cm_engine *e, const cm__bits *sel) {
     e->cupti.ActivityEnableCudaEventDeviceTimestamps(ets);
     e->event_ts_on = ets;
   }
+}
+
+int cm__engine_set_suppressed(cm_engine *e, uint64_t kinds) {
+  pthread_mutex_lock(&e->api_mu);
+  e->suppressed = kinds;
+  int rc = 0;
+  if (e->nobs > 0) rc = apply_kinds(e, cm__sel_kinds_needed(e->sel));
+  pthread_mutex_unlock(&e->api_mu);
+  return rc;
 }
 
 static uint64_t deadline_for(const cm_engine *e, uint32_t timeout_ms) {

@@ -52,6 +52,10 @@ struct cm_engine {
   /* enabled, active and session_start_ns are written under api_mu and read without it (by the
    * getters, which observers may call while a control call holds api_mu). */
   _Atomic uint64_t enabled; /* kinds enabled in CUPTI, bit per kind */
+  /* Kinds kept disabled in CUPTI whatever the observers select (cm__engine_set_suppressed): the
+   * agent's lag guard stops CUPTI writing them while the records it already wrote still reach
+   * the observers. */
+  uint64_t suppressed;
   atomic_bool active;
   bool latency_on;
   bool event_ts_on;
@@ -94,6 +98,10 @@ struct cm_engine {
   _Atomic uint64_t st_sync_skipped_capture, st_sync_skipped_busy, st_sync_abandoned;
   /* The stage lags of the newest decoded buffer (cm_stats), stored by the decode worker. */
   _Atomic uint64_t lag_cupti_ns, lag_decode_ns, lag_decode_peak_ns, decode_wait_ns;
+  /* The longest CUPTI held a record, over the buffers decoded since the agent's lag guard last
+   * took it (cm__engine_take_lag_held_max): the newest buffer's alone would be noisy, since a
+   * buffer of fresh API records can follow one of late kernel records at once. */
+  _Atomic uint64_t lag_held_max_ns;
 
   /* Set by the exit fence: waits of other control calls end at once (see t_exit_fence). */
   atomic_bool exiting;

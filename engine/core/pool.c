@@ -29,7 +29,10 @@
 #define POOL_MIN_SIZE 64
 
 typedef union pool_hdr {
-  size_t size; /* the usable size of the buffer after this header */
+  struct {
+    size_t size;           /* the usable size of the buffer after this header */
+    uint64_t requested_ns; /* when CUPTI last asked for it (cm__pool_stamp) */
+  } h;
   unsigned char pad[POOL_ALIGN];
 } pool_hdr;
 
@@ -53,7 +56,8 @@ static uint8_t *buf_alloc(size_t size) {
   void *base = NULL;
   if (size > SIZE_MAX - sizeof(pool_hdr)) return NULL;
   if (posix_memalign(&base, POOL_ALIGN, sizeof(pool_hdr) + size) != 0) return NULL;
-  ((pool_hdr *)base)->size = size;
+  ((pool_hdr *)base)->h.size = size;
+  ((pool_hdr *)base)->h.requested_ns = 0;
   return (uint8_t *)base + sizeof(pool_hdr);
 }
 
@@ -147,7 +151,7 @@ uint8_t *cm__pool_get(cm__pool *p, size_t *size, bool *warn) {
     p->free_count--;
     w = note_outstanding(p);
     pthread_mutex_unlock(&p->mu);
-    sz = hdr_of(buf)->size;
+    sz = hdr_of(buf)->h.size;
   } else if (p->alive >= p->max_buffers) {
     p->refused++;
     pthread_mutex_unlock(&p->mu);
@@ -181,7 +185,7 @@ void cm__pool_put(cm__pool *p, uint8_t *buf) {
   if (!buf) return;
   /* The header was written before the buffer was handed out and is never written again, so it
    * can be read without the mutex. */
-  size_t sz = hdr_of(buf)->size;
+  size_t sz = hdr_of(buf)->h.size;
   bool recycle;
 
   pthread_mutex_lock(&p->mu);
@@ -235,3 +239,7 @@ uint64_t cm__pool_trim(cm__pool *p, uint64_t keep) {
   chain_free(chain);
   return n;
 }
+
+void cm__pool_stamp(uint8_t *buf, uint64_t ns) { hdr_of(buf)->h.requested_ns = ns; }
+
+uint64_t cm__pool_requested_ns(uint8_t *buf) { return hdr_of(buf)->h.requested_ns; }

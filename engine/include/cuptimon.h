@@ -345,6 +345,15 @@ typedef struct cm_stats {
   /* The agent's send queue: how long the last BATCH frame sent had waited in it, and the peak. */
   uint64_t send_wait_ns;
   uint64_t send_wait_peak_ns;
+  /* Filled by the monitor for an agent's process (0 from an engine): the kinds its lag guard had
+   * CUPTI stop writing because CUPTI fell too far behind (one bit per kind; the sum over sources
+   * takes their union), and CUPTI's lag when it last did (docs/agent.md, "The lag guard"). */
+  uint64_t guard_shed;
+  uint64_t guard_lag_ns;
+  /* Filled by the monitor for an agent's process: the longest CUPTI held a record back before
+   * writing it, over the buffers of the lag guard's last check (the guard's measure; 0 while the
+   * guard is off or nothing is traced). */
+  uint64_t lag_held_ns;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */

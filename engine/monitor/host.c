@@ -533,7 +533,10 @@ static void add_stats(cm_stats *sum, const cm_stats *one) {
   MAX_(lag_recv_peak_ns);
   MAX_(send_wait_ns);
   MAX_(send_wait_peak_ns);
+  MAX_(guard_lag_ns);
+  MAX_(lag_held_ns);
 #undef MAX_
+  sum->guard_shed = keep.guard_shed | one->guard_shed;
 }
 
 int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
@@ -554,6 +557,7 @@ int cm_host_source_stats(cm_host *h, int source, cm_stats *out) {
     /* A process that ended is behind by nothing any more; its peaks stay. */
     cm_stats g = h->gone[i].st;
     g.lag_cupti_ns = g.lag_decode_ns = g.decode_wait_ns = g.lag_recv_ns = g.send_wait_ns = 0;
+    g.lag_held_ns = 0;
     g.backlog_records = 0;
     add_stats(out, &g);
   }

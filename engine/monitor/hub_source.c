@@ -332,6 +332,9 @@ static const struct {
     {"decode_wait_ns", offsetof(cm_stats, decode_wait_ns)},
     {"send_wait_ns", offsetof(cm_stats, send_wait_ns)},
     {"send_wait_peak_ns", offsetof(cm_stats, send_wait_peak_ns)},
+    {"guard_shed", offsetof(cm_stats, guard_shed)},
+    {"guard_lag_ns", offsetof(cm_stats, guard_lag_ns)},
+    {"lag_held_ns", offsetof(cm_stats, lag_held_ns)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {
@@ -682,6 +685,33 @@ static int on_strings(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t err
   return 0;
 }
 
+/* Says, once per change, that the agent's lag guard had CUPTI stop writing some kinds
+ * (docs/agent.md, "The lag guard"): the counts of those kinds cover the run up to then. */
+static void note_guard(cm__wsrc *w) {
+  uint64_t shed = cm__wsrc_stat(w, "guard_shed");
+  uint64_t add = shed & ~w->guard_said;
+  if (!add) return;
+  w->guard_said |= shed;
+  if (!log_ok()) return;
+  char names[512];
+  size_t len = 0;
+  names[0] = 0;
+  for (int k = 0; k < 64; k++) {
+    if (!(add >> k & 1) || len >= sizeof names) continue;
+    const char *nm = cm_kind_name(k);
+    int n = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", nm ? nm : "?");
+    if (n > 0) len += (size_t)n;
+  }
+  fprintf(stderr,
+          "cuptimon-lua: warning: %s pid %u: CUPTI fell %.1f s behind the application (the limit "
+          "is %.1f s, CUPTIMON_GUARD_LAG_MS), so its agent stopped tracing %s for the rest of the "
+          "run, so that CUPTI's backlog stops growing: the records of %s end there, and what was "
+          "traced before is complete\n",
+          w->origin, w->pid, (double)cm__wsrc_stat(w, "guard_lag_ns") / 1e9,
+          (double)cm__wsrc_stat(w, "guard_limit_ns") / 1e9, names,
+          (add & (add - 1)) ? "these kinds" : "this kind");
+}
+
 static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
   cm_wire_kvlist l;
   int rc = cm_wire_decode_kvlist(f, &l);
@@ -717,6 +747,7 @@ static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
               CM__WSRC_MAX_STATS);
   }
   note_stats(w);
+  note_guard(w);
   return 0;
 }
 

@@ -8,6 +8,11 @@
  * says "on time" while CUPTI holds seconds of kernel records. Here a kernel record that ended 3 s
  * ago is written before a runtime record that ends now: the lag must be about 3 s. A buffer of
  * fresh records alone must give a lag under a second.
+ *
+ * The lag guard's measure (cm__engine_take_lag_held_max) is how long CUPTI held a record before
+ * asking for the buffer it wrote it into. A fresh record that then waits 300 ms in a partly filled
+ * buffer makes lag_cupti_ns 300 ms, but CUPTI held it back for nothing, so the guard's measure
+ * stays near 0; the kernel record 3 s old, written into a new buffer, is held 3 s.
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -17,6 +22,7 @@
 
 #include <cupti.h>
 
+#include "cm_internal.h"
 #include "cmt.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
@@ -73,6 +79,19 @@ int main(void) {
   printf("fresh kernel and API records: lag_cupti_ns %" PRIu64 "\n", fresh);
   CMT_LT(fresh, 1000000000ull);
 
+  /* A fresh record that waits 300 ms in its buffer: late by lag_cupti_ns, not held by CUPTI. */
+  (void)cm__engine_take_lag_held_max(e);
+  now = realtime_ns();
+  emit_api(now - 30000, now - 5000, 4);
+  struct timespec pause = {0, 300000000};
+  nanosleep(&pause, NULL);
+  uint64_t waited = lag_after_flush(e);
+  uint64_t held = cm__engine_take_lag_held_max(e);
+  printf("a fresh record that waited 300 ms in its buffer: lag_cupti_ns %" PRIu64
+         ", held %" PRIu64 "\n", waited, held);
+  CMT_GE(waited, 290000000ull);
+  CMT_LT(held, 100000000ull);
+
   /* A kernel record 3 s old written before a fresh API record: the kernel's lag is reported. */
   now = realtime_ns();
   n = fake_make_kernel(rec, "late", 0, 7, now - 3000000000ull - 10000, now - 3000000000ull, 2);
@@ -82,6 +101,11 @@ int main(void) {
   printf("a kernel record 3 s behind, then a fresh API record: lag_cupti_ns %" PRIu64 "\n", late);
   CMT_GE(late, 2900000000ull);
   CMT_LT(late, 10000000000ull);
+  held = cm__engine_take_lag_held_max(e);
+  printf("the same: held %" PRIu64 "\n", held);
+  CMT_GE(held, 2900000000ull);
+  CMT_LT(held, 10000000000ull);
+  CMT_EQ(cm__engine_take_lag_held_max(e), 0); /* taken: nothing decoded since */
 
   CMT_OK(cm_unobserve(e, id));
   cm_selection_free(s);

@@ -112,6 +112,9 @@ typedef struct cm_stats {
   uint64_t backlog_records;
   uint64_t send_wait_ns;
   uint64_t send_wait_peak_ns;
+  uint64_t guard_shed;
+  uint64_t guard_lag_ns;
+  uint64_t lag_held_ns;
 } cm_stats;
 
 typedef struct cm_session_info {

@@ -19,6 +19,7 @@
 -- Errors follow luv: misuse (an unknown kind or field, a wrong type) raises error(msg, 2) naming
 -- the valid choices; a failure at run time returns nil, "ENAME: detail", "ENAME".
 local ffi = require "ffi"
+local bit = require "bit"
 local core = require "cuptimon.core"
 local cdef = require "cuptimon.cdef"
 local registry = require "cuptimon.registry"
@@ -313,7 +314,9 @@ end
 --- what the process lost, in records: dropped (all of it) = dropped_cupti + dropped_agent +
 --- dropped_exit + lost_wire; received, produced (received + dropped), lost_frames, incomplete
 --- (1 when the final counts never arrived: the numbers are a lower bound), last_number,
---- skipped_bytes (bytes of a capture skipped as corrupt; any makes the process incomplete).
+--- skipped_bytes (bytes of a capture skipped as corrupt; any makes the process incomplete); and
+--- lag_peak_s, lag_decode_peak_ns, guard_shed (the kinds the agent's lag guard stopped tracing,
+--- by name) and guard_lag_s (cm.stats()).
 function M.on(event, fn)
   local list = hooks[event]
   if not list then
@@ -372,6 +375,7 @@ local stat_names = {
   "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
   "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
   "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
+  "lag_held_ns",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
@@ -387,7 +391,10 @@ local stat_names = {
 --- buffer), lag_decode_ns and
 --- lag_decode_peak_ns (to the agent's decoder), decode_wait_ns, send_wait_ns and
 --- send_wait_peak_ns (the agent's decode and send queues), lag_recv_ns and lag_recv_peak_ns (to
---- the monitor). Returns nil, err for an unknown source.
+--- the monitor), lag_held_ns (the longest CUPTI held a record back before writing it, over the
+--- buffers of the agent's last lag-guard check), and guard_shed (the kinds, by name, that the agent's lag guard had CUPTI stop
+--- writing because CUPTI fell more than CUPTIMON_GUARD_LAG_MS behind; docs/agent.md) with
+--- guard_lag_s (CUPTI's lag when it last did). Returns nil, err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)
@@ -401,6 +408,13 @@ function M.stats(source)
   for _, k in ipairs(stat_names) do t[k] = tonumber(stats_cell[k]) end
   for k, v in pairs(core.loss(source or 0) or {}) do t[k] = v end
   t.lag_s, t.lag_peak_s = t.lag_recv_ns / 1e9, t.lag_recv_peak_ns / 1e9
+  -- The kinds the agent's lag guard had CUPTI stop writing, by name, and CUPTI's lag then.
+  t.guard_shed, t.guard_lag_s = {}, tonumber(stats_cell.guard_lag_ns) / 1e9
+  local gs = stats_cell.guard_shed
+  for _, name in ipairs(registry.kind_names()) do
+    local id = registry.kind(name).id
+    if id < 64 and bit.band(bit.rshift(gs, id), 1ULL) ~= 0ULL then t.guard_shed[#t.guard_shed + 1] = name end
+  end
   for _, name in ipairs(registry.kind_names()) do
     local n = tonumber(stats_cell.records_by_kind[registry.kind(name).id])
     if n > 0 then t.records_by_kind[name] = n end
@@ -813,7 +827,6 @@ end
 -- hub.c counts, and may record, exactly the frames between the two fences); a budget removes
 -- kinds from the union of one process (core.shed) whatever the observers select.
 
-local bit = require "bit"
 local windows = {}  -- token -> window part
 local next_window = 0
 
@@ -1185,7 +1198,8 @@ local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (pro
 --- Lines that say how far behind the script's view ran, for each process whose records reached
 --- the script more than `min_s` seconds (default 1) late at some point: a view that is behind is
 --- late, not incomplete (losses have their own LOST line). Now and at the peak, with the records
---- the agent still held (cm.stats(): lag_s, lag_peak_s, backlog_records).
+--- the agent still held (cm.stats(): lag_s, lag_peak_s, backlog_records); and one line for each
+--- process whose agent's lag guard stopped tracing kinds because CUPTI fell behind (guard_shed).
 function M.lag_notes(min_s)
   min_s = min_s or 1
   local out, seen = {}, {}
@@ -1198,14 +1212,28 @@ function M.lag_notes(min_s)
         :format(s.pid, st.lag_peak_s, st.lag_s, st.backlog_records)
     end
   end
+  local function guard_note(pid, shed, lag_s)
+    if shed and #shed > 0 then
+      out[#out + 1] = ("note: CUPTI fell %.1f s behind pid %d, so its agent stopped tracing %s "
+        .. "(the lag guard, CUPTIMON_GUARD_LAG_MS): the counts of %s cover the run until then")
+        :format(lag_s, pid, table.concat(shed, ", "), #shed > 1 and "those kinds" or "that kind")
+    end
+  end
+  for _, s in ipairs(core.sources()) do
+    local st = M.stats(s.source)
+    if st then guard_note(s.pid, st.guard_shed, st.guard_lag_s) end
+  end
   local gone = {}
   for source, g in pairs(lag_gone) do
-    if not seen[source] and g.peak >= min_s then gone[#gone + 1] = g end
+    if not seen[source] then gone[#gone + 1] = g end
   end
   table.sort(gone, function(a, b) return a.pid < b.pid end)
   for _, g in ipairs(gone) do
-    out[#out + 1] = ("note: the records of pid %d reached the script up to %.1f s late: the view "
-      .. "ran behind the application"):format(g.pid, g.peak)
+    if g.peak >= min_s then
+      out[#out + 1] = ("note: the records of pid %d reached the script up to %.1f s late: the view "
+        .. "ran behind the application"):format(g.pid, g.peak)
+    end
+    guard_note(g.pid, g.guard_shed, g.guard_lag_s)
   end
   return out
 end
@@ -1265,6 +1293,11 @@ function M.duty_overload(source, max_lag_ms)
   local st = budget_state[source]
   if st and #st.shed > 0 then
     return "the record-rate budget sheds " .. table.concat(st.shed, ",")
+  end
+  local ok, cs = pcall(M.stats, source)
+  if ok and type(cs) == "table" and cs.guard_shed and #cs.guard_shed > 0 then
+    return ("CUPTI fell %.1f s behind and the agent's lag guard stopped tracing %s")
+      :format(cs.guard_lag_s, table.concat(cs.guard_shed, ","))
   end
   local lag = M.duty_lag_ms(source)
   if lag and max_lag_ms and lag > max_lag_ms then
@@ -1532,7 +1565,9 @@ local function event(name, a, b)
     local st = M.stats(a.source)
     if st then
       a.lag_peak_s, a.lag_decode_peak_ns = st.lag_peak_s, st.lag_decode_peak_ns
-      lag_gone[a.source] = { pid = a.pid, peak = st.lag_peak_s }
+      a.guard_shed, a.guard_lag_s = st.guard_shed, st.guard_lag_s
+      lag_gone[a.source] = { pid = a.pid, peak = st.lag_peak_s, guard_shed = st.guard_shed,
+        guard_lag_s = st.guard_lag_s }
     end
     -- The exit table carries the start fields too (describe fills both), so it replaces them.
     batch.processes[a.source] = a
