@@ -230,6 +230,8 @@ def one_run(a, threads, seconds, name, floor=False):
               "lost_frames", "incomplete"):
         r[k] = num(r"^LOSS .*\b%s (\d+)" % k, out, conv=int)
     r["lost_line"] = next((l for l in out.splitlines() if "LOST" in l), "")
+    # The monitor's warnings when the agent's lag guard had CUPTI stop writing kinds.
+    r["guard_lines"] = [l for l in out.splitlines() if "so its agent stopped tracing" in l]
     if floor:
         r["kernels"] = num(r"^cupti_floor: kernels (\d+)", out, conv=int)
         r["runtime"] = num(r"^cupti_floor: kernels \d+ runtime (\d+)", out, conv=int)
@@ -341,6 +343,8 @@ def long_run(a, floor=False):
             g(r["kernels"]), g(r["runtime"]), g(r["dropped_cupti"])))
     if r["lost_line"]:
         print(r["lost_line"])
+    for l in r.get("guard_lines", []):
+        print("lag guard: " + l)
     print_thread_shares(r)
     return [r]
 

@@ -562,6 +562,23 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("lag guard", 1, true), out)
   end)
 
+  -- The guard's measure leaves out the time a record waits in a partly filled buffer. Here the
+  -- flush cadence is 1 s and the app writes a round every 700 ms, so records wait up to a second
+  -- for their buffer to complete (the stage lag to completion passes the 300 ms limit), yet CUPTI
+  -- held none of them back: the guard must not shed.
+  it("does not shed a process whose records wait in a partly filled buffer", function()
+    local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 GUARD_FLUSH_MS=1000 CUPTIMON_GUARD_LAG_MS=300 "
+      .. "%s %s -- %s --records 200 --rounds 8 --pause-ms 700 --threads 1 --kinds kernel,runtime")
+      :format(bin, fixture("guard_count.lua"), app))
+    assert.are.equal(0, rc, out)
+    local got = helpers.pairs_of(out, "got")
+    assert.are.equal(800, got.concurrent_kernel, out)
+    assert.are.equal(800, got.runtime, out)
+    assert.is_true(got.cupti_peak_ms > 300, out)
+    assert.are.equal("", got.guard_shed, out)
+    assert.is_nil(out:find("stopped tracing", 1, true), out)
+  end)
+
   -- Issue 19, item 3: one same-uid process floods the socket with connections that send nothing
   -- while ten CUDA processes start, each silent for 50 ms while CUPTI loads (as on a GPU). The
   -- gate evicts the flooder's own idle connections first, and an agent whose connection was
