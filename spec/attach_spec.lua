@@ -51,14 +51,15 @@ local function read(path)
   return s
 end
 
--- Starts a dormant fake_cuda_app; returns its pid and its control path. Its stdout and stderr go
+-- Starts a dormant fake_cuda_app (EXTRA: environment assignments; ARGS: more of its arguments);
+-- returns its pid and its control path. Its stdout and stderr go
 -- to RUN/app<pid>.{out,err}.
-local function start_app(run, env, extra, kinds)
+local function start_app(run, env, extra, kinds, args)
   local ctl = ("%s/ctl%d"):format(run, serial)
   serial = serial + 1
   local cmd = ("%sCUPTIMON_LIBCUPTI=%s CUPTIMON_LIBCUDA=%s CUDA_INJECTION64_PATH=%s CUPTIMON_LISTEN=1 "
-    .. "CUPTIMON_AGENT_LOG=info %s %s --control %s --kinds %s >%s.out 2>%s.err & echo $!")
-    :format(env, fake, fake, agent, extra or "", app, ctl, kinds or "kernel", ctl, ctl)
+    .. "CUPTIMON_AGENT_LOG=info %s %s --control %s --kinds %s %s >%s.out 2>%s.err & echo $!")
+    :format(env, fake, fake, agent, extra or "", app, ctl, kinds or "kernel", args or "", ctl, ctl)
   local p = io.popen("sh -c '" .. cmd .. "'")
   local pid = tonumber(p:read("*l"))
   p:close()
@@ -188,6 +189,28 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     -- A record the app writes just as its kind is turned off can land after the last flush (it
     -- is counted above); anything more is a lost mechanism, not a race.
     assert.is_true(total_dropped <= 40, "dropped " .. total_dropped)
+  end)
+
+  -- The agent's lag guard sheds for the rest of a session, not for good: a monitor that attaches
+  -- next gets every kind again. The fake holds its kernel records and releases 5 per flush, so
+  -- each session's 100 kernel records come out up to 1 s late and the guard (300 ms) sheds
+  -- runtime, then kernels; yet the next session's app writes both kinds again, and every record
+  -- written in a session is seen in it.
+  it("starts each session with every kind the lag guard shed in the one before", function()
+    local run, env = fresh()
+    local pid, ctl = start_app(run, env, "FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_GUARD_LAG_MS=300",
+      "kernel,runtime", "--kernel-backlog 5")
+    for i = 1, 2 do
+      local rc, out = helpers.sh(("%s%s --attach %d %s %s 200"):format(env, bin, pid,
+        fixture("attach_guard.lua"), ctl))
+      assert.are.equal(0, rc, out)
+      local s = helpers.pairs_of(out, "session")
+      assert.are.same({ 200, 200, "concurrent_kernel,runtime" }, { s.written, s.seen, s.guard_shed },
+        "session " .. i .. ":\n" .. out .. "\n" .. read(ctl .. ".err"))
+    end
+    stop_app(ctl, pid)
+    local _, sheds = read(ctl .. ".err"):gsub("tracing of runtime stops for the rest of the session", "")
+    assert.are.equal(2, sheds, read(ctl .. ".err"))
   end)
 
   it("lists the dormant processes, and which monitor is attached", function()
