@@ -231,7 +231,7 @@ def one_run(a, threads, seconds, name, floor=False):
         r[k] = num(r"^LOSS .*\b%s (\d+)" % k, out, conv=int)
     r["lost_line"] = next((l for l in out.splitlines() if "LOST" in l), "")
     # The monitor's warnings when the agent's lag guard had CUPTI stop writing kinds.
-    r["guard_lines"] = [l for l in out.splitlines() if "so its agent stopped tracing" in l]
+    r["guard_lines"] = [l for l in out.splitlines() if "its agent stopped tracing" in l and "warning" in l]
     if floor:
         r["kernels"] = num(r"^cupti_floor: kernels (\d+)", out, conv=int)
         r["runtime"] = num(r"^cupti_floor: kernels \d+ runtime (\d+)", out, conv=int)

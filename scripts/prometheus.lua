@@ -39,6 +39,12 @@
 --                                                       that far behind the application)
 --   cuptimon_lag_peak_seconds{host,pid,executable}      the largest lag seen
 --   cuptimon_backlog_records{host,pid,executable}       records the agent had not yet sent
+--   cuptimon_cupti_held_seconds{host,pid,executable}    how long CUPTI held records back before
+--                                                       writing them (cm.stats() lag_held_ns: the
+--                                                       agent's lag guard sheds kinds past
+--                                                       CUPTIMON_GUARD_LAG_MS)
+--   cuptimon_kind_shed{host,pid,executable,kind}        1 for each kind the lag guard stopped
+--                                                       tracing (its counts end there)
 -- With --pm-devices, gauges of the mean over the PM samples since the previous scrape (the last
 -- value when none arrived), and a counter of the samples:
 --   cuptimon_gpu_sm_active_ratio{...}                   SM active cycles over elapsed, 0..1
@@ -319,7 +325,8 @@ observe({ memcpy = { "copy_kind", "bytes", "start", "stop", "device" } }, functi
 end)
 
 -- The last counters of each source, never lower than the ones exported before.
-local source_counts = {} -- source -> { kinds = { name -> n }, lost = { cause -> n }, lag = st }
+local source_counts = {} -- source -> { kinds = { name -> n }, lost = { cause -> n }, lag = {...},
+                         --   shed = { kind, ... } }
 local LOSS = { { "cupti", "dropped_cupti" }, { "agent", "dropped_agent" }, { "exit", "dropped_exit" },
   { "wire", "lost_wire" } }
 
@@ -335,7 +342,8 @@ local function update_counts()
     end
     local st = cm.stats(source)
     if st then
-      c.lag = { st.lag_s, st.lag_peak_s, st.backlog_records }
+      c.lag = { st.lag_s, st.lag_peak_s, st.backlog_records, st.lag_held_ns / 1e9 }
+      c.shed = st.guard_shed
       for k, n in pairs(st.records_by_kind) do
         if n > (c.kinds[k] or 0) then c.kinds[k] = n end
       end
@@ -474,12 +482,27 @@ local function render()
   end
   for i, m in ipairs { { "cuptimon_lag_seconds", "How late the newest records reached the exporter." },
     { "cuptimon_lag_peak_seconds", "The largest lag of the records reaching the exporter." },
-    { "cuptimon_backlog_records", "Records the agent had decoded but not yet sent." } } do
+    { "cuptimon_backlog_records", "Records the agent had decoded but not yet sent." },
+    { "cuptimon_cupti_held_seconds", "How long CUPTI held records back before writing them." } } do
     family(m[1], "gauge", m[2])
     for _, source in ipairs(sources) do
       local c = source_counts[source]
       local v = c.lag and c.lag[i] or 0
       w(("%s{%s} %s\n"):format(m[1], proc_labels(source), i == 3 and ("%.0f"):format(v) or ("%.6f"):format(v)))
+    end
+  end
+  local any = false
+  for _, source in ipairs(sources) do
+    local c = source_counts[source]
+    if c.shed and #c.shed > 0 then
+      if not any then
+        family("cuptimon_kind_shed", "gauge",
+          "1 for each activity kind the agent's lag guard stopped tracing because CUPTI fell behind.")
+        any = true
+      end
+      for _, k in ipairs(c.shed) do
+        w(('cuptimon_kind_shed{%s,kind="%s"} 1\n'):format(proc_labels(source), escape(k)))
+      end
     end
   end
   render_pm(w, family)

@@ -362,6 +362,39 @@ describe("prometheus.lua", function()
     assert.are.equal(0, e.stop())
   end)
 
+  -- A recorded run in which the agent's lag guard shed runtime, then kernels (the fake CUPTI
+  -- holds kernel records back, as in hub_spec): the exporter says which kinds were shed.
+  it("exports the kinds the agent's lag guard shed, and CUPTI's held time", function()
+    local app, why = helpers.agent_app()
+    if not app then
+      pending(why)
+      return
+    end
+    local cap = os.tmpname()
+    os.remove(cap)
+    local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_GUARD_LAG_MS=300 %s --record %s "
+      .. "%s/spec/fixtures/guard_count.lua -- %s --records 100000 --threads 1 --kinds kernel,runtime "
+      .. "--kernel-backlog 20 --rate 40000"):format(bin, cap, root, app))
+    assert.are.equal(0, rc, out)
+    local e = start({ cap })
+    local _, _, body = get(e.port, "/metrics")
+    assert.are.equal(0, e.stop())
+    os.remove(cap)
+    local fams = parse(body)
+    assert.are.equal("gauge", fams.cuptimon_cupti_held_seconds.type, body)
+    local shed = {}
+    for _, smp in ipairs(fams.cuptimon_kind_shed.samples) do shed[smp.labels.kind] = smp.value end
+    assert.are.same({ concurrent_kernel = 1, runtime = 1 }, shed, body)
+    if os.execute("command -v promtool >/dev/null 2>&1") == 0 then
+      local f = assert(io.open(cap .. ".prom", "wb"))
+      f:write(body)
+      f:close()
+      local prc, pout = helpers.sh(("promtool check metrics < %s.prom"):format(cap))
+      os.remove(cap .. ".prom")
+      assert.are.equal(0, prc, pout)
+    end
+  end)
+
   it("serves a live run of two fake CUDA applications, one series set per pid", function()
     local app, why = helpers.agent_app()
     if not app then
