@@ -256,8 +256,9 @@ uint64_t cm__engine_take_lag_held_max(cm_engine *e) {
 
 /* Stores the stage lags of one decoded buffer whose last record has timestamp `newest` (0:
  * none), and how long CUPTI held that record before asking for the buffer (at `requested`) that
- * it then wrote it into (lag_held_max_ns). A timestamp that is not on the realtime clock of this run (a test double's fixed
- * dates, a clock more than an hour off) is no measure of lag and is ignored. */
+ * it then wrote it into (lag_held_max_ns). A timestamp that is not on the realtime clock of this
+ * run (a test double's fixed dates, a clock more than an hour off) is no measure of lag and is
+ * ignored. */
 static void note_lag(cm_engine *e, uint64_t newest, uint64_t requested, uint64_t completed,
                      uint64_t started) {
   uint64_t now = cm__realtime_ns();
@@ -375,10 +376,10 @@ static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bi
     }
 }
 
-/* Enables and disables kinds to move CUPTI from `e->enabled` to `want` less the suppressed
- * kinds, touching only the kinds
- * that differ. On a failed enable, the kinds this call enabled are disabled again and the error is
- * returned, so a failure leaves CUPTI as it was. Called with api_mu held. */
+/* Enables and disables kinds to move CUPTI from `e->enabled` to `want` less the suppressed kinds,
+ * touching only the kinds that differ. On a failed enable, the kinds this call enabled are
+ * disabled again and the error is returned, so a failure leaves CUPTI as it was. Called with
+ * api_mu held. */
 static int apply_kinds(cm_engine *e, uint64_t want) {
   cm__cupti *c = &e->cupti;
   want &= ~e->suppressed;

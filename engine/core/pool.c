@@ -183,8 +183,8 @@ uint8_t *cm__pool_get(cm__pool *p, size_t *size, bool *warn) {
  * freed (outside the mutex). NULL is ignored. */
 void cm__pool_put(cm__pool *p, uint8_t *buf) {
   if (!buf) return;
-  /* The header was written before the buffer was handed out and is never written again, so it
-   * can be read without the mutex. */
+  /* The header's size was written before the buffer was first handed out and is never written
+   * again, so it can be read without the mutex (only the request stamp beside it changes). */
   size_t sz = hdr_of(buf)->h.size;
   bool recycle;
 

@@ -104,7 +104,7 @@ void cm_host_deliver(cm_host *h, cm_source *s, uint32_t obs, const cm_batch *b) 
   if ((int)b->ncols != cm_selection_count(o->sel, b->kind)) fail("a selected field is missing or one too many");
   for (uint32_t i = 0; i < b->ncols; i++) {
     const cm_column *c = &b->cols[i];
-    if (c->type < CM_TYPE_U8 || c->type > CM_TYPE_I16) fail("a column of unknown type");
+    if (c->type < CM_TYPE_U8 || c->type > CM_TYPE_F64) fail("a column of unknown type");
     if (!cm_selection_has(o->sel, b->kind, c->field)) fail("a column the observer did not select");
     if (!c->name) fail("a column without a name");
     sink += (unsigned)strlen(c->name);
