@@ -920,10 +920,13 @@ static int apply_selection(const cm_selection *sel) {
  * before it takes the next. It never turns a kind back on: on the H200, turning kinds off and on
  * again under load made CUPTI fall further behind. Each step is logged, and STATS carries the
  * kinds shed (guard_shed), so the monitor says so. Control thread. */
+/* Every kind CUPTI writes: the engine's synthetic kinds (from CM_KIND_RESOURCE on) cost CUPTI
+ * nothing and are never shed. */
+#define GUARD_CUPTI_KINDS ((1ull << CM_KIND_RESOURCE) - 1)
 static const uint64_t guard_steps[] = {
     1ull << CM_KIND_RUNTIME | 1ull << CM_KIND_DRIVER | 1ull << CM_KIND_EXTERNAL_CORRELATION,
-    ((1ull << CM_KIND_RESOURCE) - 1) & ~(1ull << CM_KIND_KERNEL | 1ull << CM_KIND_CONCURRENT_KERNEL),
-    (1ull << CM_KIND_RESOURCE) - 1,
+    GUARD_CUPTI_KINDS & ~(1ull << CM_KIND_KERNEL | 1ull << CM_KIND_CONCURRENT_KERNEL),
+    GUARD_CUPTI_KINDS,
 };
 
 static uint32_t guard_check_ms(void) {
@@ -935,7 +938,7 @@ static uint32_t guard_check_ms(void) {
 
 static bool guard_armed(void) {
   return A.guard_limit_ns && A.eng && A.nobs > 0 && !atomic_load(&A.exiting) &&
-         (cm__engine_enabled(A.eng) & ~GET(guard_shed) & ((1ull << CM_KIND_RESOURCE) - 1));
+         (cm__engine_enabled(A.eng) & ~GET(guard_shed) & GUARD_CUPTI_KINDS);
 }
 
 static void guard_tick(void) {
@@ -1822,9 +1825,9 @@ static void agent_init(void) {
   A.max_bytes = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_MB", DEFAULT_QUEUE_MB, 1 << 20) << 20;
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
   const char *guard = getenv("CUPTIMON_GUARD_LAG_MS");
-  A.guard_limit_ns = guard && strcmp(guard, "0") == 0
-                         ? 0
-                         : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
+  bool guard_off = guard && strcmp(guard, "0") == 0;
+  A.guard_limit_ns =
+      guard_off ? 0 : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
   if (dormant) {
     /* Nothing is loaded or enabled until a monitor attaches (listen.c, docs/agent.md). */
     if (cap) alog(CM_LOG_WARN, "CUPTIMON_LISTEN is set: CUPTIMON_CAPTURE is ignored");

@@ -216,7 +216,8 @@ bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
 #define CM__EXIT_DEFAULT_FLUSH_MS 50
 
 /* How long the exit's fence, once its sync record has come, waits, flushing, for records from
- * before its mark to stop arriving, once some arrived after that record (CUPTI behind on a kind). */
+ * before its mark to stop arriving, once some arrived after that record (CUPTI behind on a
+ * kind). */
 #define CM__FENCE_QUIET_MS 50
 
 static uint64_t before_count(cm_engine *e) {
@@ -226,19 +227,19 @@ static uint64_t before_count(cm_engine *e) {
   return n;
 }
 
-/* The exit fence's last part, once its own sync record has been decoded. That record proves that CUPTI
- * has written the SYNCHRONIZATION records before it, not that it has written every kind's. Kinds
- * share buffers, and CUPTI's worker can be seconds behind on one of them (kernel records, timed
- * on the device) while the API and sync records of the same time arrive on time; a fence that
- * stopped at its sync record (the exit's among them) then left the records CUPTI still held
- * behind, uncounted. (On the H200 a script received 3.96 M fewer kernel than runtime records
- * after CUPTI's worker saturated, with no counter showing it.) So the exit's fence flushes on while
+/* The exit fence's last part, once its own sync record has been decoded. That record proves that
+ * CUPTI has written the SYNCHRONIZATION records before it, not that it has written every kind's.
+ * Kinds share buffers, and CUPTI's worker can be seconds behind on one of them (kernel records,
+ * timed on the device) while the API and sync records of the same time arrive on time; a fence
+ * that stopped at its sync record (the exit's among them) then left the records CUPTI still held
+ * behind, uncounted. (On the H200 a script received 3.96 M fewer kernel than runtime records after
+ * CUPTI's worker saturated, with no counter showing it.) So the exit's fence flushes on while
  * records from before its mark keep arriving: it ends at once when none came during the fence,
  * else at the first flush that brings none, or, once some came after the sync record, after
- * CM__FENCE_QUIET_MS without any. At the deadline it fails, and the exit's account says that
- * CUPTI was still delivering (the tail is then unknown). `force_at`: when it forces its flushes.
- * Mid-run fences do not wait so: they mark windows' edges, and their lateness is a lag that the
- * stage lags show (lag_cupti_ns), not a loss; at exit, what is not waited for is lost. */
+ * CM__FENCE_QUIET_MS without any. At the deadline it fails, and the exit's account says that CUPTI
+ * was still delivering (the tail is then unknown). `force_at`: when it forces its flushes. Mid-run
+ * fences do not wait so: they mark windows' edges, and their lateness is a lag that the stage lags
+ * show (lag_cupti_ns), not a loss; at exit, what is not waited for is lost. */
 static bool drain_before_mark(cm_engine *e, uint64_t deadline, uint64_t force_at, cm__exit_flush *ex) {
   uint64_t seen = before_count(e), late = 0;
   /* No record from before the mark came during the fence at all: nothing was in flight (an idle

@@ -1203,15 +1203,6 @@ local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (pro
 function M.lag_notes(min_s)
   min_s = min_s or 1
   local out, seen = {}, {}
-  for _, s in ipairs(core.sources()) do
-    seen[s.source] = true
-    local st = M.stats(s.source)
-    if st and st.lag_peak_s >= min_s then
-      out[#out + 1] = ("note: the records of pid %d reached the script up to %.1f s late (now %.1f "
-        .. "s behind, %d records not yet sent by its agent): the view is behind the application")
-        :format(s.pid, st.lag_peak_s, st.lag_s, st.backlog_records)
-    end
-  end
   local function guard_note(pid, shed, lag_s)
     if shed and #shed > 0 then
       out[#out + 1] = ("note: CUPTI fell %.1f s behind pid %d, so its agent stopped tracing %s "
@@ -1220,7 +1211,13 @@ function M.lag_notes(min_s)
     end
   end
   for _, s in ipairs(core.sources()) do
+    seen[s.source] = true
     local st = M.stats(s.source)
+    if st and st.lag_peak_s >= min_s then
+      out[#out + 1] = ("note: the records of pid %d reached the script up to %.1f s late (now %.1f "
+        .. "s behind, %d records not yet sent by its agent): the view is behind the application")
+        :format(s.pid, st.lag_peak_s, st.lag_s, st.backlog_records)
+    end
     if st then guard_note(s.pid, st.guard_shed, st.guard_lag_s) end
   end
   local gone = {}
