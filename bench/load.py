@@ -276,10 +276,21 @@ def one_run(a, threads, seconds, name, floor=False):
                    and r["kernels"] == r["launched_total"] and r["runtime"] is not None
                    and r["runtime"] >= r["launched_total"])
         return r
+    # The kinds the agent's lag guard had CUPTI stop writing (the monitor's warnings name them):
+    # the launches after a shed have no record of that kind, by design, so that kind is judged by
+    # its loss counters alone; every kind not shed must still be exact.
+    shed = set()
+    for l in r["guard_lines"]:
+        m = re.search(r"stopped tracing (.*?) for the rest of the run", l)
+        if m:
+            shed.update(x.strip() for x in m.group(1).split(","))
+    r["guard_shed"] = sorted(shed)
+    kernels_shed = bool(shed & {"kernel", "concurrent_kernel"})
+    kernels_ok = r["kernels"] is not None and r["launched_total"] is not None and (
+        r["kernels"] <= r["launched_total"] if kernels_shed else r["kernels"] == r["launched_total"])
+    runtime_ok = "runtime" in shed or (expected is not None and (r["delivered"] or 0) >= expected)
     r["ok"] = (status == 0 and r["dropped"] == 0 and r["incomplete"] == 0 and not r["lost_line"]
-               and r["exit_ok"]
-               and r["kernels"] == r["launched_total"] and expected is not None
-               and (r["delivered"] or 0) >= expected)
+               and r["exit_ok"] and kernels_ok and runtime_ok)
     return r
 
 
@@ -385,7 +396,9 @@ def main():
     with open(os.path.join(a.out, name + ".json"), "w") as f:
         json.dump(rows, f, indent=1)
     bad = [r for r in rows if not r["ok"]]
-    print("RESULT: %s" % ("PASS (no record lost)" if not bad else
+    shed = sorted({k for r in rows for k in r.get("guard_shed", [])})
+    print("RESULT: %s" % (("PASS (no record lost%s)" % (
+        "; the lag guard stopped tracing " + ", ".join(shed) if shed else "")) if not bad else
                           "FAIL (%d run(s) failed or lost records)" % len(bad)))
     return 1 if bad else 0
 

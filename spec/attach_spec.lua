@@ -156,6 +156,26 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     assert.is_false(exists(("%s/xdg/cuptimon/%d.sock"):format(run, pid)), "the socket is removed at exit")
   end)
 
+  -- A monitor that detached and exited, then a new --attach at once: the agent's control thread
+  -- may not yet have told its listener that the first session is over (here it tells it 1.5 s
+  -- late, as a loaded machine can). The listener sees that the attached monitor is gone, ends
+  -- its session and serves the new one instead of refusing it as "already attached".
+  it("serves an --attach that comes right after the last monitor exited", function()
+    local run, env = fresh()
+    local pid, ctl = start_app(run, env, "CUPTIMON_LISTEN_TEST_OVER_DELAY_MS=1500")
+    local total = 0
+    for i = 1, 4 do
+      local n = 500 + i
+      exact_window(env, pid, ctl, n)
+      total = total + n
+    end
+    stop_app(ctl, pid)
+    local err = read(ctl .. ".err")
+    local _, gone = err:gsub("dormant: the attached monitor pid %d+ is gone; its session ends", "")
+    assert.is_true(gone >= 1, err)
+    assert.matches("records=" .. total .. " ", read(ctl .. ".out"))
+  end)
+
   it("detaches while the app writes and loses nothing: every record written while traced is seen or counted", function()
     local run, env = fresh()
     local pid, ctl = start_app(run, env, "", "kernel,runtime")

@@ -58,6 +58,7 @@
 
 #include "cm_internal.h"
 #include "control.h"
+#include "guard.h"
 #include "cuptimon_wire.h"
 #include "listen.h"
 
@@ -88,12 +89,8 @@ enum {
   MAX_BATCH_FRAME = 8 << 20, /* a larger batch is split into frames of about this size */
   MAX_STRINGS_FRAME = 4 << 20,
   MAX_OBSERVERS = 8,
-  /* The lag guard (guard_tick): its default lag limit, how many checks in a row must see the
-   * lag over it, and the bounds of the interval between checks. */
-  DEFAULT_GUARD_LAG_MS = 5000,
-  GUARD_CHECKS = 3,
-  GUARD_CHECK_MIN_MS = 20,
-  GUARD_CHECK_MAX_MS = 1000
+  /* The lag guard's default limit (guard_tick, guard.h). */
+  DEFAULT_GUARD_LAG_MS = 5000
 };
 
 /* One queued frame: malloc'd bytes, handed from the producer to the sender. */
@@ -151,12 +148,11 @@ static struct agent {
   bool cadence_idle;
   uint64_t pm_wait_end;
   int nobs;
-  /* The lag guard (guard_tick; control thread only): the limit (CUPTIMON_GUARD_LAG_MS in ns, 0
-   * when the guard is off); the checks in a row that saw CUPTI's lag over it; buffers_decoded at
-   * the last check; when the next check is due and when the last shed's grace ends (mono ms). */
-  uint64_t guard_limit_ns;
-  uint32_t guard_over;
-  uint64_t guard_decoded, guard_next_ms, guard_quiet_ms;
+  /* The lag guard (guard_tick; control thread only): its policy's state (guard.h; the limit is
+   * CUPTIMON_GUARD_LAG_MS in ns, 0 when the guard is off); buffers_decoded at the last check; when
+   * the next check is due (mono ms). */
+  cm__guard guard;
+  uint64_t guard_decoded, guard_next_ms;
 
   /* Guarded by send_mu: the send queue. */
   pthread_mutex_t send_mu;
@@ -550,7 +546,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("guard_shed", GET(guard_shed));
   KV("guard_sheds", GET(guard_sheds));
   KV("guard_lag_ns", GET(guard_lag_ns));
-  KV("guard_limit_ns", A.guard_limit_ns);
+  KV("guard_limit_ns", A.guard.limit_ns);
   KV("lag_held_ns", GET(guard_held_ns));
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
@@ -906,46 +902,30 @@ static int apply_selection(const cm_selection *sel) {
 /* The lag guard. CUPTI can fall behind the launches for good: on the H200 its own worker thread
  * grew to a whole core over a long run at a high launch rate, and the records it held then grew
  * the process by a gigabyte in 50 s (issue 18). Nothing the agent does downstream of CUPTI bounds
- * that memory: only tracing less does. So while the time CUPTI is known to have held records back
+ * that memory: only tracing less does. Every check (a tenth of the limit, 20 ms to 1 s) on which
+ * a buffer was decoded since the last, the guard measures how long CUPTI held records back
  * (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it then
- * wrote the record into, for the kind most behind in a buffer, the largest over the buffers decoded
- * since the last check; a record waiting in a partly filled buffer does not count) stays over
- * CUPTIMON_GUARD_LAG_MS (default 5000; 0 turns the guard off) for GUARD_CHECKS checks in a row,
- * each on a buffer decoded since the last, the guard has CUPTI stop writing one group of kinds
- * for the rest of the session, in this order: the API records (runtime, driver, external
- * correlation), then every other kind but kernels, then kernels, which leaves nothing traced.
- * The observer keeps its selection (cm__engine_set_suppressed), so the records CUPTI had already
- * written still arrive, are sent, and the exit's fence still waits for them: nothing traced is
- * dropped by the shed. After each step the guard waits one limit's time for CUPTI to catch up
- * before it takes the next. It never turns a kind back on: on the H200, turning kinds off and on
- * again under load made CUPTI fall further behind. Each step is logged, and STATS carries the
- * kinds shed (guard_shed), so the monitor says so. Control thread. */
-/* Every kind CUPTI writes: the engine's synthetic kinds (from CM_KIND_RESOURCE on) cost CUPTI
- * nothing and are never shed. */
-#define GUARD_CUPTI_KINDS ((1ull << CM_KIND_RESOURCE) - 1)
-static const uint64_t guard_steps[] = {
-    1ull << CM_KIND_RUNTIME | 1ull << CM_KIND_DRIVER | 1ull << CM_KIND_EXTERNAL_CORRELATION,
-    GUARD_CUPTI_KINDS & ~(1ull << CM_KIND_KERNEL | 1ull << CM_KIND_CONCURRENT_KERNEL),
-    GUARD_CUPTI_KINDS,
-};
-
-static uint32_t guard_check_ms(void) {
-  uint64_t ms = A.guard_limit_ns / 1000000 / 10;
-  if (ms < GUARD_CHECK_MIN_MS) ms = GUARD_CHECK_MIN_MS;
-  if (ms > GUARD_CHECK_MAX_MS) ms = GUARD_CHECK_MAX_MS;
-  return (uint32_t)ms;
-}
-
+ * wrote the record into, for the kind most behind in a buffer, the largest over the buffers
+ * decoded since the last check; a record waiting in a partly filled buffer does not count), and
+ * guard.h's policy decides: over CUPTIMON_GUARD_LAG_MS (default 5000; 0 turns the guard off) for
+ * 3 checks in a row, CUPTI stops writing one group of kinds for the rest of the session (the API
+ * records, then every other kind but kernels, then kernels), and a further step comes one limit
+ * later at the earliest, and only if CUPTI is no less behind than at the last. The observer keeps
+ * its selection (cm__engine_set_suppressed), so the records CUPTI had already written still
+ * arrive, are sent, and the exit's fence still waits for them: nothing traced is dropped by the
+ * shed. It never turns a kind back on: on the H200, turning kinds off and on again under load
+ * made CUPTI fall further behind. Each step is logged, and STATS carries the kinds shed
+ * (guard_shed), so the monitor says so. Control thread. */
 static bool guard_armed(void) {
-  return A.guard_limit_ns && A.eng && A.nobs > 0 && !atomic_load(&A.exiting) &&
-         (cm__engine_enabled(A.eng) & ~GET(guard_shed) & GUARD_CUPTI_KINDS);
+  return A.guard.limit_ns && A.eng && A.nobs > 0 && !atomic_load(&A.exiting) &&
+         (cm__engine_enabled(A.eng) & ~A.guard.shed & cm__guard_cupti_kinds());
 }
 
 static void guard_tick(void) {
   if (!guard_armed()) return;
   uint64_t now = cm__mono_ms();
   if (now < A.guard_next_ms) return;
-  A.guard_next_ms = now + guard_check_ms();
+  A.guard_next_ms = now + cm__guard_interval_ms(&A.guard);
   cm_stats st;
   memset(&st, 0, sizeof st);
   cm_stats_get(A.eng, &st);
@@ -954,14 +934,8 @@ static void guard_tick(void) {
   uint64_t lag = cm__engine_take_lag_held_max(A.eng);
   if (!fresh) return; /* no buffer completed since the last check: no new measure */
   atomic_store(&A.guard_held_ns, lag);
-  if (lag <= A.guard_limit_ns) {
-    A.guard_over = 0;
-    return;
-  }
-  if (++A.guard_over < GUARD_CHECKS || now < A.guard_quiet_ms) return;
-  uint64_t shed = GET(guard_shed), add = 0, wanted = cm__engine_enabled(A.eng);
-  for (size_t i = 0; i < sizeof guard_steps / sizeof guard_steps[0] && !add; i++)
-    add = guard_steps[i] & wanted & ~shed;
+  uint64_t shed = A.guard.shed, wanted = cm__engine_enabled(A.eng);
+  uint64_t add = cm__guard_check(&A.guard, now, lag, wanted);
   if (!add) return;
   char names[512];
   size_t len = 0;
@@ -972,20 +946,19 @@ static void guard_tick(void) {
     int w = snprintf(names + len, sizeof names - len, "%s%s", len ? ", " : "", nm ? nm : "?");
     if (w > 0) len += (size_t)w;
   }
-  atomic_store(&A.guard_shed, shed | add);
+  atomic_store(&A.guard_shed, A.guard.shed);
   atomic_store(&A.guard_lag_ns, lag);
   INC(guard_sheds, 1);
-  bool last = (wanted & ~(shed | add)) == 0;
+  bool last = (wanted & ~A.guard.shed & cm__guard_cupti_kinds()) == 0;
   alog(CM_LOG_WARN, "CUPTI is %.1f s behind the application (over CUPTIMON_GUARD_LAG_MS=%llu "
-       "for %d checks in a row): tracing of %s stops for the rest of the session%s, so that the "
-       "records CUPTI holds stop growing",
-       (double)lag / 1e9, (unsigned long long)(A.guard_limit_ns / 1000000),
-       GUARD_CHECKS, names, last ? " (nothing is traced any more)" : "");
-  int rc = cm__engine_set_suppressed(A.eng, shed | add);
+       "for %d checks in a row%s): tracing of %s stops for the rest of the session%s, so that "
+       "the records CUPTI holds stop growing",
+       (double)lag / 1e9, (unsigned long long)(A.guard.limit_ns / 1000000), CM_GUARD_CHECKS,
+       shed ? ", and no less behind than at the last step" : "", names,
+       last ? " (nothing is traced any more)" : "");
+  int rc = cm__engine_set_suppressed(A.eng, A.guard.shed);
   if (rc) alog(CM_LOG_ERROR, "the lag guard could not change the traced kinds: %s: %s",
                cm_err_name(rc), cm_errmsg());
-  A.guard_over = 0;
-  A.guard_quiet_ms = now + A.guard_limit_ns / 1000000;
   push_stats(); /* the monitor learns it now, not at the next batch */
 }
 
@@ -1198,7 +1171,8 @@ static void *control_main(void *arg) {
     struct pollfd pf[2] = {{.fd = A.wake[0], .events = POLLIN},
                            {.fd = reading ? A.fd : -1, .events = POLLIN}};
     int tmo = A.npm_wait ? PM_RETRY_MS : -1;
-    if (guard_armed() && (tmo < 0 || (uint32_t)tmo > guard_check_ms())) tmo = (int)guard_check_ms();
+    uint32_t gms = cm__guard_interval_ms(&A.guard);
+    if (guard_armed() && (tmo < 0 || (uint32_t)tmo > gms)) tmo = (int)gms;
     int pr = poll(pf, 2, tmo);
     pm_retry();
     guard_tick();
@@ -1826,7 +1800,7 @@ static void agent_init(void) {
   A.max_frames = (size_t)env_u64("CUPTIMON_AGENT_QUEUE_FRAMES", DEFAULT_QUEUE_FRAMES, 1 << 24);
   const char *guard = getenv("CUPTIMON_GUARD_LAG_MS");
   bool guard_off = guard && strcmp(guard, "0") == 0;
-  A.guard_limit_ns =
+  A.guard.limit_ns =
       guard_off ? 0 : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
   if (dormant) {
     /* Nothing is loaded or enabled until a monitor attaches (listen.c, docs/agent.md). */
@@ -1942,6 +1916,8 @@ off:
 
 bool cm__agent_attached(void) { return atomic_load(&A.active); }
 
+bool cm__agent_session_gone(void) { return atomic_load(&A.active) && atomic_load(&A.gone); }
+
 void cm__agent_exit(int exit_code) { agent_exit_work(exit_code); }
 
 /* Restores the state of a fresh connection: an empty live queue, zero counters, no strings sent,
@@ -1983,8 +1959,8 @@ static void session_reset(int fd) {
   atomic_store(&A.guard_sheds, 0);
   atomic_store(&A.guard_lag_ns, 0);
   atomic_store(&A.guard_held_ns, 0);
-  A.guard_over = 0;
-  A.guard_decoded = A.guard_next_ms = A.guard_quiet_ms = 0;
+  cm__guard_reset(&A.guard);
+  A.guard_decoded = A.guard_next_ms = 0;
   memset(&A.base, 0, sizeof A.base);
   cm_stats_get(A.eng, &A.base);
 }

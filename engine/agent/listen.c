@@ -64,6 +64,7 @@ static struct listener {
   uid_t uid;
   bool allow_root;
   long test_uid;               /* CUPTIMON_LISTEN_TEST_PEER_UID: the peer uid to pretend, or -1 */
+  long test_over_delay_ms;     /* CUPTIMON_LISTEN_TEST_OVER_DELAY_MS (see cm__listen_session_over) */
   _Atomic bool on;             /* cm__listen_start succeeded */
   _Atomic bool exiting;
   _Atomic bool over;           /* the session's monitor is gone */
@@ -81,7 +82,13 @@ static void wake_listener(void) {
   }
 }
 
+/* The test hook CUPTIMON_LISTEN_TEST_OVER_DELAY_MS makes the control thread tell the listener
+ * that late, as a loaded machine can, so a test can attach again in between. */
 void cm__listen_session_over(void) {
+  if (L.test_over_delay_ms > 0) {
+    struct timespec d = {L.test_over_delay_ms / 1000, (L.test_over_delay_ms % 1000) * 1000000L};
+    nanosleep(&d, NULL);
+  }
   atomic_store(&L.over, true);
   wake_listener();
 }
@@ -149,10 +156,22 @@ static void on_connection(int fd) {
     close(fd);
     return;
   }
-  char msg[160];
+  /* The session's monitor may be gone before the control thread has told this thread so (a
+   * monitor that detached and exited, and a new `--attach` at once): that session is over, so it
+   * ends here, and the new monitor is served instead of refused. */
   int mon = atomic_load(&L.monitor_pid);
-  if (mon || atomic_load(&L.broken) || atomic_load(&L.exiting)) {
-    if (mon)
+  if (cm__agent_attached() && !atomic_load(&L.exiting) &&
+      (cm__agent_session_gone() || (mon > 0 && kill(mon, 0) != 0 && errno == ESRCH))) {
+    cm__alog(L_INFO, "dormant: the attached monitor pid %d is gone; its session ends before pid "
+             "%d is served", mon, (int)pid);
+    pthread_mutex_lock(&L.sess_mu);
+    if (!atomic_load(&L.exiting)) end_session_locked();
+    pthread_mutex_unlock(&L.sess_mu);
+    mon = atomic_load(&L.monitor_pid);
+  }
+  char msg[160];
+  if (mon || cm__agent_attached() || atomic_load(&L.broken) || atomic_load(&L.exiting)) {
+    if (mon || cm__agent_attached())
       snprintf(msg, sizeof msg, "already attached: the monitor pid %d is attached to this process "
                "(one monitor at a time)", mon);
     else
@@ -279,6 +298,8 @@ bool cm__listen_start(void) {
   L.uid = geteuid();
   L.allow_root = env_long("CUPTIMON_LISTEN_ALLOW_ROOT", 0) == 1;
   L.test_uid = env_long("CUPTIMON_LISTEN_TEST_PEER_UID", -1);
+  L.test_over_delay_ms = env_long("CUPTIMON_LISTEN_TEST_OVER_DELAY_MS", 0);
+  if (L.test_over_delay_ms > 10000) L.test_over_delay_ms = 10000;
   long hs = env_long("CUPTIMON_HANDSHAKE_MS", DEFAULT_HANDSHAKE_MS);
   L.handshake_ms = hs >= 1 && hs <= 3600000 ? (uint32_t)hs : DEFAULT_HANDSHAKE_MS;
   char err[512];

@@ -39,6 +39,9 @@ int cm__agent_session_begin(int fd, uint64_t deadline, int preempt_fd);
 bool cm__agent_session_end(uint64_t deadline);
 /* Whether a session is running. */
 bool cm__agent_attached(void);
+/* Whether the running session's monitor is gone (its connection ended or broke), so that the
+ * session is ending. */
+bool cm__agent_session_gone(void);
 /* The agent's exit work (the final fence, STATS and BYE) for a session in progress; `exit_code` is
  * the status given to exit(), or -1 when it is not known. */
 void cm__agent_exit(int exit_code);
