@@ -90,7 +90,7 @@ enum {
   MAX_STRINGS_FRAME = 4 << 20,
   MAX_OBSERVERS = 8,
   /* The lag guard's default limit (guard_tick, guard.h). */
-  DEFAULT_GUARD_LAG_MS = 5000
+  DEFAULT_GUARD_LAG_MS = 500
 };
 
 /* One queued frame: malloc'd bytes, handed from the producer to the sender. */
@@ -907,7 +907,7 @@ static int apply_selection(const cm_selection *sel) {
  * (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it then
  * wrote the record into, for the kind most behind in a buffer, the largest over the buffers
  * decoded since the last check; a record waiting in a partly filled buffer does not count), and
- * guard.h's policy decides: over CUPTIMON_GUARD_LAG_MS (default 5000; 0 turns the guard off) for
+ * guard.h's policy decides: over CUPTIMON_GUARD_LAG_MS (default 500; 0 turns the guard off) for
  * 3 checks in a row, CUPTI stops writing one group of kinds for the rest of the session (the API
  * records, then every other kind but kernels, then kernels), and a further step comes one limit
  * later at the earliest, and only if CUPTI is no less behind than at the last. The observer keeps

@@ -179,7 +179,7 @@ static void usage(FILE *out) {
 "  CUPTIMON_TOKEN (a private socket and a per-run token) on top of this environment.\n"
 "  The agent in the command reads its own variables (docs/agent.md), among them\n"
 "  CUPTIMON_EXIT_BUDGET_MS (2000: the most its exit adds to the process), CUPTIMON_AGENT_LOG\n"
-"  (warn) and CUPTIMON_GUARD_LAG_MS (5000: when CUPTI holds records back longer, the agent\n"
+"  (warn) and CUPTIMON_GUARD_LAG_MS (500: when CUPTI holds records back longer, the agent\n"
 "  stops tracing the API records, then all but kernels, then kernels; 0 turns that off).\n"
 "\n"
 "Exit status: with `-- cmd`, the command's status (128 + signal if a signal killed it; 127\n"

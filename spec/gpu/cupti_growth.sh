@@ -24,7 +24,7 @@
 #     periodic flush, as the agent has none in this run) under the same load for FLOOR_SECONDS,
 #     sampled the same way, with its lag from a record's end to its buffer's completion.
 # Each prints its table and "CPU by thread name (share of a core), first minute -> last minute".
-# The agent's lag guard is on as by default (CUPTIMON_GUARD_LAG_MS, 5000): the LAG lines carry its
+# The agent's lag guard is on as by default (CUPTIMON_GUARD_LAG_MS, 500): the LAG lines carry its
 # measure (held_ms) and what it shed (guard_shed). CUPTIMON_GUARD_LAG_MS=0 in the environment runs
 # the experiment without it; a lower limit tries the guard itself.
 # Logs and samples go to $OUT (cm_* and floor_*), else to /tmp/cuptimon-growth.
