@@ -160,7 +160,7 @@ describe("duty cycles with the real agent", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
-  it("estimates hold the known rates in their 95% intervals (3 seeded runs)", function()
+  it("estimates hold the known rates in their 95% intervals (5 seeded runs)", function()
     if os.getenv("CUPTIMON_SANITIZER") == "tsan" then
       return pending("a statistical check of timed runs, meaningless at TSan's speed")
     end
@@ -172,8 +172,13 @@ describe("duty cycles with the real agent", function()
     -- in 8. The app skips what a stall missed, so launched / steady_ms is the true rate.
     local held = { n = 0, t = 0, b = 0 }
     local ratios = { n = {}, t = {}, b = {}, total = {} }
+    local seen = {} -- each run's estimates against the truth, for the failure message
     local function within(e, v) return e.lo <= v and v <= e.hi end
-    for seed = 1, 3 do
+    -- Five runs, of which at least three intervals must hold the truth: at the intervals' 95%
+    -- coverage, three or more misses come about once in a thousand runs of this case (with three
+    -- runs and two to hold, a miss in two came once in CI); a coverage of one half passes half
+    -- the time, so the check can fail. The median estimate must be within 5% of the truth.
+    for seed = 1, 5 do
       local rc, out = unstarved(function(attempt)
         local s = seed + 100 * (attempt - 1)
         return steady_cmd(100, 400, s, 3200, 2000, "--kernel-us 50 --poisson-seed " .. s)
@@ -189,6 +194,8 @@ describe("duty cycles with the real agent", function()
       for m, est in pairs { n = e, t = g, b = c } do
         if within(est, truth[m]) then held[m] = held[m] + 1 end
         table.insert(ratios[m], est.rate / truth[m])
+        seen[#seen + 1] = ("seed %d %s: [%g, %g] against %g (%d windows)"):format(seed, m, est.lo,
+          est.hi, truth[m], est.windows or e.windows)
       end
       -- The total since the start: the app's launches. (Its interval covers the sampling error
       -- only: the process's start-up and teardown, without launches, are in the elapsed time.)
@@ -196,11 +203,11 @@ describe("duty cycles with the real agent", function()
       assert.matches("\nduty 0%.250 %(100 of every 400 ms%): %d+ windows so far, traced [%d.]+ s of [%d.]+ s elapsed", out)
     end
     for m, n in pairs(held) do
-      assert.is_true(n >= 2, m .. ": " .. n .. " of 3 intervals held the truth")
+      assert.is_true(n >= 3, m .. ": " .. n .. " of 5 intervals held the truth\n" .. table.concat(seen, "\n"))
     end
     for m, list in pairs(ratios) do
       table.sort(list)
-      assert.is_true(math.abs(list[2] - 1) <= 0.05, m .. ": median estimate / truth = " .. list[2])
+      assert.is_true(math.abs(list[3] - 1) <= 0.05, m .. ": median estimate / truth = " .. list[3])
     end
   end)
 
