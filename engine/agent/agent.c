@@ -89,8 +89,11 @@ enum {
   MAX_BATCH_FRAME = 8 << 20, /* a larger batch is split into frames of about this size */
   MAX_STRINGS_FRAME = 4 << 20,
   MAX_OBSERVERS = 8,
-  /* The lag guard's default limit (guard_tick, guard.h). */
-  DEFAULT_GUARD_LAG_MS = 500
+  /* The lag guard's default limits (guard_tick, guard.h): the time CUPTI held records, and the
+   * activity buffers it holds (24 MiB at the default 4 MiB; 1 to 3 while it kept up on the H200
+   * at 16 launching threads, with CUPTI's per-thread buffers off as the engine sets them). */
+  DEFAULT_GUARD_LAG_MS = 500,
+  DEFAULT_GUARD_BUFFERS = 6
 };
 
 /* One queued frame: malloc'd bytes, handed from the producer to the sender. */
@@ -547,6 +550,8 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("guard_sheds", GET(guard_sheds));
   KV("guard_lag_ns", GET(guard_lag_ns));
   KV("guard_limit_ns", A.guard.limit_ns);
+  KV("guard_buffers_limit", A.guard.buffers_limit);
+  KV("cupti_buffers", A.eng ? cm__engine_cupti_buffers(A.eng) : 0);
   KV("lag_held_ns", GET(guard_held_ns));
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
@@ -935,8 +940,12 @@ static void guard_tick(void) {
   if (!fresh) return; /* no buffer completed since the last check: no new measure */
   atomic_store(&A.guard_held_ns, lag);
   uint64_t shed = A.guard.shed, wanted = cm__engine_enabled(A.eng);
-  uint64_t add = cm__guard_check(&A.guard, now, lag, wanted);
+  uint64_t bufs = cm__engine_cupti_buffers(A.eng);
+  uint64_t add = cm__guard_check(&A.guard, now, lag, bufs, wanted);
   if (!add) return;
+  /* How far behind CUPTI is: the time it held records, or, when it is its buffers that it holds,
+   * the stage lag to their completion. */
+  uint64_t behind = lag > st.lag_cupti_ns ? lag : st.lag_cupti_ns;
   char names[512];
   size_t len = 0;
   names[0] = 0;
@@ -947,13 +956,15 @@ static void guard_tick(void) {
     if (w > 0) len += (size_t)w;
   }
   atomic_store(&A.guard_shed, A.guard.shed);
-  atomic_store(&A.guard_lag_ns, lag);
+  atomic_store(&A.guard_lag_ns, behind);
   INC(guard_sheds, 1);
   bool last = (wanted & ~A.guard.shed & cm__guard_cupti_kinds()) == 0;
-  alog(CM_LOG_WARN, "CUPTI is %.1f s behind the application (over CUPTIMON_GUARD_LAG_MS=%llu "
-       "for %d checks in a row%s): tracing of %s stops for the rest of the session%s, so that "
-       "the records CUPTI holds stop growing",
-       (double)lag / 1e9, (unsigned long long)(A.guard.limit_ns / 1000000), CM_GUARD_CHECKS,
+  alog(CM_LOG_WARN, "CUPTI is %.1f s behind the application: it held records %.1f s before "
+       "writing them (CUPTIMON_GUARD_LAG_MS=%llu) and holds %llu activity buffers "
+       "(CUPTIMON_GUARD_BUFFERS=%llu), over a limit for %d checks in a row%s: tracing of %s stops "
+       "for the rest of the session%s, so that what CUPTI holds stops growing",
+       (double)behind / 1e9, (double)lag / 1e9, (unsigned long long)(A.guard.limit_ns / 1000000),
+       (unsigned long long)bufs, (unsigned long long)A.guard.buffers_limit, CM_GUARD_CHECKS,
        shed ? ", and no less behind than at the last step" : "", names,
        last ? " (nothing is traced any more)" : "");
   int rc = cm__engine_set_suppressed(A.eng, A.guard.shed);
@@ -1802,6 +1813,10 @@ static void agent_init(void) {
   bool guard_off = guard && strcmp(guard, "0") == 0;
   A.guard.limit_ns =
       guard_off ? 0 : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
+  const char *gbuf = getenv("CUPTIMON_GUARD_BUFFERS");
+  A.guard.buffers_limit = gbuf && strcmp(gbuf, "0") == 0
+                              ? 0
+                              : env_u64("CUPTIMON_GUARD_BUFFERS", DEFAULT_GUARD_BUFFERS, 1000000);
   if (dormant) {
     /* Nothing is loaded or enabled until a monitor attaches (listen.c, docs/agent.md). */
     if (cap) alog(CM_LOG_WARN, "CUPTIMON_LISTEN is set: CUPTIMON_CAPTURE is ignored");

@@ -3,6 +3,7 @@
  */
 #include "guard.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 #include "cuptimon.h"
@@ -29,24 +30,33 @@ uint32_t cm__guard_interval_ms(const cm__guard *g) {
 }
 
 void cm__guard_reset(cm__guard *g) {
-  uint64_t limit = g->limit_ns;
+  uint64_t limit = g->limit_ns, buffers = g->buffers_limit;
   memset(g, 0, sizeof *g);
   g->limit_ns = limit;
+  g->buffers_limit = buffers;
 }
 
-uint64_t cm__guard_check(cm__guard *g, uint64_t now_ms, uint64_t held_ns, uint64_t wanted) {
+uint64_t cm__guard_check(cm__guard *g, uint64_t now_ms, uint64_t held_ns, uint64_t buffers,
+                         uint64_t wanted) {
   if (!g->limit_ns) return 0;
-  if (held_ns <= g->limit_ns) {
+  bool lag_over = held_ns > g->limit_ns;
+  bool buf_over = g->buffers_limit && buffers > g->buffers_limit;
+  if (!lag_over && !buf_over) {
     g->over = 0;
     return 0;
   }
   if (++g->over < CM_GUARD_CHECKS || now_ms < g->quiet_ms) return 0;
-  if (g->shed && held_ns < g->step_lag_ns) return 0; /* catching up since the last step */
+  /* After a step, the next only while a measure over its limit is no better than at the step:
+   * a shrinking one is the backlog from before the step draining. */
+  if (g->shed && !(lag_over && held_ns >= g->step_lag_ns) &&
+      !(buf_over && buffers >= g->step_buffers))
+    return 0;
   uint64_t add = 0;
   for (int i = 0; !add && step_kinds(i); i++) add = step_kinds(i) & wanted & ~g->shed;
   if (!add) return 0;
   g->shed |= add;
   g->step_lag_ns = held_ns;
+  g->step_buffers = buffers;
   g->over = 0;
   g->quiet_ms = now_ms + g->limit_ns / 1000000;
   return add;

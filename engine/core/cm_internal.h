@@ -532,6 +532,11 @@ void cm__engine_trim(cm_engine *e);
  * record back (or none had a timestamp on this run's clock). Any thread; the agent's lag guard
  * takes it. */
 uint64_t cm__engine_take_lag_held_max(cm_engine *e);
+/* How many activity buffers CUPTI holds now: handed to it and not yet completed. When CUPTI falls
+ * behind on completing its buffers, it keeps asking for new ones while it holds the old, and this
+ * count (the memory it holds in the pool) grows: on the H200, from 1 to 3 while it kept up to 40
+ * once it fell behind. Any thread; the agent's lag guard reads it. */
+uint64_t cm__engine_cupti_buffers(cm_engine *e);
 /* Keeps `kinds` (one bit per kind) disabled in CUPTI, whatever the observers select, until the
  * next call, and disables them now. The observers keep their selections, so the records of those
  * kinds that CUPTI already wrote still reach them, at flushes and fences as usual; the exit's

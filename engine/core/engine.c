@@ -117,7 +117,10 @@ static void CUPTIAPI on_buffer_request(uint8_t **buffer, size_t *size, size_t *m
   if (e) {
     bool warn = false;
     uint8_t *b = cm__pool_get(&e->pool, size, &warn);
-    if (b) cm__pool_stamp(b, cm__realtime_ns());
+    if (b) {
+      cm__pool_stamp(b, cm__realtime_ns());
+      ADD(e, cupti_buffers, 1);
+    }
     if (warn)
       cm__engine_log(e, CM_LOG_WARN,
            "more than %u activity buffers are outstanding: the decoder is not keeping up with "
@@ -136,6 +139,7 @@ static void buffer_complete(cm_engine *e, CUcontext ctx, uint32_t stream, uint8_
   if (e->cupti.ActivityGetNumDroppedRecords(ctx, stream, &dropped) == CUPTI_SUCCESS && dropped)
     ADD(e, st_records_dropped, dropped);
   if (!buffer) return;
+  atomic_fetch_sub_explicit(&e->cupti_buffers, 1, memory_order_relaxed);
   if (!valid) {
     cm__pool_put(&e->pool, buffer);
     return;
@@ -248,6 +252,10 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 
 uint64_t cm__engine_enabled(cm_engine *e) {
   return atomic_load_explicit(&e->enabled, memory_order_relaxed);
+}
+
+uint64_t cm__engine_cupti_buffers(cm_engine *e) {
+  return atomic_load_explicit(&e->cupti_buffers, memory_order_relaxed);
 }
 
 uint64_t cm__engine_take_lag_held_max(cm_engine *e) {

@@ -102,6 +102,9 @@ struct cm_engine {
    * took it (cm__engine_take_lag_held_max): the newest buffer's alone would be noisy, since a
    * buffer of fresh API records can follow one of late kernel records at once. */
   _Atomic uint64_t lag_held_max_ns;
+  /* Activity buffers CUPTI holds: handed to it by on_buffer_request and not yet completed
+   * (cm__engine_cupti_buffers). */
+  _Atomic uint64_t cupti_buffers;
 
   /* Set by the exit fence: waits of other control calls end at once (see t_exit_fence). */
   atomic_bool exiting;

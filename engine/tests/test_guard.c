@@ -6,7 +6,8 @@
  * in the limit's time after the last; it takes the next step only while CUPTI is no less behind
  * than at the last (a backlog that drains after a step is the step helping); the steps come in
  * order (API records, the other kinds but kernels, kernels) over the kinds the observers want;
- * it is off with a zero limit, and a reset forgets everything but the limit.
+ * it is off with a zero limit, and a reset forgets everything but the limits. The buffers CUPTI
+ * holds are a second measure with its own limit, judged the same way.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -27,7 +28,7 @@ static const uint64_t copies = K(CM_KIND_MEMCPY) | K(CM_KIND_MEMSET);
 static uint64_t run(cm__guard *g, uint64_t *now, uint64_t step_ms, const uint64_t *held, int n,
                     uint64_t wanted) {
   uint64_t shed = 0;
-  for (int i = 0; i < n; i++, *now += step_ms) shed |= cm__guard_check(g, *now, held[i] * MS, wanted);
+  for (int i = 0; i < n; i++, *now += step_ms) shed |= cm__guard_check(g, *now, held[i] * MS, 1, wanted);
   return shed;
 }
 
@@ -89,6 +90,30 @@ int main(void) {
   CMT_EQU(g.shed, 0);
   CMT_EQU(g.limit_ns, 500 * MS);
   CMT_EQU(run(&g, &now, 50, behind, 3, wanted), api);
+
+  /* The buffers CUPTI holds, with the time it held records at 0 (what the H200 showed): over
+   * the limit of 6 at three checks in a row sheds; fewer each check after the step (the backlog
+   * draining) sheds no more; as many or more does. */
+  cm__guard b = {.limit_ns = 500 * MS, .buffers_limit = 6};
+  t = 1000;
+  const uint64_t bufs[] = {3, 9, 12, 5, 9, 12, 15};
+  uint64_t got = 0;
+  for (int i = 0; i < 7; i++, t += 50) got |= cm__guard_check(&b, t, 0, bufs[i], wanted);
+  CMT_EQU(got, api);
+  CMT_EQU(b.step_buffers, 15);
+  t += 500;
+  const uint64_t fewer[] = {14, 12, 10, 9, 8, 7};
+  for (int i = 0; i < 6; i++, t += 50) CMT_EQU(cm__guard_check(&b, t, 0, fewer[i], wanted), 0);
+  const uint64_t more[] = {15, 16, 17};
+  got = 0;
+  for (int i = 0; i < 3; i++, t += 50) got |= cm__guard_check(&b, t, 0, more[i], wanted);
+  CMT_EQU(got, copies);
+  /* Without a buffer limit, the buffers alone never shed. */
+  cm__guard nb = {.limit_ns = 500 * MS};
+  t = 1000;
+  for (int i = 0; i < 5; i++, t += 50) CMT_EQU(cm__guard_check(&nb, t, 0, 100, wanted), 0);
+  cm__guard_reset(&b);
+  CMT_EQU(b.buffers_limit, 6);
 
   /* The interval between checks is a tenth of the limit, within its bounds. */
   cm__guard lo = {.limit_ns = 50 * MS}, hi = {.limit_ns = 60000 * MS};
