@@ -562,6 +562,27 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("lag guard", 1, true), out)
   end)
 
+  -- CUPTI behind on completing its buffers (the fake's completion thread waits 100 ms a buffer,
+  -- while the app fills about 12 a second), as on the H200 under sustained load: it holds more
+  -- and more buffers while the time it held each record before writing it stays at 0. The guard's
+  -- second measure, the buffers CUPTI holds (CUPTIMON_GUARD_BUFFERS), sheds runtime, then kernels;
+  -- every record the fake wrote reaches the script.
+  it("sheds when CUPTI holds too many buffers, and loses nothing", function()
+    local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_GUARD_BUFFERS=4 %s %s -- %s "
+      .. "--records 1000000 --rate 400000 --threads 1 --kinds kernel,runtime "
+      .. "--completion-delay-us 100000"):format(bin, fixture("guard_count.lua"), app))
+    assert.are.equal(0, rc, out)
+    local a = helpers.pairs_of(out, "fake_cuda_app:")
+    local got = helpers.pairs_of(out, "got")
+    assert.are.equal(a.concurrent_kernel, got.concurrent_kernel, out)
+    assert.are.equal(a.runtime, got.runtime, out)
+    assert.is_true(a.runtime < 500000, out)
+    assert.matches("runtime", got.guard_shed, out)
+    assert.matches("activity buffers %(CUPTIMON_GUARD_BUFFERS=4%), over a limit", out)
+    assert.matches("stopped tracing runtime for the rest of the run", out)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
   -- The guard's measure leaves out the time a record waits in a partly filled buffer. Here the
   -- flush cadence is 1 s and the app writes a round every 700 ms, so records wait up to a second
   -- for their buffer to complete (the stage lag to completion passes the 300 ms limit), yet CUPTI

@@ -937,10 +937,13 @@ static void guard_tick(void) {
   bool fresh = st.buffers_decoded != A.guard_decoded;
   A.guard_decoded = st.buffers_decoded;
   uint64_t lag = cm__engine_take_lag_held_max(A.eng);
-  if (!fresh) return; /* no buffer completed since the last check: no new measure */
-  atomic_store(&A.guard_held_ns, lag);
-  uint64_t shed = A.guard.shed, wanted = cm__engine_enabled(A.eng);
   uint64_t bufs = cm__engine_cupti_buffers(A.eng);
+  /* No buffer decoded since the last check: no new measure of the time CUPTI held records, and
+   * nothing to judge unless CUPTI holds too many buffers (which is also how CUPTI looks when it
+   * completes none). */
+  if (!fresh && !(A.guard.buffers_limit && bufs > A.guard.buffers_limit)) return;
+  if (fresh) atomic_store(&A.guard_held_ns, lag);
+  uint64_t shed = A.guard.shed, wanted = cm__engine_enabled(A.eng);
   uint64_t add = cm__guard_check(&A.guard, now, lag, bufs, wanted);
   if (!add) return;
   /* How far behind CUPTI is: the time it held records, or, when it is its buffers that it holds,

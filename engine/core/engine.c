@@ -298,11 +298,14 @@ static void *worker_main(void *arg) {
     uint64_t now = cm__mono_ms();
     uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
     if (fl && now >= next_flush) {
-      next_flush = now + fl;
       pthread_mutex_unlock(&e->work_mu);
       uint64_t f0 = cm__mono_ms();
       e->cupti.ActivityFlushAll(0);
       uint64_t took = cm__mono_ms() - f0;
+      /* The next flush is a cadence after this one returned, not after it began: a flush that
+       * takes longer than the cadence (CUPTI behind) would otherwise be followed by another at
+       * once, and the worker would flush on and never decode what the flushes completed. */
+      next_flush = f0 + took + fl;
       /* A flush that takes long is CUPTI behind: said when it first passes 250 ms, and each time
        * it doubles the longest said so far. */
       if (took >= 250 && took >= 2 * flush_said_ms) {

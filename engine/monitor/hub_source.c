@@ -703,12 +703,14 @@ static void note_guard(cm__wsrc *w) {
     if (n > 0) len += (size_t)n;
   }
   fprintf(stderr,
-          "cuptimon-lua: warning: %s pid %u: CUPTI fell %.1f s behind the application (the limit "
-          "is %.1f s, CUPTIMON_GUARD_LAG_MS): its agent stopped tracing %s for the rest of the "
+          "cuptimon-lua: warning: %s pid %u: CUPTI fell %.1f s behind the application (the "
+          "limits are records held %.1f s, CUPTIMON_GUARD_LAG_MS, and %llu activity buffers held, "
+          "CUPTIMON_GUARD_BUFFERS): its agent stopped tracing %s for the rest of the "
           "run, so that CUPTI's backlog stops growing; the records of %s end there, and what was "
           "traced before is complete\n",
           w->origin, w->pid, (double)cm__wsrc_stat(w, "guard_lag_ns") / 1e9,
-          (double)cm__wsrc_stat(w, "guard_limit_ns") / 1e9, names,
+          (double)cm__wsrc_stat(w, "guard_limit_ns") / 1e9,
+          (unsigned long long)cm__wsrc_stat(w, "guard_buffers_limit"), names,
           (add & (add - 1)) ? "these kinds" : "this kind");
 }
 

@@ -30,6 +30,9 @@
  *          forced ones
  *          --backlog-ms B (once the workload is done, CUPTI's flushes complete no buffer for B ms:
  *          CUPTI behind by B ms at exit)
+ *          --completion-delay-us U (CUPTI's completion thread waits U us before it completes each
+ *          buffer: CUPTI behind on completing its buffers, holding more and more of them, as on
+ *          the H200 under sustained load)
  *          --kernel-backlog N (kernel records are held when made, and each cuptiActivityFlushAll
  *          writes at most N of them: CUPTI behind on kernel records alone, as on the H200)
  *          --default-flush-full-only (once the workload is done, default flushes return no partly
@@ -224,7 +227,7 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--kernel-backlog N] [--default-flush-full-only] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--kernel-backlog N] [--completion-delay-us U] [--default-flush-full-only] [--crash] [--exit-code C] [--slow-round R] "
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
@@ -425,6 +428,8 @@ int main(int argc, char **argv) {
       backlog_ms = atoi(v);
     } else if (strcmp(a, "--kernel-backlog") == 0) {
       kernel_backlog = atoi(v);
+    } else if (strcmp(a, "--completion-delay-us") == 0) {
+      fake_set_completion_delay_us((uint32_t)atoi(v));
     } else if (strcmp(a, "--rate") == 0) {
       rate = strtod(v, NULL);
     } else if (strcmp(a, "--teardown-ms") == 0) {
