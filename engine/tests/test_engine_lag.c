@@ -24,6 +24,7 @@
 
 #include "cm_internal.h"
 #include "cmt.h"
+#include "cmt_engine.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
@@ -61,13 +62,8 @@ static uint64_t lag_after_flush(cm_engine *e) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  cm_engine *e;
-  CMT_OK(cm_engine_new(&e, NULL));
-  cm_selection *s = NULL;
-  CMT_OK(cm_selection_new(&s));
-  CMT_OK(cm_selection_parse(s, "kernel:start,stop;runtime:start,stop"));
-  uint32_t id = 0;
-  CMT_OK(cm_observe(e, s, on_batch, NULL, &id));
+  cmt_engine t = cmt_engine_start(on_batch);
+  cm_engine *e = t.e;
 
   /* Fresh records only: the lag is the time from writing to the flush, well under a second. */
   uint64_t now = realtime_ns();
@@ -107,9 +103,7 @@ int main(void) {
   CMT_LT(held, 10000000000ull);
   CMT_EQ(cm__engine_take_lag_held_max(e), 0); /* taken: nothing decoded since */
 
-  CMT_OK(cm_unobserve(e, id));
-  cm_selection_free(s);
-  cm_engine_free(e);
+  cmt_engine_end(&t);
   printf("ok\n");
   return 0;
 }

@@ -17,6 +17,7 @@
 
 #include "cm_internal.h"
 #include "cmt.h"
+#include "cmt_engine.h"
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
@@ -47,13 +48,10 @@ static int emit_kernel(uint32_t correlation) {
 
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  cm_engine *e;
-  CMT_OK(cm_engine_new(&e, NULL));
-  cm_selection *s = NULL;
-  CMT_OK(cm_selection_new(&s));
-  CMT_OK(cm_selection_parse(s, "kernel:start,stop;runtime:start,stop"));
-  uint32_t id = 0;
-  CMT_OK(cm_observe(e, s, on_batch, NULL, &id));
+  cmt_engine t = cmt_engine_start(on_batch);
+  cm_engine *e = t.e;
+  cm_selection *s = t.sel;
+  uint32_t id = t.id;
   const uint64_t api = 1ull << CM_KIND_RUNTIME, kern = 1ull << CM_KIND_CONCURRENT_KERNEL;
   CMT_EQU(cm__engine_enabled(e) & (api | kern), api | kern);
 
@@ -101,9 +99,8 @@ int main(void) {
   CMT_EQU(seen[CM_KIND_RUNTIME], 101);
   CMT_EQU(seen[CM_KIND_CONCURRENT_KERNEL], 101);
 
-  CMT_OK(cm_unobserve(e, id2));
-  cm_selection_free(s);
-  cm_engine_free(e);
+  t.id = id2;
+  cmt_engine_end(&t);
   printf("ok\n");
   return 0;
 }
