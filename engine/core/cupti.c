@@ -5,8 +5,10 @@
  * copy, a framework's bundled copy (PyTorch ships its own libcupti.so.13), or the test double.
  * The search order tries the bare soname first, so that a copy the process already loaded is
  * shared rather than loaded twice: two copies would be two CUPTIs, each seeing half the process.
- * The library is never unloaded and cuptiFinalize is never called, because CUPTI cannot be
- * initialized again in the same process after it.
+ * The library is never unloaded, and the engine never calls cuptiFinalize. CUPTI documents that
+ * call for detaching from a running process, after which any CUPTI call initializes it again;
+ * whether a detach between a duty cycle's windows gives back what CUPTI costs once it has traced
+ * is what spec/gpu/reattach.sh measures, and no engine code depends on it yet.
  */
 #include <dlfcn.h>
 #include <stdio.h>
