@@ -583,6 +583,28 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
+  -- Once the guard has shed every kind, CUPTI fills no buffer further, and one that is partly
+  -- filled completes only at a forced flush (on the H200, 9 buffers waited for the exit's fence
+  -- for the last 100 s of a run). The script sets no flush cadence, as bench/sum_durations.lua
+  -- does not, and the fake's default flushes return no partly filled buffer; the app then lingers
+  -- 2 s. The guard's forced flush after its last step must deliver what CUPTI held at once, long
+  -- before the exit: without it, the last records arrived with the process's exit (quiet_ms 0).
+  it("delivers what CUPTI holds at once when the guard has shed every kind", function()
+    local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 GUARD_FLUSH_MS=0 CUPTIMON_GUARD_BUFFERS=4 "
+      .. "CUPTIMON_GUARD_LAG_MS=200 %s %s -- %s --records 3000000 --rate 1000000 --threads 1 "
+      .. "--kinds kernel,runtime --completion-delay-us 100000 --default-flush-full-only --linger-ms 2000")
+      :format(bin, fixture("guard_count.lua"), app))
+    assert.are.equal(0, rc, out)
+    local a = helpers.pairs_of(out, "fake_cuda_app:")
+    local got = helpers.pairs_of(out, "got")
+    assert.are.equal(a.concurrent_kernel, got.concurrent_kernel, out)
+    assert.are.equal(a.runtime, got.runtime, out)
+    assert.matches("concurrent_kernel", got.guard_shed, out)
+    assert.matches("nothing is traced any more; CUPTI's partly filled buffers are flushed now", out)
+    assert.is_true(got.quiet_ms > 1500, out)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
   -- The guard's measure leaves out the time a record waits in a partly filled buffer. Here the
   -- flush cadence is 1 s and the app writes a round every 700 ms, so records wait up to a second
   -- for their buffer to complete (the stage lag to completion passes the 300 ms limit), yet CUPTI

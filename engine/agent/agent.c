@@ -969,10 +969,14 @@ static void guard_tick(void) {
        (double)behind / 1e9, (double)lag / 1e9, (unsigned long long)(A.guard.limit_ns / 1000000),
        (unsigned long long)bufs, (unsigned long long)A.guard.buffers_limit, CM_GUARD_CHECKS,
        shed ? ", and no less behind than at the last step" : "", names,
-       last ? " (nothing is traced any more)" : "");
+       last ? " (nothing is traced any more; CUPTI's partly filled buffers are flushed now)" : "");
   int rc = cm__engine_set_suppressed(A.eng, A.guard.shed);
   if (rc) alog(CM_LOG_ERROR, "the lag guard could not change the traced kinds: %s: %s",
                cm_err_name(rc), cm_errmsg());
+  /* With nothing traced any more, CUPTI fills no buffer further: the records in its partly filled
+   * ones would wait for the exit's fence (on the H200, 9 buffers for the last 100 s of a run).
+   * One forced flush, on the decode worker, delivers them now. */
+  if (last && !rc) cm__engine_flush_forced_async(A.eng);
   push_stats(); /* the monitor learns it now, not at the next batch */
 }
 

@@ -545,5 +545,11 @@ uint64_t cm__engine_cupti_buffers(cm_engine *e);
 int cm__engine_set_suppressed(cm_engine *e, uint64_t kinds);
 /* The kinds enabled in CUPTI now (one bit per kind). Any thread. */
 uint64_t cm__engine_enabled(cm_engine *e);
+/* Asks the decode worker for one forced cuptiActivityFlushAll, and for a delivery once it has
+ * decoded the buffers that flush completed; returns at once. For a moment when nothing more will
+ * be written for a while (the lag guard has shed every kind): CUPTI keeps a partly filled buffer
+ * until a forced flush, so without one the records in it would reach the observers only at the
+ * next fence, which may be the exit's. Any thread. */
+void cm__engine_flush_forced_async(cm_engine *e);
 
 #endif /* CM_INTERNAL_H */

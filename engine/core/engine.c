@@ -297,6 +297,16 @@ static void *worker_main(void *arg) {
     /* Cadences first, so a queue that never runs empty cannot starve delivery. */
     uint64_t now = cm__mono_ms();
     uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
+    if (e->forced_wanted) {
+      /* Asked for by cm__engine_flush_forced_async. Outside the lock, as every CUPTI call here:
+       * the buffers it completes are queued by the completion callback, which takes work_mu. */
+      e->forced_wanted = false;
+      pthread_mutex_unlock(&e->work_mu);
+      e->cupti.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+      pthread_mutex_lock(&e->work_mu);
+      e->deliver_wanted = true;
+      continue;
+    }
     if (fl && now >= next_flush) {
       pthread_mutex_unlock(&e->work_mu);
       uint64_t f0 = cm__mono_ms();
@@ -350,6 +360,16 @@ static void *worker_main(void *arg) {
       e->q_spare = it;
       e->decoded++;
       pthread_cond_broadcast(&e->done_cv);
+      continue;
+    }
+    if (e->deliver_wanted) {
+      /* The queue is empty: what the forced flush completed is decoded, and goes out now. */
+      e->deliver_wanted = false;
+      pthread_mutex_unlock(&e->work_mu);
+      pthread_mutex_lock(&e->dec_mu);
+      cm__engine_deliver(e);
+      pthread_mutex_unlock(&e->dec_mu);
+      pthread_mutex_lock(&e->work_mu);
       continue;
     }
     if (e->stop) break;
@@ -692,6 +712,14 @@ void cm_engine_free(cm_engine *e) {
   cm__pool_destroy(&e->pool);
   free(e->obs);
   destroy(e);
+}
+
+void cm__engine_flush_forced_async(cm_engine *e) {
+  if (!e) return;
+  pthread_mutex_lock(&e->work_mu);
+  e->forced_wanted = true;
+  pthread_cond_signal(&e->q_cv);
+  pthread_mutex_unlock(&e->work_mu);
 }
 
 void cm__engine_trim(cm_engine *e) {

@@ -80,6 +80,9 @@ struct cm_engine {
   uint64_t decoded;         /* buffers decoded (or discarded), ever */
   uint64_t q_depth, q_peak;
   bool stop;
+  /* cm__engine_flush_forced_async asked the worker for one forced flush (forced_wanted), whose
+   * records the worker delivers once it has decoded what the flush completed (deliver_wanted). */
+  bool forced_wanted, deliver_wanted;
   uint32_t self_flush_ms;
   uint32_t deliver_ms;
   uint32_t batch_records;
