@@ -14,9 +14,10 @@
  *       dormant agent's attach windows (spec/gpu/dormant.sh): N launches and a synchronize per
  *       request, acknowledged with "launched=N total=T wall_ns=W cpu_ns=C" (W and C per
  *       launch, from the first launch to the synchronize: spec/gpu/duty_residual.sh)
- *   launch_loop --threads T --seconds S
+ *   launch_loop --threads T --seconds S [--rate R]
  *       T threads, each on its own stream, launch empty kernels as fast as they can for S seconds
- *       (bench/thread_sweep.sh, bench/long_run.sh). Prints
+ *       (bench/thread_sweep.sh, bench/long_run.sh), or at R launches per second over all threads
+ *       (spec/gpu/duty_paced.sh). Prints
  *         RESULT sweep threads T launches L seconds S2 launches_per_s R
  *
  * Both end with "LAUNCHED total" (every launch including the warm-up, which is what a tracer must
@@ -89,7 +90,10 @@ static int serve(const char *path) {
   return 0;
 }
 
-static int sweep(int threads, double seconds) {
+/* --rate R paces the launches at R per second over all threads (0: as fast as they go), checked
+ * every 64 launches against each thread's share: a workload whose rate tracing cannot lower, so
+ * that a duty cycle's estimate can be held against the launches made (spec/gpu/duty_paced.sh). */
+static int sweep(int threads, double seconds, double rate) {
   CK(cudaFree(0));
   std::vector<cudaStream_t> streams((size_t)threads);
   for (auto &s : streams) CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
@@ -102,7 +106,22 @@ static int sweep(int threads, double seconds) {
   for (int t = 0; t < threads; t++) {
     pool.emplace_back([&, t] {
       pthread_setname_np(pthread_self(), "cm-launch");
-      while (clock_ns(CLOCK_MONOTONIC) < deadline) launches(256, streams[(size_t)t]);
+      if (rate <= 0) {
+        while (clock_ns(CLOCK_MONOTONIC) < deadline) launches(256, streams[(size_t)t]);
+      } else {
+        double per_ns = rate / threads / 1e9;
+        uint64_t done = 0;
+        for (uint64_t now = clock_ns(CLOCK_MONOTONIC); now < deadline; now = clock_ns(CLOCK_MONOTONIC)) {
+          double ahead_ns = (double)done / per_ns - (double)(now - t0);
+          if (ahead_ns > 0) {
+            struct timespec ts = {(time_t)(ahead_ns / 1e9), (long)((uint64_t)ahead_ns % 1000000000ull)};
+            nanosleep(&ts, NULL);
+            continue;
+          }
+          launches(64, streams[(size_t)t]);
+          done += 64;
+        }
+      }
       CK(cudaStreamSynchronize(streams[(size_t)t]));
     });
   }
@@ -122,15 +141,16 @@ int main(int argc, char **argv) {
     return 77;
   }
   int rc;
-  if (argc == 5 && strcmp(argv[1], "--threads") == 0 && strcmp(argv[3], "--seconds") == 0 &&
+  if ((argc == 5 || (argc == 7 && strcmp(argv[5], "--rate") == 0 && atof(argv[6]) > 0)) &&
+      strcmp(argv[1], "--threads") == 0 && strcmp(argv[3], "--seconds") == 0 &&
       atoi(argv[2]) > 0 && atof(argv[4]) > 0) {
-    rc = sweep(atoi(argv[2]), atof(argv[4]));
+    rc = sweep(atoi(argv[2]), atof(argv[4]), argc == 7 ? atof(argv[6]) : 0);
   } else if (argc == 2 && atoi(argv[1]) > 0) {
     rc = timed_loop(atoi(argv[1]));
   } else if (argc == 3 && strcmp(argv[1], "--control") == 0) {
     rc = serve(argv[2]);
   } else {
-    fprintf(stderr, "usage: %s N | --threads T --seconds S | --control PATH\n", argv[0]);
+    fprintf(stderr, "usage: %s N | --threads T --seconds S [--rate R] | --control PATH\n", argv[0]);
     return 2;
   }
   struct rusage ru;

@@ -216,7 +216,9 @@ def one_run(a, threads, seconds, name, floor=False):
                                                              os.path.join(a.out, name + ".log"),
                                                              env=env, direct=floor)
     r = {"threads": threads, "seconds": seconds, "status": status}
-    main_ns = num(r"^MAIN_RETURN_MONO_NS (\d+)", out, conv=int)
+    # launch_loop's main return, or the fake CUDA app's exit() call (bench/long_run_fake.sh).
+    main_ns = (num(r"^MAIN_RETURN_MONO_NS (\d+)", out, conv=int) or
+               num(r"^fake_cuda_app: exit_mono_ns=(\d+)", out, conv=int))
     r["exit_ms"] = (1000 * gone_mono - main_ns / 1e6) if main_ns and gone_mono else None
     r["launches"] = num(r"^RESULT sweep threads \d+ launches (\d+)", out, conv=int)
     r["launch_seconds"] = num(r"^RESULT sweep .* seconds ([\d.]+)", out)

@@ -592,7 +592,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   it("delivers what CUPTI holds at once when the guard has shed every kind", function()
     local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 GUARD_FLUSH_MS=0 CUPTIMON_GUARD_BUFFERS=4 "
       .. "CUPTIMON_GUARD_LAG_MS=200 %s %s -- %s --records 3000000 --rate 1000000 --threads 1 "
-      .. "--kinds kernel,runtime --completion-delay-us 100000 --default-flush-full-only --linger-ms 2000")
+      .. "--kinds kernel,runtime --completion-delay-us 100000 --default-flush-full-only --pending --linger-ms 2000")
       :format(bin, fixture("guard_count.lua"), app))
     assert.are.equal(0, rc, out)
     local a = helpers.pairs_of(out, "fake_cuda_app:")
@@ -602,6 +602,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("concurrent_kernel", got.guard_shed, out)
     assert.matches("nothing is traced any more; CUPTI's partly filled buffers are flushed now", out)
     assert.is_true(got.quiet_ms > 1500, out)
+    assert.are.equal(0, got.running, out)
     assert.is_nil(out:find("LOST"), out)
   end)
 

@@ -545,11 +545,13 @@ uint64_t cm__engine_cupti_buffers(cm_engine *e);
 int cm__engine_set_suppressed(cm_engine *e, uint64_t kinds);
 /* The kinds enabled in CUPTI now (one bit per kind). Any thread. */
 uint64_t cm__engine_enabled(cm_engine *e);
-/* Asks the decode worker for one forced cuptiActivityFlushAll, and for a delivery once it has
- * decoded the buffers that flush completed; returns at once. For a moment when nothing more will
- * be written for a while (the lag guard has shed every kind): CUPTI keeps a partly filled buffer
- * until a forced flush, so without one the records in it would reach the observers only at the
- * next fence, which may be the exit's. Any thread. */
+/* Asks the decode worker to synchronize the device and then make one forced
+ * cuptiActivityFlushAll, and to deliver once it has decoded the buffers that flush completed;
+ * returns at once. For a moment when nothing more will be written for a while (the lag guard has
+ * shed every kind): CUPTI keeps a partly filled buffer until a forced flush, so without one the
+ * records in it would reach the observers only at the next fence, which may be the exit's. The
+ * synchronize comes first because a forced flush returns a running kernel's record with an end
+ * of 0; when the device cannot be synchronized, nothing is forced. Any thread. */
 void cm__engine_flush_forced_async(cm_engine *e);
 
 #endif /* CM_INTERNAL_H */

@@ -299,12 +299,28 @@ static void *worker_main(void *arg) {
     uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
     if (e->forced_wanted) {
       /* Asked for by cm__engine_flush_forced_async. Outside the lock, as every CUPTI call here:
-       * the buffers it completes are queued by the completion callback, which takes work_mu. */
+       * the buffers it completes are queued by the completion callback, which takes work_mu. A
+       * forced flush returns the records of work still running with an end of 0, so the device
+       * is synchronized first (on a helper that the deadline abandons, as a fence's): the work
+       * traced before the call has then completed. When it cannot be (a stream capture, a
+       * synchronize still blocked), no flush is forced, and the records wait for the next
+       * fence, as they did before. */
       e->forced_wanted = false;
+      uint32_t ms = e->forced_sync_ms;
       pthread_mutex_unlock(&e->work_mu);
-      e->cupti.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+      int why = CM__SYNC_NONE;
+      int synced = cm__engine_device_sync(e, cm__mono_ms() + ms, &why);
+      bool force = synced > 0 || why == CM__SYNC_NONE;
+      if (force)
+        e->cupti.ActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+      else
+        cm__engine_log(e, CM_LOG_INFO, "the device could not be synchronized (%s): CUPTI's partly "
+                       "filled buffers are not flushed now, and arrive at the next fence",
+                       why == CM__SYNC_CAPTURE ? "a stream capture is in progress"
+                       : why == CM__SYNC_BUSY  ? "an earlier synchronize is still blocked"
+                                               : "it did not finish in time");
       pthread_mutex_lock(&e->work_mu);
-      e->deliver_wanted = true;
+      e->deliver_wanted = force;
       continue;
     }
     if (fl && now >= next_flush) {
@@ -716,8 +732,12 @@ void cm_engine_free(cm_engine *e) {
 
 void cm__engine_flush_forced_async(cm_engine *e) {
   if (!e) return;
+  pthread_mutex_lock(&e->api_mu);
+  uint32_t ms = e->cfg.fence_timeout_ms;
+  pthread_mutex_unlock(&e->api_mu);
   pthread_mutex_lock(&e->work_mu);
   e->forced_wanted = true;
+  e->forced_sync_ms = ms;
   pthread_cond_signal(&e->q_cv);
   pthread_mutex_unlock(&e->work_mu);
 }

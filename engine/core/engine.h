@@ -83,6 +83,7 @@ struct cm_engine {
   /* cm__engine_flush_forced_async asked the worker for one forced flush (forced_wanted), whose
    * records the worker delivers once it has decoded what the flush completed (deliver_wanted). */
   bool forced_wanted, deliver_wanted;
+  uint32_t forced_sync_ms; /* the deadline of the synchronize before that flush */
   uint32_t self_flush_ms;
   uint32_t deliver_ms;
   uint32_t batch_records;

@@ -37,6 +37,8 @@
  *          writes at most N of them: CUPTI behind on kernel records alone, as on the H200)
  *          --default-flush-full-only (once the workload is done, default flushes return no partly
  *          filled buffer: only a forced flush returns those, as at the H200's exit after 60 s)
+ *          --pending (kernel records are written still running: they complete at the next
+ *          synchronize, and a forced flush before it delivers them with end 0, as CUPTI does)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)
  *          --stamp (print "fake_cuda_app: exit_mono_ns=T", CLOCK_MONOTONIC in ns, just before
  *          exit(), for the time-to-a-table measurement: bench/time_to_table_fake.sh)
@@ -137,6 +139,9 @@ static double mono_s(void) {
   return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* --pending: kernel records are written still running (fake_emit's `pending`). */
+static int g_pending_kernels;
+
 static void *produce(void *arg) {
   producer *p = arg;
   uint64_t buf[64];
@@ -153,7 +158,10 @@ static void *produce(void *arg) {
       return NULL;
     }
     if (p->slow_kernel) fake_stretch_kernel(buf, p->slow_kernel, p->slow_factor);
-    if (fake_emit(buf, sz, 0) == 0) p->written[kind]++;
+    /* With --pending, a kernel record is still running when written (end 0 until the next
+     * synchronize), as a real kernel's is until it completes. */
+    int pending = g_pending_kernels && kind == 10; /* CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL */
+    if (fake_emit(buf, sz, pending) == 0) p->written[kind]++;
   }
   return NULL;
 }
@@ -227,7 +235,7 @@ static double now_ms(void) {
 
 static void usage(void) {
   fprintf(stderr, "usage: fake_cuda_app [--records N] [--threads T] [--kinds k1,k2] [--rounds R] "
-                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--kernel-backlog N] [--completion-delay-us U] [--default-flush-full-only] [--crash] [--exit-code C] [--slow-round R] "
+                  "[--pause-ms P] [--linger-ms L] [--flush-block-ms B] [--backlog-ms B] [--kernel-backlog N] [--completion-delay-us U] [--default-flush-full-only] [--pending] [--crash] [--exit-code C] [--slow-round R] "
                   "[--slow-factor F] [--slow-kernel NAME] [--pm N] "
                   "[--stamp] [--teardown-ms D] [--teardown-abort] [--rate R]\n"
                   "       fake_cuda_app --steps N [--step-us U] [--extra-us E] [--wait-us W] "
@@ -405,6 +413,10 @@ int main(int argc, char **argv) {
     }
     if (strcmp(a, "--default-flush-full-only") == 0) {
       full_only = true;
+      continue;
+    }
+    if (strcmp(a, "--pending") == 0) {
+      g_pending_kernels = 1;
       continue;
     }
     if (!v) usage();
