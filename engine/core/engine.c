@@ -304,7 +304,9 @@ static void *worker_main(void *arg) {
        * is synchronized first (on a helper that the deadline abandons, as a fence's): the work
        * traced before the call has then completed. When it cannot be (a stream capture, a
        * synchronize still blocked), no flush is forced, and the records wait for the next
-       * fence, as they did before. */
+       * fence, as they did before. The synchronize holds the engine's one sync helper while it
+       * runs: an exit fence that comes in those milliseconds finds it busy and reports the tail
+       * as unknown (the LOST line, status 3), a false alarm that is said, never a silent loss. */
       e->forced_wanted = false;
       uint32_t ms = e->forced_sync_ms;
       pthread_mutex_unlock(&e->work_mu);
