@@ -310,6 +310,12 @@ static void *worker_main(void *arg) {
       e->forced_wanted = false;
       uint32_t ms = e->forced_sync_ms;
       pthread_mutex_unlock(&e->work_mu);
+      /* At exit the exit's fence synchronizes and forces its own flush, and this one would only
+       * hold the sync helper it needs. */
+      if (atomic_load(&e->exiting)) {
+        pthread_mutex_lock(&e->work_mu);
+        continue;
+      }
       int why = CM__SYNC_NONE;
       int synced = cm__engine_device_sync(e, cm__mono_ms() + ms, &why);
       bool force = synced > 0 || why == CM__SYNC_NONE;
