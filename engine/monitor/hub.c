@@ -182,6 +182,10 @@ typedef struct hub {
   uv_timer_t spawn_timer, drain_timer, tick_timer;
   int timers_init;
   int signals;
+  /* The watchers that forward SIGINT and SIGTERM to the command after the run (cm__hub_forward_
+   * signals); wait_sig_on while they are started. */
+  uv_signal_t wait_sig[2];
+  int wait_sig_on;
   conn *conns;
   int nconns;
   uint64_t next_flush;
@@ -1577,22 +1581,41 @@ void cm__hub_forget_host(void) {
   hb->host = NULL;
 }
 
-void cm__hub_wait_command(void) {
+/* Whether the command is still to be reaped after the run: only after an end on its BYE (when
+ * the script ended first, the command goes on untraced, and is neither waited for nor signalled). */
+static int command_pending(const hub *hb) {
+  return hb && hb->live && hb->finished && hb->cmd_exiting && !hb->proc_done;
+}
+
+void cm__hub_forward_signals(void) {
   hub *hb = g_hub;
-  /* Only after an end on the BYE: when the script ended first, the command goes on untraced. */
-  if (!hb || !hb->live || !hb->finished || !hb->cmd_exiting || hb->proc_done) return;
-  uv_signal_t sig[2];
+  if (!command_pending(hb) || hb->wait_sig_on) return;
   const int signums[2] = {SIGINT, SIGTERM};
   for (int i = 0; i < 2; i++) {
-    uv_signal_init(hb->loop, &sig[i]);
-    sig[i].data = hb;
-    uv_signal_start(&sig[i], wait_signal_cb, signums[i]);
-    uv_unref((uv_handle_t *)&sig[i]);
+    uv_signal_init(hb->loop, &hb->wait_sig[i]);
+    hb->wait_sig[i].data = hb;
+    uv_signal_start(&hb->wait_sig[i], wait_signal_cb, signums[i]);
+    uv_unref((uv_handle_t *)&hb->wait_sig[i]);
   }
-  /* uv_run returns 0 when nothing is left to wait for (the process handle is gone). */
-  while (!hb->proc_done)
-    if (uv_run(hb->loop, UV_RUN_ONCE) == 0 && !hb->proc_done) break;
-  for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&sig[i], NULL);
+  hb->wait_sig_on = 1;
+}
+
+static void forward_signals_end(hub *hb) {
+  if (!hb->wait_sig_on) return;
+  for (int i = 0; i < 2; i++) uv_close((uv_handle_t *)&hb->wait_sig[i], NULL);
+  hb->wait_sig_on = 0;
+}
+
+void cm__hub_wait_command(void) {
+  hub *hb = g_hub;
+  if (!hb) return;
+  if (command_pending(hb)) {
+    cm__hub_forward_signals();
+    /* uv_run returns 0 when nothing is left to wait for (the process handle is gone). */
+    while (!hb->proc_done)
+      if (uv_run(hb->loop, UV_RUN_ONCE) == 0 && !hb->proc_done) break;
+  }
+  forward_signals_end(hb);
   uv_run(hb->loop, UV_RUN_NOWAIT);
 }
 
@@ -1610,6 +1633,7 @@ void cm__hub_free(void) {
   for (conn *c = hb->conns; c; c = c->next)
     if (!uv_is_closing((uv_handle_t *)&c->pipe)) conn_close(c);
   if (hb->async_init) close_if_open((uv_handle_t *)&hb->admit_async);
+  forward_signals_end(hb);
   stop_watch(hb);
   if (hb->timers_init) {
     close_if_open((uv_handle_t *)&hb->spawn_timer);

@@ -59,6 +59,13 @@ int cm__hub_lost_handshakes(int32_t *pids, int max);
  * supervisor has reaped it, so that cm__hub_finished gives the real status. Forwarded signals
  * and the kill grace timer work meanwhile. The script's handles must be closed by then. */
 void cm__hub_wait_command(void);
+/* Starts forwarding SIGINT and SIGTERM to the command when it is still to be reaped after the run
+ * (the hub finished on its BYE): called as the run ends, before the run's own signal watchers
+ * stop, so that no moment is left in which a signal takes its default action and kills
+ * cuptimon-lua while the exit hooks run and the host is freed. A signal that comes then waits in
+ * the loop and is forwarded by cm__hub_wait_command's turns (or the host's last ones), which
+ * stops the watchers. Does nothing when the command is not pending. */
+void cm__hub_forward_signals(void);
 /* The host is about to be freed: the hub drops its pointer (and the host's live operations), so
  * that nothing after, cm__hub_wait_command and cm__hub_free included, reaches it; a process that
  * connects from then on is refused. */

@@ -574,7 +574,11 @@ int main(int argc, char **argv) {
     /* Returns when nothing keeps the loop alive, or after uv_stop (cm.exit, a signal). */
     uv_run(&loop, UV_RUN_DEFAULT);
     /* The exit hooks come next, and a script may handle signals there itself (prometheus.lua's
-     * --linger); the wait for the command below forwards them on its own. */
+     * --linger). A command still tearing down after its BYE gets SIGINT and SIGTERM forwarded
+     * from here on, by watchers started before these stop: between the two, a signal would take
+     * its default action and kill cuptimon-lua in the middle of its exit (hub_spec, "forwards
+     * SIGTERM to a command still tearing down after the exit hooks", failed so under TSan). */
+    cm__hub_forward_signals();
     if (duration_on) uv_close((uv_handle_t *)&duration, NULL);
     uv_signal_stop(&sigint);
     uv_signal_stop(&sigterm);
@@ -600,6 +604,11 @@ int main(int argc, char **argv) {
   if (!requested) requested = cm_host_exit_requested(h, &asked);
   /* The exit hooks' tables go out now: the command's process may still be tearing down. */
   fflush(stdout);
+  /* A test hook: CUPTIMON_TEST_AFTER_HOOKS_MS holds cuptimon-lua here, after the exit hooks and
+   * before the host is freed, so that a spec can send a signal in that stretch (hub_spec); a
+   * signal that is handled ends the hold early. */
+  const char *after_hooks = getenv("CUPTIMON_TEST_AFTER_HOOKS_MS");
+  if (after_hooks && atoi(after_hooks) > 0) usleep((useconds_t)atoi(after_hooks) * 1000);
   int errors = cm_host_error_count(h);
   char lost[2048];
   int lossy = !check && loss_line(h, lost, sizeof lost);
