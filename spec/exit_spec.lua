@@ -9,7 +9,8 @@ local fixture = helpers.root() .. "/spec/fixtures/exit_flush.lua"
 
 describe("cm.exit() with a live command", function()
   -- The fake application writes its 500 kernel records at once, then sleeps: they sit in its
-  -- CUPTI buffer (not full, no flush cadence) when the script exits at 400 ms.
+  -- CUPTI buffer (not full, no flush cadence) when the script exits, 400 ms after the process
+  -- started.
   -- The application outlives cuptimon-lua: its output goes to a file, so that nothing it writes
   -- after cuptimon-lua's exit lands in the output read here.
   local function run(exit_status)
@@ -54,14 +55,16 @@ describe("cm.exit() with a live command", function()
       pending(why)
       return
     end
-    -- The fixture itself would wait 100 s; --duration 0.4 ends the run.
+    -- The fixture itself would wait 100 s; --duration 1 ends the run, counted from cuptimon-lua's
+    -- start: a second leaves a loaded machine time to start the application, which writes its
+    -- records at once and then lingers 3 s.
     local uv = require "luv"
     local t0 = uv.hrtime()
-    local rc, out = helpers.sh(("%s --duration 0.4 %s 100000 -- sh -c 'exec %s --records 500 "
-      .. "--kinds kernel --linger-ms 1500 >/dev/null 2>&1'"):format(bin, fixture, app))
+    local rc, out = helpers.sh(("%s --duration 1 %s 100000 -- sh -c 'exec %s --records 500 "
+      .. "--kinds kernel --linger-ms 3000 >/dev/null 2>&1'"):format(bin, fixture, app))
     assert.are.equal(0, rc, out)
     assert.matches("^records=500\n", out)
-    assert.is_true((uv.hrtime() - t0) / 1e6 < 1400, "ended before the application did")
+    assert.is_true((uv.hrtime() - t0) / 1e6 < 2800, "ended before the application did")
     rc, out = helpers.sh(bin .. " --duration 0 -e 1")
     assert.are.same({ 2, "cuptimon-lua: --duration needs a positive number of seconds, got 0 "
       .. "(see --help)\n" }, { rc, out })
