@@ -288,6 +288,16 @@ static void note_lag(cm_engine *e, uint64_t newest, uint64_t requested, uint64_t
     atomic_store_explicit(&e->lag_decode_peak_ns, lag, memory_order_relaxed);
 }
 
+/* The worker's delivery: called and returning with work_mu held, which it drops meanwhile (the
+ * lock order puts dec_mu before work_mu). */
+static void worker_deliver(cm_engine *e) {
+  pthread_mutex_unlock(&e->work_mu);
+  pthread_mutex_lock(&e->dec_mu);
+  cm__engine_deliver(e);
+  pthread_mutex_unlock(&e->dec_mu);
+  pthread_mutex_lock(&e->work_mu);
+}
+
 static void *worker_main(void *arg) {
   cm_engine *e = arg;
   pthread_setname_np(pthread_self(), "cm-decode");
@@ -352,11 +362,7 @@ static void *worker_main(void *arg) {
     }
     if (dl && now >= next_deliver) {
       next_deliver = now + dl;
-      pthread_mutex_unlock(&e->work_mu);
-      pthread_mutex_lock(&e->dec_mu);
-      cm__engine_deliver(e);
-      pthread_mutex_unlock(&e->dec_mu);
-      pthread_mutex_lock(&e->work_mu);
+      worker_deliver(e);
       continue;
     }
     qitem *it = e->q_head;
@@ -389,11 +395,7 @@ static void *worker_main(void *arg) {
     if (e->deliver_wanted) {
       /* The queue is empty: what the forced flush completed is decoded, and goes out now. */
       e->deliver_wanted = false;
-      pthread_mutex_unlock(&e->work_mu);
-      pthread_mutex_lock(&e->dec_mu);
-      cm__engine_deliver(e);
-      pthread_mutex_unlock(&e->dec_mu);
-      pthread_mutex_lock(&e->work_mu);
+      worker_deliver(e);
       continue;
     }
     if (e->stop) break;
