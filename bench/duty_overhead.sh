@@ -2,7 +2,8 @@
 # The duty cycle's overhead (issue 21), on a GPU machine, from the repository root:
 #   bash bench/duty_overhead.sh BUILD_DIR
 # Runs bench/overhead.py with the configurations untraced, duty05 and duty10
-# (scripts/count.lua --duty 0.05 / 0.1 --period-ms DUTY_PERIOD_MS --kinds kernel) on the empty
+# (scripts/count.lua --duty 0.05 / 0.1 --period-ms DUTY_PERIOD_MS --kinds kernel), and duty05d and
+# duty10d (the same with CUPTIMON_DETACH_IDLE=1: CUPTI detached between windows) on the empty
 # kernel launch loop and the PyTorch small-op loop: ROUNDS interleaved rounds (default 10), each
 # run in its own process, in a shuffled order per round; the report gives the launching thread's
 # CPU time and the wall time per launch (per op) with bootstrap 95% intervals, and per-round
@@ -13,14 +14,15 @@
 # by default: LAUNCHES=1500000 empty launches (about 4 s on an H200) and OPS=250000 ops (about
 # 3 s), DUTY_PERIOD_MS=1000 (windows of 50 and 100 ms, 3 or 4 per run). With the recipes' 10 s
 # period a run would hold one window or none. The budget (BUDGET_S, default 540) stops starting
-# rounds that would end past it: 10 rounds x 3 configurations x 2 workloads x about 5 s fit.
+# rounds that would end past it: 10 rounds x 5 configurations x 2 workloads x about 5 s fit (set
+# WORKLOADS=launch for one workload, or CONFIGS for fewer configurations, to keep a margin).
 # Output: tables on stdout and in $OUT/overhead.md (OUT defaults to /tmp/cuptimon-duty-overhead),
 # every run in $OUT/overhead_runs.{csv,json}; each duty run's note has its estimate of the
 # kernels launched against the launch loop's own count.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ $# -ge 1 ] || { echo "usage: bash bench/duty_overhead.sh BUILD_DIR" >&2; exit 2; }
-export CONFIGS=${CONFIGS:-untraced,duty05,duty10}
+export CONFIGS=${CONFIGS:-untraced,duty05,duty10,duty05d,duty10d}
 export LAUNCHES=${LAUNCHES:-1500000}
 export OPS=${OPS:-250000}
 export DUTY_PERIOD_MS=${DUTY_PERIOD_MS:-1000}

@@ -55,6 +55,11 @@ class Check(unittest.TestCase):
         self.assertEqual(argv[1:6], [os.path.join(oh.ROOT, "scripts", "count.lua"), "--duty", "0.1",
                                      "--period-ms", os.environ.get("DUTY_PERIOD_MS", "1000")])
         self.assertEqual(argv[-2:], ["--", "W"])
+        self.assertEqual(env, {})
+        argv, env = oh.Setup.command(type("S", (), {"lua": "L", "workload": lambda self, w: ["W"]})(),
+                                     "duty05d", "launch")
+        self.assertEqual(argv[3], "0.05")
+        self.assertEqual(env, {"CUPTIMON_DETACH_IDLE": "1"})
 
     def test_record(self):
         self.assertTrue(oh.check("cm_record", "launch", 0, LOOP, REC % (4001, 0))[0])

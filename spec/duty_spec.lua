@@ -160,6 +160,37 @@ describe("duty cycles with the real agent", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
+  it("with CUPTIMON_DETACH_IDLE=1 detaches CUPTI between windows, and each window stays exact", function()
+    local rc, out = helpers.sh("CUPTIMON_DETACH_IDLE=1 " .. steady_cmd(100, 500, 5, 4000, 2000))
+    assert.are.equal(0, rc, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local kernels, seen_k, failed = {}, {}, 0
+    for line in out:gmatch("window [^\n]*") do
+      local w = pairs_of(line, "window")
+      if w.ok ~= "true" then
+        failed = failed + 1
+      else
+        kernels[#kernels + 1], seen_k[#seen_k + 1] = w.kernels, w.seen_kernels
+      end
+    end
+    assert.is_true(#kernels >= 6 and failed <= 1, out)
+    local segs = list_of(a.kernel_segments)
+    if #segs == #kernels + 1 and failed == 1 then segs[#segs] = nil end
+    assert.are.same(segs, kernels, out)
+    assert.are.same(kernels, seen_k, out)
+    assert.are.equal(0, a.dropped, out)
+    -- A subscription for each window (the agent may detach once before the first, after its
+    -- start-up subscription), and a cuptiFinalize after each (the last one may be cut by the
+    -- exit), each at the API exit of the agent's own driver call. No record or buffer was left
+    -- inside CUPTI at a finalize, and no CUPTI call came while it was detached.
+    local windows = #kernels + failed
+    assert.is_true(a.subscribes >= windows and a.subscribes <= windows + 1, out)
+    assert.is_true(a.finalize >= a.subscribes - 1 and a.finalize <= a.subscribes, out)
+    assert.are.equal(a.finalize, a.finalize_in_callback, out)
+    assert.are.same({ 0, 0, 0 }, { a.finalize_lost, a.finalize_buffers, a.calls_finalized }, out)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
   it("estimates hold the known rates in their 95% intervals (5 seeded runs)", function()
     if os.getenv("CUPTIMON_SANITIZER") == "tsan" then
       return pending("a statistical check of timed runs, meaningless at TSan's speed")

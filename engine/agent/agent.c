@@ -149,6 +149,8 @@ static struct agent {
   uint32_t npm_wait;
   /* True while the engine runs without its cadences because nothing is traced (cadence_sync). */
   bool cadence_idle;
+  /* CUPTIMON_DETACH_IDLE=1: CUPTI is detached whenever nothing is traced (detach_idle). */
+  bool detach_idle;
   uint64_t pm_wait_end;
   int nobs;
   /* The lag guard (guard_tick; control thread only): its policy's state (guard.h; the limit is
@@ -553,6 +555,9 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("guard_buffers_limit", A.guard.buffers_limit);
   KV("cupti_buffers", A.eng ? cm__engine_cupti_buffers(A.eng) : 0);
   KV("lag_held_ns", GET(guard_held_ns));
+  KV("cupti_detaches", st.cupti_detaches);
+  KV("cupti_detach_ns", st.cupti_detach_ns);
+  KV("cupti_attach_ns", st.cupti_attach_ns);
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -569,7 +574,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[48]; /* stats_items_locked writes at most 40 */
+  cm_wire_kv kv[48]; /* stats_items_locked writes at most 42 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -854,6 +859,33 @@ static bool selection_empty(const cm_selection *sel) {
   return true;
 }
 
+/* Set once InitializeInjectionNvtx2 has handed NVTX to CUPTI: NVTX calls then enter CUPTI, which a
+ * detach would leave them calling. */
+static atomic_bool g_nvtx_injected;
+
+/* With CUPTIMON_DETACH_IDLE=1, CUPTI is detached (cm_cupti_detach) each time nothing is traced
+ * any more: between a duty cycle's windows, and once a monitor has gone. Once CUPTI has traced,
+ * a launch stays dearer with every kind off than before CUPTI attached (docs/agent.md, "Detaching
+ * CUPTI while idle"); the next SELECT attaches it again. A refusal is said and changes nothing:
+ * CUPTI stays attached, as without the setting, and the next idle period tries again, except
+ * where it never can (no cuptiFinalize, PM sampling used, NVTX injected). Control thread. */
+static void detach_idle(void) {
+  if (!A.detach_idle || atomic_load(&A.exiting)) return;
+  if (atomic_load(&g_nvtx_injected)) {
+    alog(CM_LOG_INFO, "CUPTIMON_DETACH_IDLE: NVTX is injected into CUPTI, so CUPTI stays "
+                      "attached while idle");
+    A.detach_idle = false;
+    return;
+  }
+  /* A second bounds the flushes: CUPTI that is still delivering then is behind, and stays. */
+  int rc = cm_cupti_detach(A.eng, 1000);
+  if (rc == 0) return;
+  bool never = rc == CM_ENOSYS;
+  alog(never ? CM_LOG_WARN : CM_LOG_INFO, "CUPTIMON_DETACH_IDLE: CUPTI stays attached%s: %s",
+       never ? " from now on" : " for now", cm_errmsg());
+  if (never) A.detach_idle = false;
+}
+
 /* While nothing is traced (no observer, no PM consumer: a duty cycle between its windows, or a
  * monitor that selects nothing) the engine runs as a dormant agent's does: no flush or delivery
  * cadence, so its worker sleeps and makes no CUPTI call, and the pool's free buffers are freed.
@@ -866,7 +898,10 @@ static void cadence_sync(void) {
   cm_config c = A.cfg;
   if (idle) c.self_flush_ms = c.deliver_ms = 0;
   if (cm_configure(A.eng, &c) == 0) A.cadence_idle = idle;
-  if (idle) cm__engine_trim(A.eng);
+  if (idle) {
+    cm__engine_trim(A.eng);
+    detach_idle();
+  }
 }
 
 /* Replaces the agent's observer with one for `sel` (NULL or empty: tracing stops). The new
@@ -1820,6 +1855,10 @@ static void agent_init(void) {
   bool guard_off = guard && strcmp(guard, "0") == 0;
   A.guard.limit_ns =
       guard_off ? 0 : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
+  const char *det = getenv("CUPTIMON_DETACH_IDLE");
+  A.detach_idle = det && strcmp(det, "1") == 0;
+  if (det && *det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
+    alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE=%s is neither 0 nor 1: CUPTI stays attached while idle", det);
   const char *gbuf = getenv("CUPTIMON_GUARD_BUFFERS");
   A.guard.buffers_limit = gbuf && strcmp(gbuf, "0") == 0
                               ? 0
@@ -2105,5 +2144,7 @@ int InitializeInjectionNvtx2(const void *getExportTable) {
                       "recorded", cupti.path);
     return 0;
   }
-  return fn(getExportTable);
+  int rc = fn(getExportTable);
+  atomic_store(&g_nvtx_injected, true);
+  return rc;
 }

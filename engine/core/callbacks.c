@@ -283,6 +283,8 @@ static armed *arm_find(cm__callbacks *cb, int domain, uint32_t cbid, bool create
 static int arm_sync(cm__callbacks *cb, armed *a) {
   bool want = a->arms > 0 || a->pins > 0;
   if (want == a->enabled) return 0;
+  /* Detached (cm__callbacks_rebind with no subscription): CUPTI is told at the next attach. */
+  if (!cb->sub) return 0;
   CUptiResult r = cb->c->EnableCallback(want ? 1 : 0, cb->sub, (CUpti_CallbackDomain)a->domain,
                                         (CUpti_CallbackId)a->cbid);
   if (r != CUPTI_SUCCESS) {
@@ -662,6 +664,36 @@ int cm__callbacks_armed(cm__callbacks *cb, int domain, uint32_t cbid) {
   pthread_mutex_lock(&cb->mu);
   armed *a = arm_find(cb, domain, cbid, false);
   int n = a ? (int)a->arms : 0;
+  pthread_mutex_unlock(&cb->mu);
+  return n;
+}
+
+void cm__callbacks_rebind(cm__callbacks *cb, CUpti_SubscriberHandle sub) {
+  pthread_mutex_lock(&cb->mu);
+  cb->sub = sub;
+  for (size_t i = 0; i < cb->narms; i++) {
+    armed *a = &cb->arms[i];
+    /* cuptiFinalize disabled every callback: CUPTI's state starts from nothing. */
+    a->enabled = false;
+    if (sub && arm_sync(cb, a) != 0)
+      cblog(cb, CM_LOG_WARN, "cannot enable callback (domain %d, cbid %u) again after a detach: %s",
+            a->domain, a->cbid, cm_errmsg());
+  }
+  pthread_mutex_unlock(&cb->mu);
+  /* Captures that began or ended while no callback was enabled were not seen; the set starts
+   * empty, as at the first attach (a capture the engine cannot see is covered by the fence's
+   * relaxed capture mode). */
+  pthread_mutex_lock(&cb->cap_mu);
+  cb->ncap = 0;
+  cb->cap_untracked = 0;
+  atomic_store(&cb->captures, 0);
+  pthread_mutex_unlock(&cb->cap_mu);
+}
+
+uint32_t cm__callbacks_consumer_arms(cm__callbacks *cb) {
+  uint32_t n = 0;
+  pthread_mutex_lock(&cb->mu);
+  for (size_t i = 0; i < cb->narms; i++) n += cb->arms[i].arms;
   pthread_mutex_unlock(&cb->mu);
   return n;
 }

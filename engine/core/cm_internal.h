@@ -147,6 +147,7 @@ typedef struct cm__cupti {
   __typeof__(&cuptiActivityPushExternalCorrelationId) ActivityPushExternalCorrelationId;
   __typeof__(&cuptiActivityPopExternalCorrelationId) ActivityPopExternalCorrelationId;
   __typeof__(&cuptiGetTimestamp) GetTimestamp;
+  __typeof__(&cuptiFinalize) Finalize; /* may be NULL (cm_cupti_detach then answers CM_ENOSYS) */
   /* PM sampling and the profiler host API (pmsample.c). Optional: a libcupti without them loads,
    * and PM sampling then fails with CM_ENOSYS naming `pm_missing`, the first symbol not found. */
   const char *pm_missing;
@@ -187,12 +188,15 @@ typedef struct cm__cupti {
    * in *mode. The fence's threads run in relaxed mode, so their synchronize calls never count as
    * unsafe calls for a CUDA graph capture of the application. */
   int (*cuThreadExchangeStreamCaptureMode)(int *mode);
+  /* The driver call whose API exit callback runs cuptiFinalize for cm_cupti_detach (the call site
+   * CUPTI recommends); NULL: cuptiFinalize is called directly. */
+  int (*cuDriverGetVersion)(int *version);
 } cm__cupti;
 
 /* Loads libcupti in the documented search order: "libcupti.so.13" (shares a copy the process
  * already loaded), $CUPTIMON_LIBCUPTI, $CUDA_HOME/lib64 and /lib, /usr/local/cuda/lib64 and /lib.
- * libcuda comes from $CUPTIMON_LIBCUDA, else "libcuda.so.1". Never unloads and never calls
- * cuptiFinalize. Returns 0, or CM_ENOCUPTI with a detail that names what was looked for and how
+ * libcuda comes from $CUPTIMON_LIBCUDA, else "libcuda.so.1". Never unloads; cuptiFinalize is bound
+ * for cm_cupti_detach alone. Returns 0, or CM_ENOCUPTI with a detail that names what was looked for and how
  * to fix it. */
 int cm__cupti_load(cm__cupti *c);
 /* Translates a CUptiResult: 0 for success, else CM_ECUPTI with a detail "what: CUPTI_ERROR_X". */
@@ -372,6 +376,9 @@ void cm__sbuf_put(cm__sbuf *b, const char *s, size_t n);
  */
 void cm__corr_attach(const cm__cupti *c);
 void cm__corr_detach(void);
+/* After cuptiFinalize: no push reaches CUPTI until cm__corr_attach, and frames pushed before it
+ * are not popped in CUPTI (its stacks are gone). */
+void cm__corr_finalized(void);
 void cm__corr_drain(void);
 
 /* ---- callbacks.c ------------------------------------------------------------------------------
@@ -404,6 +411,13 @@ int cm__callbacks_arm(cm__callbacks *cb, int domain, uint32_t cbid);
 int cm__callbacks_disarm(cm__callbacks *cb, int domain, uint32_t cbid);
 int cm__callbacks_armed(cm__callbacks *cb, int domain, uint32_t cbid);
 int cm__callbacks_stats(cm__callbacks *cb, cm_callback_stats *out);
+/* Moves the registry to a new subscription after cuptiFinalize (cm_cupti_detach): with `sub`
+ * NULL, no callback is enabled in CUPTI and arming only records what is wanted; with a new
+ * subscription, every pinned or armed callback is enabled on it again. Forgets the captures in
+ * progress (none can be seen while detached). Control thread, with the engine's api_mu held. */
+void cm__callbacks_rebind(cm__callbacks *cb, CUpti_SubscriberHandle sub);
+/* The consumers' arms over every callback (the engine's own pins not counted). */
+uint32_t cm__callbacks_consumer_arms(cm__callbacks *cb);
 /* The number of CUDA stream captures in progress in the process, as the built-in capture handler
  * saw them begin and end (cuStreamBeginCapture*, cuStreamEndCapture*, at API exit). The fence does
  * not synchronize the device while it is not 0: a synchronize call can invalidate an
@@ -494,6 +508,9 @@ int cm__pm_new(cm__pm **out, const cm__cupti *c, int64_t clock_offset_ns);
 /* Stops every session (polling each one last time; those records are lost with the module) and
  * frees the module. NULL is accepted. */
 void cm__pm_free(cm__pm *pm);
+/* Whether cuptiProfilerInitialize has run in this process (it is never undone): cm_cupti_detach
+ * then refuses, since the profiler API's state after a cuptiFinalize is not documented. */
+bool cm__pm_profiler_initialized(void);
 /* See cm_pm_sample_add and cm_pm_sample_remove. `poll_ms` is the expected time between polls,
  * which sizes the hardware buffer so that it does not overflow between two of them. */
 int cm__pm_add(cm__pm *pm, int device, const char *const *metrics, uint32_t nmetrics,

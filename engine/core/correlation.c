@@ -115,6 +115,7 @@ enum { FRAME_LOCAL = 0, FRAME_CUPTI = 1, FRAME_REJECTED = 2 };
 typedef struct frame {
   uint64_t id;
   int state; /* FRAME_*: whether CUPTI holds this frame on its stack */
+  uint32_t epoch; /* g_epoch when it was pushed: a cuptiFinalize since then emptied CUPTI's stack */
 } frame;
 
 typedef struct tstack {
@@ -144,6 +145,9 @@ static struct {
 static _Atomic uint64_t g_next_id = 1;
 static _Atomic(push_fn) g_push; /* NULL while no engine is attached */
 static _Atomic(pop_fn) g_pop;   /* kept after detach, for frames CUPTI still holds */
+/* Counts cuptiFinalize calls (cm__corr_finalized): a frame pushed before one is not on CUPTI's
+ * stack any more, and popping it there would only initialize CUPTI again. */
+static _Atomic uint32_t g_epoch;
 
 static pthread_once_t t_once = PTHREAD_ONCE_INIT;
 static pthread_key_t t_key;
@@ -196,6 +200,11 @@ void cm__corr_attach(const cm__cupti *c) {
 
 void cm__corr_detach(void) { atomic_store(&g_push, NULL); }
 
+void cm__corr_finalized(void) {
+  atomic_store(&g_push, NULL);
+  atomic_fetch_add(&g_epoch, 1);
+}
+
 void cm__corr_drain(void) {
   pthread_mutex_lock(&g.mu);
   for (size_t i = 0; i < g.ready.n; i++) free(hremove(&g.chains, g.ready.v[i]));
@@ -234,12 +243,13 @@ int cm_corr_push_id(uint64_t id) {
   pthread_mutex_unlock(&g.mu);
 
   int state = FRAME_LOCAL;
+  uint32_t epoch = atomic_load(&g_epoch);
   push_fn push = atomic_load(&g_push);
   if (push)
     state = push((CUpti_ExternalCorrelationKind)CM_CORR_EXTERNAL_KIND, id) == CUPTI_SUCCESS
                 ? FRAME_CUPTI
                 : FRAME_REJECTED;
-  ts->f[ts->n++] = (frame){id, state};
+  ts->f[ts->n++] = (frame){id, state, epoch};
   return 0;
 }
 
@@ -253,7 +263,7 @@ int cm_corr_pop(uint64_t *id) {
   if (!ts || ts->n == 0)
     return cm__seterr(CM_ENOENT, "cm_corr_pop: nothing is pushed on this thread");
   frame f = ts->f[--ts->n];
-  if (f.state == FRAME_CUPTI) {
+  if (f.state == FRAME_CUPTI && f.epoch == atomic_load(&g_epoch)) {
     pop_fn pop = atomic_load(&g_pop);
     uint64_t last = 0;
     if (pop) pop((CUpti_ExternalCorrelationKind)CM_CORR_EXTERNAL_KIND, &last);

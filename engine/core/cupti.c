@@ -5,10 +5,10 @@
  * copy, a framework's bundled copy (PyTorch ships its own libcupti.so.13), or the test double.
  * The search order tries the bare soname first, so that a copy the process already loaded is
  * shared rather than loaded twice: two copies would be two CUPTIs, each seeing half the process.
- * The library is never unloaded, and the engine never calls cuptiFinalize. CUPTI documents that
- * call for detaching from a running process, after which any CUPTI call initializes it again;
- * whether a detach between a duty cycle's windows gives back what CUPTI costs once it has traced
- * is what spec/gpu/reattach.sh measures, and no engine code depends on it yet.
+ * The library is never unloaded. cuptiFinalize is called only by cm_cupti_detach (engine.c),
+ * which CUPTI documents for detaching from a running process; a later subscription initializes
+ * CUPTI again. Whether a detach gives back what CUPTI costs once it has traced is what
+ * spec/gpu/reattach.sh measures.
  */
 #include <dlfcn.h>
 #include <stdio.h>
@@ -109,6 +109,8 @@ int cm__cupti_load(cm__cupti *c) {
   BIND(c->lib, ActivityPushExternalCorrelationId, "cuptiActivityPushExternalCorrelationId");
   BIND(c->lib, ActivityPopExternalCorrelationId, "cuptiActivityPopExternalCorrelationId");
   BIND(c->lib, GetTimestamp, "cuptiGetTimestamp");
+  /* Optional: without it cm_cupti_detach answers CM_ENOSYS. */
+  BIND_OPT(c->lib, Finalize, "cuptiFinalize");
 
   /* PM sampling is optional: the rest of the engine works with a libcupti that lacks it. */
 #define BIND_PM(field, sym) \
@@ -159,6 +161,8 @@ int cm__cupti_load(cm__cupti *c) {
     if (!c->cuCtxPopCurrent) BIND_OPT(c->cuda, cuCtxPopCurrent, "cuCtxPopCurrent");
     /* CUDA 10.1 and newer; without it the fence's threads keep the default capture mode. */
     BIND_OPT(c->cuda, cuThreadExchangeStreamCaptureMode, "cuThreadExchangeStreamCaptureMode");
+    /* A driver call of the detaching thread's own, at whose API exit cuptiFinalize runs. */
+    BIND_OPT(c->cuda, cuDriverGetVersion, "cuDriverGetVersion");
   }
   return 0;
 }

@@ -187,7 +187,14 @@ static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domai
                                             CUpti_CallbackId cbid, const void *data) {
   /* `ud` is the engine, but it is used only once the in-flight count says it is still alive. */
   cm_engine *e = callback_enter();
-  if (e && e == ud) {
+  if (e && e == ud && domain == CUPTI_CB_DOMAIN_DRIVER_API &&
+      atomic_load(&e->finalize_req) == CM__FINALIZE_WANTED &&
+      pthread_equal(pthread_self(), e->finalize_thread) && data &&
+      ((const CUpti_CallbackData *)data)->callbackSite == CUPTI_API_EXIT) {
+    /* cm_cupti_detach's own driver call: the call site where CUPTI recommends cuptiFinalize. */
+    e->finalize_rc = e->cupti.Finalize();
+    atomic_store(&e->finalize_req, CM__FINALIZE_DONE);
+  } else if (e && e == ud) {
     cm__callbacks *cb = atomic_load(&e->cb);
     if (cb) cm__callbacks_dispatch(cb, (int)domain, (uint32_t)cbid, data, e->strings);
   }
@@ -298,6 +305,12 @@ static void worker_deliver(cm_engine *e) {
   pthread_mutex_lock(&e->work_mu);
 }
 
+/* The worker's CUPTI call has returned: a detach waiting for it may go on. work_mu held. */
+static void worker_left_cupti(cm_engine *e) {
+  e->worker_in_cupti = false;
+  pthread_cond_broadcast(&e->done_cv);
+}
+
 static void *worker_main(void *arg) {
   cm_engine *e = arg;
   pthread_setname_np(pthread_self(), "cm-decode");
@@ -306,7 +319,11 @@ static void *worker_main(void *arg) {
   for (;;) {
     /* Cadences first, so a queue that never runs empty cannot starve delivery. */
     uint64_t now = cm__mono_ms();
-    uint32_t fl = e->self_flush_ms, dl = e->deliver_ms;
+    /* While CUPTI is detached, or being detached, the worker makes no CUPTI call: no periodic
+     * flush, and a forced flush asked for meanwhile is dropped (there is nothing to flush). */
+    bool no_cupti = e->detaching || atomic_load(&e->detached);
+    uint32_t fl = no_cupti ? 0 : e->self_flush_ms, dl = e->deliver_ms;
+    if (e->forced_wanted && no_cupti) e->forced_wanted = false;
     if (e->forced_wanted) {
       /* Asked for by cm__engine_flush_forced_async. Outside the lock, as every CUPTI call here:
        * the buffers it completes are queued by the completion callback, which takes work_mu. A
@@ -319,11 +336,13 @@ static void *worker_main(void *arg) {
        * as unknown (the LOST line, status 3), a false alarm that is said, never a silent loss. */
       e->forced_wanted = false;
       uint32_t ms = e->forced_sync_ms;
+      e->worker_in_cupti = true;
       pthread_mutex_unlock(&e->work_mu);
       /* At exit the exit's fence synchronizes and forces its own flush, and this one would only
        * hold the sync helper it needs. */
       if (atomic_load(&e->exiting)) {
         pthread_mutex_lock(&e->work_mu);
+        worker_left_cupti(e);
         continue;
       }
       int why = CM__SYNC_NONE;
@@ -338,10 +357,12 @@ static void *worker_main(void *arg) {
                        : why == CM__SYNC_BUSY  ? "an earlier synchronize is still blocked"
                                                : "it did not finish in time");
       pthread_mutex_lock(&e->work_mu);
+      worker_left_cupti(e);
       e->deliver_wanted = force;
       continue;
     }
     if (fl && now >= next_flush) {
+      e->worker_in_cupti = true;
       pthread_mutex_unlock(&e->work_mu);
       uint64_t f0 = cm__mono_ms();
       e->cupti.ActivityFlushAll(0);
@@ -358,6 +379,7 @@ static void *worker_main(void *arg) {
                        "CUPTI is behind the launches", (unsigned long long)took);
       }
       pthread_mutex_lock(&e->work_mu);
+      worker_left_cupti(e);
       continue;
     }
     if (dl && now >= next_deliver) {
@@ -416,6 +438,8 @@ static void *worker_main(void *arg) {
 }
 
 /* ---- selection ------------------------------------------------------------------------------ */
+
+static int attach_cupti(cm_engine *e);
 
 static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bits *out) {
   memset(out, 0, sizeof(cm__bits) * CM_KIND_MAX);
@@ -527,6 +551,60 @@ static void check_clock(cm_engine *e) {
   e->clock_offset_ns = (int64_t)(ts - (t0 + (t1 - t0) / 2));
 }
 
+/* Subscribes to CUPTI (e->sub): at creation, and again after a detach. Fails with CM_EBUSY, naming
+ * the holder, when another subscriber holds the process. */
+static int subscribe(cm_engine *e) {
+  char old[128] = "";
+  CUptiResult r;
+  if (e->cupti.Subscribe_v2) {
+    CUpti_SubscriberParams p;
+    memset(&p, 0, sizeof p);
+    p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
+    p.subscriberName = "cuptimon";
+    p.oldSubscriberName = old;
+    p.oldSubscriberSize = sizeof old;
+    r = e->cupti.Subscribe_v2(&e->sub, on_subscriber_callback, e, &p);
+  } else {
+    r = e->cupti.Subscribe(&e->sub, on_subscriber_callback, e);
+  }
+  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
+    return cm__seterr(CM_EBUSY,
+                      "another CUPTI subscriber already holds this process: '%s'. CUPTI allows one "
+                      "subscriber per process; stop that tool (Nsight Systems, Nsight Compute, "
+                      "torch.profiler, another profiler) or run without it",
+                      old[0] ? old : "unknown");
+  if (r == CUPTI_ERROR_UNKNOWN)
+    /* What CUPTI answers when there is no NVIDIA driver or no device to trace. */
+    return cm__seterr(CM_ECUPTI,
+                      "cuptiSubscribe failed: CUPTI_ERROR_UNKNOWN (999): no GPU or driver: CUPTI "
+                      "finds no NVIDIA driver or device it can use here (nvidia-smi shows what the "
+                      "machine has)");
+  if (r != CUPTI_SUCCESS) return cm__cupti_err(&e->cupti, r, "cuptiSubscribe");
+  return 0;
+}
+
+/* Registers the timestamp callback (when configured) and the buffer callbacks, once per CUPTI
+ * initialization: at creation, and again after a detach (cuptiFinalize forgets them). */
+static int register_activity(cm_engine *e) {
+  CUptiResult r;
+  pthread_mutex_lock(&g_once_mu);
+  if (e->cfg.flags & CM_CONFIG_TIMESTAMP_CALLBACK) {
+    if (!g_timestamp_registered &&
+        e->cupti.ActivityRegisterTimestampCallback(realtime_timestamp_cb) == CUPTI_SUCCESS)
+      g_timestamp_registered = true;
+    e->timestamp_callback = g_timestamp_registered;
+  }
+  if (!g_callbacks_registered) {
+    set_per_thread_buffers(e);
+    r = e->cupti.ActivityRegisterCallbacks(on_buffer_request, on_buffer_complete);
+    if (r == CUPTI_SUCCESS) g_callbacks_registered = true;
+  } else {
+    r = CUPTI_SUCCESS;
+  }
+  pthread_mutex_unlock(&g_once_mu);
+  return r == CUPTI_SUCCESS ? 0 : cm__cupti_err(&e->cupti, r, "cuptiActivityRegisterCallbacks");
+}
+
 /* Frees the engine's memory and locks, and gives the process's engine slot back. The modules it
  * owned must have been freed already. */
 static void destroy(cm_engine *e) {
@@ -590,39 +668,8 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
   if (rc) goto fail_intern;
 
   e->cupti.GetVersion(&e->cupti_version);
-  char old[128] = "";
-  CUptiResult r;
-  if (e->cupti.Subscribe_v2) {
-    CUpti_SubscriberParams p;
-    memset(&p, 0, sizeof p);
-    p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
-    p.subscriberName = "cuptimon";
-    p.oldSubscriberName = old;
-    p.oldSubscriberSize = sizeof old;
-    r = e->cupti.Subscribe_v2(&e->sub, on_subscriber_callback, e, &p);
-  } else {
-    r = e->cupti.Subscribe(&e->sub, on_subscriber_callback, e);
-  }
-  if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
-    rc = cm__seterr(CM_EBUSY,
-                    "another CUPTI subscriber already holds this process: '%s'. CUPTI allows one "
-                    "subscriber per process; stop that tool (Nsight Systems, Nsight Compute, "
-                    "torch.profiler, another profiler) or run without it",
-                    old[0] ? old : "unknown");
-    goto fail_decoder;
-  }
-  if (r == CUPTI_ERROR_UNKNOWN) {
-    /* What CUPTI answers when there is no NVIDIA driver or no device to trace. */
-    rc = cm__seterr(CM_ECUPTI,
-                    "cuptiSubscribe failed: CUPTI_ERROR_UNKNOWN (999): no GPU or driver: CUPTI "
-                    "finds no NVIDIA driver or device it can use here (nvidia-smi shows what the "
-                    "machine has)");
-    goto fail_decoder;
-  }
-  if (r != CUPTI_SUCCESS) {
-    rc = cm__cupti_err(&e->cupti, r, "cuptiSubscribe");
-    goto fail_decoder;
-  }
+  rc = subscribe(e);
+  if (rc) goto fail_decoder;
   /* The registry pins the RESOURCE callbacks the engine needs (module unload included, for the
    * string cache), so a consumer's disarm cannot turn them off. */
   cm__callbacks *cbreg = NULL;
@@ -630,25 +677,8 @@ int cm_engine_new(cm_engine **out, const cm_config *cfg_in) {
   atomic_store(&e->cb, cbreg);
   if (rc) goto fail_sub;
 
-  pthread_mutex_lock(&g_once_mu);
-  if (cfg.flags & CM_CONFIG_TIMESTAMP_CALLBACK) {
-    if (!g_timestamp_registered &&
-        e->cupti.ActivityRegisterTimestampCallback(realtime_timestamp_cb) == CUPTI_SUCCESS)
-      g_timestamp_registered = true;
-    e->timestamp_callback = g_timestamp_registered;
-  }
-  if (!g_callbacks_registered) {
-    set_per_thread_buffers(e);
-    r = e->cupti.ActivityRegisterCallbacks(on_buffer_request, on_buffer_complete);
-    if (r == CUPTI_SUCCESS) g_callbacks_registered = true;
-  } else {
-    r = CUPTI_SUCCESS;
-  }
-  pthread_mutex_unlock(&g_once_mu);
-  if (r != CUPTI_SUCCESS) {
-    rc = cm__cupti_err(&e->cupti, r, "cuptiActivityRegisterCallbacks");
-    goto fail_sub;
-  }
+  rc = register_activity(e);
+  if (rc) goto fail_sub;
   check_clock(e);
   /* PM timestamps are on cuptiGetTimestamp's clock: the same as the records' when it is
    * CLOCK_REALTIME (the offset is then only the bracket's noise), else moved by the offset. */
@@ -703,8 +733,9 @@ void cm_engine_free(cm_engine *e) {
   e->pm = NULL;
   atomic_store(&g_engine, NULL);
   cm__corr_detach();
-  /* Handlers live as long as the subscription: they go only here, never with a session. */
-  e->cupti.Unsubscribe(e->sub);
+  /* Handlers live as long as the subscription: they go only here, never with a session. A
+   * detached engine has no subscription left. */
+  if (!atomic_load(&e->detached)) e->cupti.Unsubscribe(e->sub);
   /* No callback enters the engine from now on; wait for those already inside. */
   while (atomic_load(&g_inflight) != 0) sched_yield();
   cm__callbacks_free(atomic_load(&e->cb));
@@ -791,7 +822,11 @@ int cm_observe(cm_engine *e, const cm_selection *sel, cm_observer_fn fn, void *u
   if (empty) return cm__seterr(CM_EINVAL, "the selection is empty: name at least one kind");
 
   pthread_mutex_lock(&e->api_mu);
-  int rc = 0;
+  int rc = attach_cupti(e);
+  if (rc) {
+    pthread_mutex_unlock(&e->api_mu);
+    return rc;
+  }
   if (e->nobs == e->cap_obs) {
     int cap = e->cap_obs ? e->cap_obs * 2 : 8;
     /* Under dec_mu: the worker may be walking the table in deliver(). */
@@ -918,8 +953,10 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
   pthread_mutex_lock(&e->api_mu);
   uint64_t deadline = deadline_for(e, timeout_ms);
   int why = CM__SYNC_NONE;
-  bool ok = mode == CM_FLUSH_SYNC ? cm__engine_fence(e, deadline, &why)
-                                  : cm__engine_plain_flush(e, deadline, 0);
+  /* Detached, CUPTI holds nothing (the detach flushed it all), and a call would initialize it. */
+  bool ok = atomic_load(&e->detached)       ? true
+            : mode == CM_FLUSH_SYNC ? cm__engine_fence(e, deadline, &why)
+                                    : cm__engine_plain_flush(e, deadline, 0);
   pthread_mutex_lock(&e->dec_mu);
   cm__engine_deliver(e);
   pthread_mutex_unlock(&e->dec_mu);
@@ -934,6 +971,189 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
   }
   return 0;
 }
+
+/* ---- detach and attach ----------------------------------------------------------------------- */
+
+/* Runs cuptiFinalize where CUPTI recommends it, at the exit of a driver API call: the detaching
+ * thread's own cuDriverGetVersion, whose exit callback is enabled for the purpose (the engine's
+ * threads make no other CUPTI call meanwhile). Without libcuda's cuDriverGetVersion, or when that
+ * callback cannot be enabled or does not come, cuptiFinalize is called directly, which CUPTI
+ * allows once the device is synchronized and the buffers are flushed (cm_cupti_detach has done
+ * both: the last observer's end synchronized, and a forced flush returned every buffer). */
+static CUptiResult finalize_at_api_exit(cm_engine *e) {
+  cm__cupti *c = &e->cupti;
+  const CUpti_CallbackId id = CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion;
+  if (c->cuDriverGetVersion &&
+      c->EnableCallback(1, e->sub, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS) {
+    e->finalize_thread = pthread_self();
+    atomic_store(&e->finalize_req, CM__FINALIZE_WANTED);
+    int version = 0;
+    c->cuDriverGetVersion(&version);
+    bool done = atomic_load(&e->finalize_req) == CM__FINALIZE_DONE;
+    atomic_store(&e->finalize_req, CM__FINALIZE_NONE);
+    if (done) return e->finalize_rc;
+    c->EnableCallback(0, e->sub, CUPTI_CB_DOMAIN_DRIVER_API, id);
+  }
+  return c->Finalize();
+}
+
+/* Lets the worker call CUPTI again after a detach that did not happen. */
+static void detach_abandoned(cm_engine *e) {
+  pthread_mutex_lock(&e->work_mu);
+  e->detaching = false;
+  pthread_cond_signal(&e->q_cv);
+  pthread_mutex_unlock(&e->work_mu);
+}
+
+static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
+  if (atomic_load(&e->detached)) return 0;
+  if (!e->cupti.Finalize)
+    return cm__seterr(CM_ENOSYS, "the loaded libcupti (%s) has no cuptiFinalize: CUPTI cannot be "
+                                 "detached", e->cupti.path);
+  if (atomic_load(&e->exiting))
+    return cm__seterr(CM_ESTATE, "the process is exiting: the exit's fence owns CUPTI");
+  if (e->nobs > 0)
+    return cm__seterr(CM_EBUSY, "%d observer(s) registered: CUPTI is detached only while nothing "
+                                "is traced", e->nobs);
+  cm__callbacks *cb = atomic_load(&e->cb);
+  uint32_t arms = cm__callbacks_consumer_arms(cb);
+  if (arms)
+    return cm__seterr(CM_EBUSY, "%u subscriber callback(s) armed by consumers: they would stop "
+                                "firing, so CUPTI stays attached", arms);
+  if (cm__pm_profiler_initialized())
+    return cm__seterr(CM_ENOSYS, "PM sampling has initialized CUPTI's profiler in this process, "
+                                 "and CUPTI does not document that state across a cuptiFinalize: "
+                                 "CUPTI stays attached");
+  if (cm__callbacks_captures_active(cb))
+    return cm__seterr(CM_EBUSY, "a CUDA graph capture is in progress: CUPTI is not detached in "
+                                "the middle of one");
+  uint64_t t0 = cm__realtime_ns(), deadline = deadline_for(e, timeout_ms);
+  /* From here the worker makes no CUPTI call; one it is inside of finishes first. */
+  pthread_mutex_lock(&e->work_mu);
+  e->detaching = true;
+  while (e->worker_in_cupti) {
+    uint64_t now = cm__mono_ms();
+    if (now >= deadline) break;
+    struct timespec ts;
+    cm__abstime_in(&ts, deadline - now);
+    pthread_cond_timedwait(&e->done_cv, &e->work_mu, &ts);
+  }
+  bool busy = e->worker_in_cupti;
+  pthread_mutex_unlock(&e->work_mu);
+  if (busy) {
+    detach_abandoned(e);
+    return cm__seterr(CM_ETIMEDOUT, "the decode worker's CUPTI flush did not return before the "
+                                    "deadline: CUPTI stays attached");
+  }
+  /* No kind is enabled, so CUPTI writes nothing more. A forced flush returns every buffer it
+   * holds, partly filled ones included, and what they carry is decoded and delivered (to no
+   * observer: records that arrive once the last observer has gone are counted as late). */
+  /* CUPTI behind on a kind still holds records it has not written into any buffer yet: the
+   * flushes go on until one brings none, as the exit's fence does. */
+  bool caught_up;
+  uint64_t decoded = LOAD(e, st_records_decoded), quiet = 0;
+  for (;;) {
+    caught_up = cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    uint64_t now_decoded = LOAD(e, st_records_decoded);
+    if (now_decoded == decoded) quiet++;
+    else quiet = 0;
+    decoded = now_decoded;
+    if (!caught_up || quiet >= 2 || cm__mono_ms() >= deadline || atomic_load(&e->exiting)) break;
+  }
+  pthread_mutex_lock(&e->dec_mu);
+  cm__engine_deliver(e);
+  pthread_mutex_unlock(&e->dec_mu);
+  uint64_t held = cm__engine_cupti_buffers(e);
+  if (atomic_load(&e->exiting)) {
+    detach_abandoned(e);
+    return cm__seterr(CM_ESTATE, "the process began to exit during the detach: CUPTI stays attached");
+  }
+  if (!caught_up || quiet < 2 || held) {
+    detach_abandoned(e);
+    /* A buffer CUPTI still holds would be lost with its records, or written after the pool
+     * forgot it, and so would records CUPTI has not written yet; so no detach until CUPTI has
+     * given every buffer back and a flush brings nothing more. */
+    if (held)
+      return cm__seterr(CM_EAGAIN, "CUPTI still holds %llu activity buffer(s) after a forced "
+                                   "flush: CUPTI stays attached", (unsigned long long)held);
+    return cm__seterr(CM_EAGAIN, "CUPTI was still delivering records at the deadline: CUPTI stays "
+                                 "attached");
+  }
+  CUptiResult r = finalize_at_api_exit(e);
+  if (r != CUPTI_SUCCESS) {
+    detach_abandoned(e);
+    return cm__cupti_err(&e->cupti, r, "cuptiFinalize");
+  }
+  /* CUPTI has forgotten the subscription, the callbacks it enabled, the buffer and timestamp
+   * callbacks, the attributes and its external-correlation stacks. */
+  cm__corr_finalized();
+  cm__callbacks_rebind(cb, NULL);
+  e->sub = NULL;
+  pthread_mutex_lock(&g_once_mu);
+  g_callbacks_registered = false;
+  g_timestamp_registered = false;
+  pthread_mutex_unlock(&g_once_mu);
+  e->latency_on = e->event_ts_on = false;
+  atomic_store(&e->enabled, 0);
+  pthread_mutex_lock(&e->work_mu);
+  atomic_store(&e->detached, true);
+  e->detaching = false;
+  pthread_mutex_unlock(&e->work_mu);
+  uint64_t took = cm__realtime_ns() - t0;
+  ADD(e, st_detaches, 1);
+  ADD(e, st_detach_ns, took);
+  cm__engine_log(e, CM_LOG_INFO, "CUPTI detached (cuptiFinalize) in %.1f ms; it attaches again "
+                 "with the next observer", (double)took / 1e6);
+  return 0;
+}
+
+/* Subscribes again after a detach: the subscription, the buffer and timestamp callbacks, every
+ * pinned or armed callback, and the external-correlation hooks. No-op while attached. Called
+ * with api_mu held. */
+static int attach_cupti(cm_engine *e) {
+  if (!atomic_load(&e->detached)) return 0;
+  if (atomic_load(&e->exiting))
+    return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
+  uint64_t t0 = cm__realtime_ns();
+  int rc = subscribe(e);
+  if (rc) return rc;
+  rc = register_activity(e);
+  if (rc) {
+    e->cupti.Unsubscribe(e->sub);
+    e->sub = NULL;
+    return rc;
+  }
+  cm__callbacks_rebind(atomic_load(&e->cb), e->sub);
+  cm__corr_attach(&e->cupti);
+  pthread_mutex_lock(&e->work_mu);
+  atomic_store(&e->detached, false);
+  pthread_cond_signal(&e->q_cv);
+  pthread_mutex_unlock(&e->work_mu);
+  uint64_t took = cm__realtime_ns() - t0;
+  ADD(e, st_attach_ns, took);
+  cm__engine_log(e, CM_LOG_INFO, "CUPTI attached again in %.1f ms", (double)took / 1e6);
+  return 0;
+}
+
+int cm_cupti_detach(cm_engine *e, uint32_t timeout_ms) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_cupti_detach: engine is NULL");
+  pthread_mutex_lock(&e->api_mu);
+  int rc = detach_locked(e, timeout_ms);
+  pthread_mutex_unlock(&e->api_mu);
+  return rc;
+}
+
+int cm_cupti_attach(cm_engine *e) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_cupti_attach: engine is NULL");
+  pthread_mutex_lock(&e->api_mu);
+  int rc = attach_cupti(e);
+  pthread_mutex_unlock(&e->api_mu);
+  return rc;
+}
+
+int cm_cupti_detached(cm_engine *e) { return e && atomic_load(&e->detached) ? 1 : 0; }
 
 const char *cm_string(cm_engine *e, uint32_t id, size_t *len) {
   if (!e) return NULL;
@@ -964,6 +1184,9 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->fences = LOAD(e, st_fences);
   out->fence_timeouts = LOAD(e, st_fence_timeouts);
   out->sessions = LOAD(e, st_sessions);
+  out->cupti_detaches = LOAD(e, st_detaches);
+  out->cupti_detach_ns = LOAD(e, st_detach_ns);
+  out->cupti_attach_ns = LOAD(e, st_attach_ns);
   out->strings = cm__intern_count(e->strings);
   pthread_mutex_lock(&e->work_mu);
   out->decode_queue_depth = e->q_depth;
@@ -1006,7 +1229,8 @@ int cm_pm_sample_add(cm_engine *e, int device, const char *const *metrics, uint3
   cm__clearerr();
   if (!e) return cm__seterr(CM_EINVAL, "cm_pm_sample_add: engine is NULL");
   pthread_mutex_lock(&e->api_mu);
-  int rc = cm__pm_add(e->pm, device, metrics, nmetrics, interval_us, poll_ms(e), id);
+  int rc = attach_cupti(e);
+  if (!rc) rc = cm__pm_add(e->pm, device, metrics, nmetrics, interval_us, poll_ms(e), id);
   pthread_mutex_unlock(&e->api_mu);
   return rc;
 }
@@ -1043,6 +1267,14 @@ int cm_callback_unregister(cm_engine *e, uint32_t handle) {
 int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid) {
   cm__clearerr();
   if (!e) return cm__seterr(CM_EINVAL, "cm_callback_arm: engine is NULL");
+  /* Detached, an armed callback would not fire: CUPTI attaches again first. The control lock is
+   * taken only then, so a handler that arms (CUPTI is attached while it runs) never waits on it. */
+  if (atomic_load(&e->detached)) {
+    pthread_mutex_lock(&e->api_mu);
+    int rc = attach_cupti(e);
+    pthread_mutex_unlock(&e->api_mu);
+    if (rc) return rc;
+  }
   return cm__callbacks_arm(e->cb, domain, cbid);
 }
 

@@ -112,7 +112,24 @@ struct cm_engine {
 
   /* Set by the exit fence: waits of other control calls end at once (see t_exit_fence). */
   atomic_bool exiting;
+
+  /* CUPTI detached (cm_cupti_detach): cuptiFinalize has run and no subscription exists, so
+   * nothing may call CUPTI until attach_cupti subscribes again. Written under api_mu (and
+   * work_mu, for the worker), read atomically. */
+  atomic_bool detached;
+  /* work_mu: a detach is under way (the worker makes no CUPTI call), and whether the worker is
+   * inside one now (the detach waits until it is not; done_cv signals it). */
+  bool detaching, worker_in_cupti;
+  /* The handshake with on_subscriber_callback, which runs cuptiFinalize at the API exit of the
+   * detaching thread's own cuDriverGetVersion call (CM__FINALIZE_*). */
+  atomic_int finalize_req;
+  pthread_t finalize_thread;
+  CUptiResult finalize_rc;
+  /* Detaches and attaches again since creation, and the time they took (cm_stats). */
+  _Atomic uint64_t st_detaches, st_detach_ns, st_attach_ns;
 };
+
+enum { CM__FINALIZE_NONE = 0, CM__FINALIZE_WANTED, CM__FINALIZE_DONE };
 
 #define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
 #define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)

@@ -111,6 +111,13 @@ struct cm__pm {
 static pthread_mutex_t g_profiler_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool g_profiler_initialized; /* guarded by g_profiler_mu; never reset */
 
+bool cm__pm_profiler_initialized(void) {
+  pthread_mutex_lock(&g_profiler_mu);
+  bool on = g_profiler_initialized;
+  pthread_mutex_unlock(&g_profiler_mu);
+  return on;
+}
+
 /* ---- the call trace ------------------------------------------------------------------------- */
 
 /* With CUPTIMON_PM_TRACE=1 (or CUPTIMON_AGENT_LOG=debug) every CUPTI PM sampling and profiler

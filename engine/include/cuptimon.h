@@ -302,6 +302,31 @@ typedef enum cm_flush_mode {
  * as cm_observe above. */
 CM_EXTERN int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms);
 
+/* Detaches CUPTI from the process (cuptiFinalize) while nothing is traced, so that the
+ * application's CUDA calls cost what they did before CUPTI attached: once CUPTI has traced, a
+ * launch stays dearer after every kind is disabled (docs/agent.md, "Detaching CUPTI while
+ * idle"). The next cm_observe, cm_callback_arm or cm_pm_sample_add attaches CUPTI again (a new
+ * subscription, the buffer callbacks, every pinned or armed callback), and so does
+ * cm_cupti_attach. Forced flushes first return what CUPTI holds, until one brings nothing; those
+ * records reach no observer and count as late.
+ * cuptiFinalize runs at the exit of a driver API call of the calling thread, the call site CUPTI
+ * recommends. timeout_ms bounds the flush (0: the configured fence timeout).
+ * Returns 0 (detached, or already so); CM_EBUSY while an observer is registered, a consumer has
+ * armed a callback, or a CUDA graph capture is in progress; CM_EAGAIN when CUPTI still holds an
+ * activity buffer after the flush (it stays attached; try again later); CM_ENOSYS when the
+ * libcupti has no cuptiFinalize or PM sampling has initialized CUPTI's profiler in the process;
+ * CM_ESTATE once the process exits; CM_ETIMEDOUT or CM_ECUPTI when the flush or the finalize
+ * failed (CUPTI then stays attached). The application must not call CUPTI itself meanwhile (no
+ * other tool can: CUPTI allows one subscriber), nor cm_corr_push or cm_corr_pop. Any thread, as
+ * cm_observe. */
+CM_EXTERN int cm_cupti_detach(cm_engine *e, uint32_t timeout_ms);
+/* Attaches CUPTI again after cm_cupti_detach; 0 when attached already. Fails with CM_EBUSY when
+ * another CUPTI subscriber took the process meanwhile (the detail names it). Any thread, as
+ * cm_observe. */
+CM_EXTERN int cm_cupti_attach(cm_engine *e);
+/* 1 while CUPTI is detached, else 0. Thread-safe. */
+CM_EXTERN int cm_cupti_detached(cm_engine *e);
+
 /* Resolves a string id to its bytes (not NUL-terminated in general; *len receives the length).
  * Returns NULL for an unknown id. Thread-safe; the bytes live as long as the engine. */
 CM_EXTERN const char *cm_string(cm_engine *e, uint32_t id, size_t *len);
@@ -354,6 +379,11 @@ typedef struct cm_stats {
    * writing it, over the buffers of the lag guard's last check (the guard's measure; 0 while the
    * guard is off or nothing is traced). */
   uint64_t lag_held_ns;
+  /* CUPTI detaches (cm_cupti_detach) since the engine was created, and the time spent detaching
+   * and attaching again, summed (cuptiFinalize, and the new subscription with its callbacks). */
+  uint64_t cupti_detaches;
+  uint64_t cupti_detach_ns;
+  uint64_t cupti_attach_ns;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */

@@ -335,6 +335,9 @@ static const struct {
     {"guard_shed", offsetof(cm_stats, guard_shed)},
     {"guard_lag_ns", offsetof(cm_stats, guard_lag_ns)},
     {"lag_held_ns", offsetof(cm_stats, lag_held_ns)},
+    {"cupti_detaches", offsetof(cm_stats, cupti_detaches)},
+    {"cupti_detach_ns", offsetof(cm_stats, cupti_detach_ns)},
+    {"cupti_attach_ns", offsetof(cm_stats, cupti_attach_ns)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {

@@ -67,7 +67,9 @@
  * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
  * line reports the launches and records written, and kernel_segments / memcpy_segments: the
  * records written in each run of launches that found the kind traced, in order, which are the
- * duty cycle's windows one by one (at most 4096 are listed), and flushes_off: the
+ * duty cycle's windows one by one (at most 4096 are listed), the fake CUPTI's finalize counters
+ * (finalize, finalize_in_callback, finalize_lost, finalize_buffers, calls_finalized: see
+ * fake_stats) and subscribes, and flushes_off: the
  * cuptiActivityFlushAll calls made while kernel tracing was off (between two launches that both
  * found it off), which an agent idle between windows does not make.
  *
@@ -358,12 +360,18 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
     double now = mono_s();
     if (now - t > 0.02) t = now;
   }
+  fake_get_stats(&fs);
   printf("fake_cuda_app: pid=%d init=%d steady_ms=%.0f launched=%llu concurrent_kernel=%llu "
-         "memcpy=%llu dropped=%llu hidden_launched=%llu hidden_written=%llu flushes_off=%llu",
+         "memcpy=%llu dropped=%llu hidden_launched=%llu hidden_written=%llu flushes_off=%llu "
+         "finalize=%llu finalize_in_callback=%llu finalize_lost=%llu finalize_buffers=%llu "
+         "calls_finalized=%llu subscribes=%llu",
          (int)getpid(), init, (mono_s() - t0) * 1e3, (unsigned long long)launched,
          (unsigned long long)kernels, (unsigned long long)copies, (unsigned long long)dropped,
          (unsigned long long)hidden_launched, (unsigned long long)hidden_written,
-         (unsigned long long)flushes_off);
+         (unsigned long long)flushes_off, (unsigned long long)fs.finalize_calls,
+         (unsigned long long)fs.finalize_in_callback, (unsigned long long)fs.finalize_lost_records,
+         (unsigned long long)fs.finalize_held_buffers, (unsigned long long)fs.calls_while_finalized,
+         (unsigned long long)fs.subscribes);
   seg_print("kernel", &ks);
   seg_print("memcpy", &cs);
   printf("\n");

@@ -21,34 +21,9 @@
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
-static uint64_t seen[CM_KIND_MAX];
-
-static void on_batch(void *ud, const cm_batch *b) {
-  (void)ud;
-  if (b->kind >= 0 && b->kind < CM_KIND_MAX) seen[b->kind] += b->n;
-}
-
-/* Writes one runtime API record; returns the fake's answer (0 taken, 2 the kind is disabled). */
-static int emit_api(uint32_t correlation) {
-  CUpti_ActivityAPI a;
-  memset(&a, 0, sizeof a);
-  a.kind = CUPTI_ACTIVITY_KIND_RUNTIME;
-  a.cbid = 211;
-  a.start = 1000 + correlation;
-  a.end = 2000 + correlation;
-  a.correlationId = correlation;
-  return fake_emit(&a, sizeof a, 0);
-}
-
-static int emit_kernel(uint32_t correlation) {
-  unsigned char rec[256];
-  size_t n = fake_make_kernel(rec, "k", 0, 7, 1000 + correlation, 2000 + correlation, correlation);
-  return fake_emit(rec, n, 0);
-}
-
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
-  cmt_engine t = cmt_engine_start(on_batch);
+  cmt_engine t = cmt_engine_start(cmt_count_batch);
   cm_engine *e = t.e;
   cm_selection *s = t.sel;
   uint32_t id = t.id;
@@ -58,25 +33,25 @@ int main(void) {
   /* 100 kernel records held by the fake (5 written per flush), 100 API records written. */
   fake_set_kernel_backlog(5);
   for (uint32_t i = 1; i <= 100; i++) {
-    CMT_EQ(emit_kernel(i), 0);
-    CMT_EQ(emit_api(i), 0);
+    CMT_EQ(cmt_emit_kernel(i), 0);
+    CMT_EQ(cmt_emit_api(i), 0);
   }
 
   /* Runtime, then kernels, are suppressed: new records of them are refused at once. */
   CMT_OK(cm__engine_set_suppressed(e, api));
   CMT_EQU(cm__engine_enabled(e) & (api | kern), kern);
-  CMT_EQ(emit_api(101), 2);
+  CMT_EQ(cmt_emit_api(101), 2);
   CMT_OK(cm__engine_set_suppressed(e, api | kern));
   CMT_EQU(cm__engine_enabled(e) & (api | kern), 0);
-  CMT_EQ(emit_kernel(101), 2);
+  CMT_EQ(cmt_emit_kernel(101), 2);
 
   /* What CUPTI held still arrives, flush by flush, with nothing dropped. */
-  for (int i = 0; i < 40 && seen[CM_KIND_CONCURRENT_KERNEL] < 100; i++)
+  for (int i = 0; i < 40 && cmt_seen[CM_KIND_CONCURRENT_KERNEL] < 100; i++)
     CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 5000));
   printf("after suppressing both: kernel %" PRIu64 " runtime %" PRIu64 "\n",
-         seen[CM_KIND_CONCURRENT_KERNEL], seen[CM_KIND_RUNTIME]);
-  CMT_EQU(seen[CM_KIND_CONCURRENT_KERNEL], 100);
-  CMT_EQU(seen[CM_KIND_RUNTIME], 100);
+         cmt_seen[CM_KIND_CONCURRENT_KERNEL], cmt_seen[CM_KIND_RUNTIME]);
+  CMT_EQU(cmt_seen[CM_KIND_CONCURRENT_KERNEL], 100);
+  CMT_EQU(cmt_seen[CM_KIND_RUNTIME], 100);
   cm_stats st;
   memset(&st, 0, sizeof st);
   cm_stats_get(e, &st);
@@ -84,20 +59,20 @@ int main(void) {
 
   /* A new observer (a SELECT) does not lift the suppression. */
   uint32_t id2 = 0;
-  CMT_OK(cm_observe(e, s, on_batch, NULL, &id2));
+  CMT_OK(cm_observe(e, s, cmt_count_batch, NULL, &id2));
   CMT_OK(cm_unobserve(e, id));
   CMT_EQU(cm__engine_enabled(e) & (api | kern), 0);
-  CMT_EQ(emit_api(102), 2);
+  CMT_EQ(cmt_emit_api(102), 2);
 
   /* Lifting it enables the selected kinds again. */
   fake_set_kernel_backlog(0);
   CMT_OK(cm__engine_set_suppressed(e, 0));
   CMT_EQU(cm__engine_enabled(e) & (api | kern), api | kern);
-  CMT_EQ(emit_api(103), 0);
-  CMT_EQ(emit_kernel(103), 0);
+  CMT_EQ(cmt_emit_api(103), 0);
+  CMT_EQ(cmt_emit_kernel(103), 0);
   CMT_OK(cm_flush(e, CM_FLUSH_PLAIN, 5000));
-  CMT_EQU(seen[CM_KIND_RUNTIME], 101);
-  CMT_EQU(seen[CM_KIND_CONCURRENT_KERNEL], 101);
+  CMT_EQU(cmt_seen[CM_KIND_RUNTIME], 101);
+  CMT_EQU(cmt_seen[CM_KIND_CONCURRENT_KERNEL], 101);
 
   t.id = id2;
   cmt_engine_end(&t);

@@ -115,6 +115,9 @@ typedef struct cm_stats {
   uint64_t guard_shed;
   uint64_t guard_lag_ns;
   uint64_t lag_held_ns;
+  uint64_t cupti_detaches;
+  uint64_t cupti_detach_ns;
+  uint64_t cupti_attach_ns;
 } cm_stats;
 
 typedef struct cm_session_info {

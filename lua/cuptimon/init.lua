@@ -375,7 +375,7 @@ local stat_names = {
   "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
   "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
   "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
-  "lag_held_ns",
+  "lag_held_ns", "cupti_detaches", "cupti_detach_ns", "cupti_attach_ns",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
@@ -394,7 +394,10 @@ local stat_names = {
 --- the monitor), lag_held_ns (the longest CUPTI held a record back before writing it, over the
 --- buffers of the agent's last lag-guard check), and guard_shed (the kinds, by name, that the agent's lag guard had CUPTI stop
 --- writing because CUPTI fell more than CUPTIMON_GUARD_LAG_MS behind; docs/agent.md) with
---- guard_lag_s (CUPTI's lag when it last did). Returns nil, err for an unknown source.
+--- guard_lag_s (CUPTI's lag when it last did). cupti_detaches, cupti_detach_ns and
+--- cupti_attach_ns: how often the agent detached CUPTI while nothing was traced
+--- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed. Returns nil,
+--- err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)

@@ -213,6 +213,8 @@ static _Atomic(CUpti_BuffersCallbackCompleteFunc) cb_complete;
 static _Atomic(CUpti_TimestampCallbackFunc) cb_timestamp;
 
 static atomic_int kind_on[FAKE_NKINDS];
+/* The last value given to CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER (-1: never set). */
+static atomic_int per_thread_attr = -1;
 static atomic_uint_fast64_t sync_epoch;
 static atomic_uint_fast64_t drops_unreported;
 
@@ -264,11 +266,22 @@ static struct {
   atomic_uint_fast64_t flushes, forced_flushes, syncs;
   atomic_uint_fast64_t enable_calls[64], disable_calls[64];
   atomic_uint_fast64_t subscribes, unsubscribes, finalize_calls;
+  atomic_uint_fast64_t finalize_in_callback, finalize_lost_records, finalize_held_buffers;
+  atomic_uint_fast64_t calls_while_finalized;
   atomic_uint_fast64_t syncs_during_capture, captures_invalidated, capture_mode_exchanges;
   atomic_int latency_timestamps, cuda_event_device_timestamps, timestamp_callback_registrations;
 } st;
 
 static _Thread_local fthread *t_self;
+/* Subscriber callbacks the calling thread is inside of (fake_fire_callback). */
+static _Thread_local int t_in_callback;
+/* Set by cuptiFinalize, cleared by the next cuptiSubscribe: every CUPTI call in between (which
+ * would initialize the real CUPTI again, the cost a detach is meant to shed) is counted. */
+static atomic_int finalized;
+#define AFTER_FINALIZE()                                                                        \
+  do {                                                                                          \
+    if (atomic_load(&finalized)) BUMP(st.calls_while_finalized);                                \
+  } while (0)
 static _Thread_local int t_is_completer;
 
 /* Counter bump with relaxed ordering: stats are read only for assertions after the fact. */
@@ -647,14 +660,85 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiGetResultString(CUptiResult result, const 
 }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiGetTimestamp(uint64_t *timestamp) {
+  AFTER_FINALIZE();
   if (!timestamp) return CUPTI_ERROR_INVALID_PARAMETER;
   *timestamp = fake_now();
   return CUPTI_SUCCESS;
 }
 
-/* Counted so tests can assert the engine never calls it; it changes no state. */
+/* Forgets the subscriber and every callback it enabled (an unsubscribe, a finalize). Caller holds
+ * ctl.lock. */
+static void ctl_forget_locked(void) {
+  ctl.subscribed = 0;
+  ctl.callback = NULL;
+  ctl.userdata = NULL;
+  memset(ctl.domain_on, 0, sizeof ctl.domain_on);
+  memset(ctl.cbid_on, 0, sizeof ctl.cbid_on);
+}
+
+/* The records in a buffer the fake still holds. */
+static uint64_t fbuf_records(const fbuf *b) {
+  uint64_t n = 0;
+  for (size_t off = 0; off + sizeof(uint32_t) <= b->used;) {
+    uint32_t kind;
+    memcpy(&kind, b->data + off, sizeof kind);
+    size_t sz = kind_size(kind);
+    if (!sz) break;
+    off += sz;
+    n++;
+  }
+  return n;
+}
+
+static void fbuf_drop(fbuf *b) {
+  atomic_fetch_add(&st.finalize_lost_records, fbuf_records(b));
+  BUMP(st.finalize_held_buffers);
+  free(b->pend);
+  free(b); /* its data is the client's, which CUPTI never frees */
+}
+
+/* Detaches as CUPTI documents: every kind, callback and registration is forgotten, and a later
+ * cuptiSubscribe starts from nothing. Buffers completed before the call reach the client first;
+ * what the fake still holds (a thread's current buffer, buffers waiting for a sync, held kernel
+ * records) is lost with CUPTI's state and counted (finalize_lost_records, finalize_held_buffers):
+ * the client must flush first. finalize_in_callback counts the calls made inside a subscriber
+ * callback, the call site CUPTI recommends. */
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiFinalize(void) {
   BUMP(st.finalize_calls);
+  if (t_in_callback) BUMP(st.finalize_in_callback);
+  for (int k = 0; k < FAKE_NKINDS; k++) atomic_store(&kind_on[k], 0);
+  unsigned old = atomic_fetch_add(&emit_phase, 1) & 1;
+  while (atomic_load(&emit_inflight[old]) != 0) sched_yield();
+  wait_delivered();
+  pthread_mutex_lock(&reg.lock);
+  for (fthread *ft = reg.head; ft; ft = ft->next) {
+    pthread_mutex_lock(&ft->lock);
+    if (ft->cur) fbuf_drop(ft->cur);
+    ft->cur = NULL;
+    pthread_mutex_unlock(&ft->lock);
+  }
+  pthread_mutex_unlock(&reg.lock);
+  pthread_mutex_lock(&q.lock);
+  for (fbuf *b = q.held, *n; b; b = n) {
+    n = b->next;
+    fbuf_drop(b);
+  }
+  q.held = NULL;
+  pthread_mutex_unlock(&q.lock);
+  pthread_mutex_lock(&held_k_mu);
+  atomic_fetch_add(&st.finalize_lost_records, (held_k_len - held_k_off) / sizeof(CUpti_ActivityKernel10));
+  held_k_off = held_k_len = 0;
+  pthread_mutex_unlock(&held_k_mu);
+  pthread_mutex_lock(&ctl.lock);
+  ctl_forget_locked();
+  pthread_mutex_unlock(&ctl.lock);
+  atomic_store(&cb_request, NULL);
+  atomic_store(&cb_complete, NULL);
+  atomic_store(&cb_timestamp, NULL);
+  atomic_store(&st.latency_timestamps, 0);
+  atomic_store(&st.cuda_event_device_timestamps, 0);
+  atomic_store(&per_thread_attr, -1);
+  atomic_store(&finalized, 1);
   return CUPTI_SUCCESS;
 }
 
@@ -698,6 +782,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
   memset(ctl.cbid_on, 0, sizeof ctl.cbid_on);
   pthread_mutex_unlock(&ctl.lock);
   *subscriber = (CUpti_SubscriberHandle)&subscriber_token;
+  atomic_store(&finalized, 0);
   BUMP(st.subscribes);
   return CUPTI_SUCCESS;
 }
@@ -713,11 +798,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiUnsubscribe(CUpti_SubscriberHandle subscri
     pthread_mutex_unlock(&ctl.lock);
     return CUPTI_ERROR_INVALID_PARAMETER;
   }
-  ctl.subscribed = 0;
-  ctl.callback = NULL;
-  ctl.userdata = NULL;
-  memset(ctl.domain_on, 0, sizeof ctl.domain_on);
-  memset(ctl.cbid_on, 0, sizeof ctl.cbid_on);
+  ctl_forget_locked();
   pthread_mutex_unlock(&ctl.lock);
   BUMP(st.unsubscribes);
   return CUPTI_SUCCESS;
@@ -736,6 +817,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable,
                                                      CUpti_SubscriberHandle subscriber,
                                                      CUpti_CallbackDomain domain,
                                                      CUpti_CallbackId cbid) {
+  AFTER_FINALIZE();
   pthread_mutex_lock(&ctl.lock);
   CUptiResult r = check_sub(subscriber, domain);
   if (r == CUPTI_SUCCESS && cbid >= FAKE_CBID_BITS) r = CUPTI_ERROR_INVALID_PARAMETER;
@@ -755,6 +837,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiEnableCallback(uint32_t enable,
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiEnableDomain(uint32_t enable,
                                                    CUpti_SubscriberHandle subscriber,
                                                    CUpti_CallbackDomain domain) {
+  AFTER_FINALIZE();
   pthread_mutex_lock(&ctl.lock);
   CUptiResult r = check_sub(subscriber, domain);
   if (r == CUPTI_SUCCESS) {
@@ -775,7 +858,9 @@ int fake_fire_callback(int domain, uint32_t cbid, const void *cbdata) {
   void *ud = ctl.userdata;
   pthread_mutex_unlock(&ctl.lock);
   if (!on) return 0;
+  t_in_callback++;
   f(ud, (CUpti_CallbackDomain)domain, (CUpti_CallbackId)cbid, cbdata);
+  t_in_callback--;
   return 1;
 }
 
@@ -784,6 +869,7 @@ int fake_fire_callback(int domain, uint32_t cbid, const void *cbdata) {
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityRegisterCallbacks(
     CUpti_BuffersCallbackRequestFunc funcBufferRequested,
     CUpti_BuffersCallbackCompleteFunc funcBufferCompleted) {
+  AFTER_FINALIZE();
   if (!funcBufferRequested || !funcBufferCompleted) return CUPTI_ERROR_INVALID_PARAMETER;
   atomic_store(&cb_request, funcBufferRequested);
   atomic_store(&cb_complete, funcBufferCompleted);
@@ -798,6 +884,7 @@ static int valid_kind(CUpti_ActivityKind kind) {
 /* Any kind of CUPTI 13.0 may be enabled; kinds the fake has no layout for are simply never
  * produced (unless a test emits one on purpose, to see the engine meet an unknown kind). */
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind) {
+  AFTER_FINALIZE();
   if (!valid_kind(kind)) return CUPTI_ERROR_INVALID_KIND;
   atomic_store(&kind_on[kind], 1);
   BUMP(st.enable_calls[kind]);
@@ -805,6 +892,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind) {
 }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityDisable(CUpti_ActivityKind kind) {
+  AFTER_FINALIZE();
   if (!valid_kind(kind)) return CUPTI_ERROR_INVALID_KIND;
   atomic_store(&kind_on[kind], 0);
   BUMP(st.disable_calls[kind]);
@@ -841,6 +929,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityGetNextRecord(uint8_t *buffer,
 }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityFlushAll(uint32_t flag) {
+  AFTER_FINALIZE();
   int forced = (flag & CUPTI_ACTIVITY_FLAG_FLUSH_FORCED) != 0;
   int block = atomic_load(&knob_flush_block_ms);
   if (block > 0 && (forced || !atomic_load(&knob_flush_block_forced_only)))
@@ -868,13 +957,11 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityGetNumDroppedRecords(CUcontext con
   return CUPTI_SUCCESS;
 }
 
-/* The last value given to CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER (-1: never set). */
-static atomic_int per_thread_attr = -1;
-
 /* Only the per-thread buffer attribute is known; it is recorded for fake_per_thread_attr, and
  * the fake's buffers stay per thread either way. */
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivitySetAttribute(CUpti_ActivityAttribute attr,
                                                            size_t *valueSize, void *value) {
+  AFTER_FINALIZE();
   if (!valueSize || !value) return CUPTI_ERROR_INVALID_PARAMETER;
   if (attr != CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER) return CUPTI_ERROR_NOT_SUPPORTED;
   if (*valueSize < sizeof(uint8_t)) return CUPTI_ERROR_PARAMETER_SIZE_NOT_SUFFICIENT;
@@ -885,17 +972,20 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivitySetAttribute(CUpti_ActivityAttribu
 int fake_per_thread_attr(void) { return atomic_load(&per_thread_attr); }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnableLatencyTimestamps(uint8_t enable) {
+  AFTER_FINALIZE();
   atomic_store(&st.latency_timestamps, enable ? 1 : 0);
   return CUPTI_SUCCESS;
 }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnableCudaEventDeviceTimestamps(uint8_t enable) {
+  AFTER_FINALIZE();
   atomic_store(&st.cuda_event_device_timestamps, enable ? 1 : 0);
   return CUPTI_SUCCESS;
 }
 
 FAKE_EXPORT CUptiResult CUPTIAPI
 cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc funcTimestamp) {
+  AFTER_FINALIZE();
   if (!funcTimestamp) return CUPTI_ERROR_INVALID_PARAMETER;
   atomic_store(&cb_timestamp, funcTimestamp);
   atomic_fetch_add(&st.timestamp_callback_registrations, 1);
@@ -905,6 +995,7 @@ cuptiActivityRegisterTimestampCallback(CUpti_TimestampCallbackFunc funcTimestamp
 /* The stacks are per thread and per external kind, owned by the calling thread alone. */
 FAKE_EXPORT CUptiResult CUPTIAPI
 cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t id) {
+  AFTER_FINALIZE();
   if ((int)kind <= (int)CUPTI_EXTERNAL_CORRELATION_KIND_INVALID || (int)kind >= FAKE_NEXT_KINDS)
     return CUPTI_ERROR_INVALID_PARAMETER;
   if (atomic_load(&knob_reject_push)) return CUPTI_ERROR_INVALID_OPERATION;
@@ -923,6 +1014,7 @@ cuptiActivityPushExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint6
 
 FAKE_EXPORT CUptiResult CUPTIAPI
 cuptiActivityPopExternalCorrelationId(CUpti_ExternalCorrelationKind kind, uint64_t *lastId) {
+  AFTER_FINALIZE();
   if ((int)kind <= (int)CUPTI_EXTERNAL_CORRELATION_KIND_INVALID || (int)kind >= FAKE_NEXT_KINDS)
     return CUPTI_ERROR_INVALID_PARAMETER;
   fthread *ft = self_thread();
@@ -993,6 +1085,20 @@ FAKE_EXPORT int cuCtxSynchronize(void) {
   r.correlationId = 0;
   fake_emit(&r, sizeof r, 0);
   return FAKE_CUDA_SUCCESS;
+}
+
+/* Fires the driver API callback of cuDriverGetVersion at its enter and exit, as the real driver
+ * does under CUPTI (the engine's detach runs cuptiFinalize at that exit). */
+FAKE_EXPORT CUresult CUDAAPI cuDriverGetVersion(int *version) {
+  CUpti_CallbackData cd;
+  memset(&cd, 0, sizeof cd);
+  cd.functionName = "cuDriverGetVersion";
+  cd.callbackSite = CUPTI_API_ENTER;
+  fake_fire_callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion, &cd);
+  if (version) *version = 13000;
+  cd.callbackSite = CUPTI_API_EXIT;
+  fake_fire_callback(CUPTI_CB_DOMAIN_DRIVER_API, CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion, &cd);
+  return (CUresult)(version ? FAKE_CUDA_SUCCESS : FAKE_CUDA_ERROR_INVALID_VALUE);
 }
 
 FAKE_EXPORT int cuThreadExchangeStreamCaptureMode(int *mode) {
@@ -1688,6 +1794,10 @@ void fake_get_stats(fake_stats *out) {
   out->subscribes = atomic_load(&st.subscribes);
   out->unsubscribes = atomic_load(&st.unsubscribes);
   out->finalize_calls = atomic_load(&st.finalize_calls);
+  out->finalize_in_callback = atomic_load(&st.finalize_in_callback);
+  out->finalize_lost_records = atomic_load(&st.finalize_lost_records);
+  out->finalize_held_buffers = atomic_load(&st.finalize_held_buffers);
+  out->calls_while_finalized = atomic_load(&st.calls_while_finalized);
   out->syncs_during_capture = atomic_load(&st.syncs_during_capture);
   out->captures_invalidated = atomic_load(&st.captures_invalidated);
   out->capture_mode_exchanges = atomic_load(&st.capture_mode_exchanges);

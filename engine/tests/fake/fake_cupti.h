@@ -96,7 +96,11 @@ typedef struct fake_stats {
   uint64_t disable_calls[64]; /* cuptiActivityDisable per kind */
   uint64_t subscribes;
   uint64_t unsubscribes;
-  uint64_t finalize_calls;    /* must stay 0 */
+  uint64_t finalize_calls;        /* 0 unless the engine detaches (cm_cupti_detach) */
+  uint64_t finalize_in_callback;  /* of those, made inside a subscriber callback */
+  uint64_t finalize_lost_records; /* records the fake still held at a finalize: must stay 0 */
+  uint64_t finalize_held_buffers; /* buffers it still held then (the client's memory, lost) */
+  uint64_t calls_while_finalized; /* CUPTI calls between a finalize and the next subscribe */
   int latency_timestamps;
   int cuda_event_device_timestamps;
   int timestamp_callback_registrations;
