@@ -189,6 +189,9 @@ describe("duty cycles with the real agent", function()
     assert.are.equal(a.finalize, a.finalize_in_callback, out)
     assert.are.same({ 0, 0, 0 }, { a.finalize_lost, a.finalize_buffers, a.calls_finalized }, out)
     assert.is_nil(out:find("LOST"), out)
+    -- The footer says so, with the agent's own count (its last STATS may precede a last detach).
+    local n = tonumber(out:match("\nCUPTI detached (%d+) times between windows %(CUPTIMON_DETACH_IDLE%)"))
+    assert.is_true(n and n >= a.finalize - 1 and n <= a.finalize, out)
   end)
 
   it("estimates hold the known rates in their 95% intervals (5 seeded runs)", function()

@@ -140,7 +140,8 @@ function S:sum(key, m)
 end
 
 --- The footer lines: the duty, the windows so far, traced against elapsed time, the skipped and
---- discarded windows with their reasons, and the detection limit of what no window saw.
+--- discarded windows with their reasons, the detection limit of what no window saw, and how
+--- often the agents detached CUPTI between windows.
 function S:footer()
   local st = self.duty:stats()
   local lines = {}
@@ -165,6 +166,13 @@ function S:footer()
   if limit then
     lines[#lines + 1] = ("a kernel not listed was seen in no window: below the detection limit "
       .. "of %.3g launches/s per process (3 / traced seconds)"):format(limit)
+  end
+  -- Agents run with CUPTIMON_DETACH_IDLE=1 detach CUPTI between windows (docs/agent.md).
+  local all = cm.stats()
+  if all and (all.cupti_detaches or 0) > 0 then
+    lines[#lines + 1] = ("CUPTI detached %d times between windows (CUPTIMON_DETACH_IDLE): %.1f ms "
+      .. "detaching and %.1f ms attaching again, in all"):format(all.cupti_detaches,
+      all.cupti_detach_ns / 1e6, all.cupti_attach_ns / 1e6)
   end
   return lines
 end
