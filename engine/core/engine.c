@@ -1045,13 +1045,14 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
     return cm__seterr(CM_ETIMEDOUT, "the decode worker's CUPTI flush did not return before the "
                                     "deadline: CUPTI stays attached");
   }
-  /* No kind is enabled, so CUPTI writes nothing more. A forced flush returns every buffer it
+  /* No kind is enabled, so CUPTI writes nothing new. A forced flush returns every buffer it
    * holds, partly filled ones included, and what they carry is decoded and delivered (to no
-   * observer: records that arrive once the last observer has gone are counted as late). */
-  /* CUPTI behind on a kind still holds records it has not written into any buffer yet: the
-   * flushes go on until one brings none, as the exit's fence does. */
+   * observer: records that arrive once the last observer has gone are counted as late). CUPTI
+   * behind on a kind may still write records it held back, so the flushes go on until two in a
+   * row bring none. */
   bool caught_up;
-  uint64_t decoded = LOAD(e, st_records_decoded), quiet = 0;
+  uint64_t decoded = LOAD(e, st_records_decoded);
+  int quiet = 0;
   for (;;) {
     caught_up = cm__engine_plain_flush(e, deadline, CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
     uint64_t now_decoded = LOAD(e, st_records_decoded);

@@ -155,6 +155,27 @@ int main(void) {
   CMT_EQU(f.finalize_lost_records, 0);
   CMT_EQU(cmt_seen[CM_KIND_CONCURRENT_KERNEL] + st.records_dropped, 200);
 
+  /* cm_cupti_attach attaches without an observer; a second call changes nothing. */
+  CMT_EQ(cm_cupti_detached(e), 1);
+  uint64_t subs1 = fstats().subscribes;
+  CMT_OK(cm_cupti_attach(e));
+  CMT_OK(cm_cupti_attach(e));
+  CMT_EQ(cm_cupti_detached(e), 0);
+  CMT_EQU(fstats().subscribes - subs1, 1);
+  CMT_EQ(fake_callback_enabled(CUPTI_CB_DOMAIN_RESOURCE, ctx_created), 1);
+
+  /* PM sampling attaches a detached engine too; once it has initialized CUPTI's profiler, a
+   * detach is refused for good (CM_ENOSYS), even after the consumer is gone. */
+  CMT_OK(cm_cupti_detach(e, 0));
+  static const char *const metric[] = {"sm__cycles_active.avg"};
+  uint32_t pm = 0;
+  CMT_OK(cm_pm_sample_add(e, 0, metric, 1, 1000, &pm));
+  CMT_EQ(cm_cupti_detached(e), 0);
+  CMT_OK(cm_pm_sample_remove(e, pm));
+  CMT_EQ(cm_cupti_detach(e, 0), CM_ENOSYS);
+  CMT_CONTAINS(cm_errmsg(), "PM sampling");
+  CMT_EQ(cm_cupti_detached(e), 0);
+
   cm_selection_free(sel);
   cm_engine_free(e);
   f = fstats();
