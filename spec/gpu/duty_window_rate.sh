@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Each duty window's kernel rate on the launch loop, with and without CUPTIMON_DETACH_IDLE=1
+# (issue 21). On the H100 (2026-12-05) the duty cycle's estimates of the launch loop's kernels
+# were 7 to 11% low without the detach and 20 to 37% low with it: this tells whether the windows
+# after a re-attach see fewer kernels per traced millisecond (CUPTI recording only some time after
+# its kinds were enabled again), and how long the traced span of records is against traced_ms.
+# From the repository root on the device machine:
+#   bash spec/gpu/duty_window_rate.sh BUILD_DIR     (about 40 s; LAUNCHES=6000000)
+# Prints one line per window: traced_ms, kernels, kernels per traced ms, and the span from the
+# first to the last kernel start in the window. Exit status 0 when both runs ran.
+set -u
+B=${1:?usage: spec/gpu/duty_window_rate.sh BUILD_DIR}
+status=0
+for det in 0 1; do
+  echo "== CUPTIMON_DETACH_IDLE=$det"
+  CUPTIMON_DETACH_IDLE=$det timeout 60 "$B/cuptimon-lua" "$(dirname "$0")/duty_window_rate.lua" -- \
+    "$B/gpu/launch_loop" "${LAUNCHES:-6000000}" > "/tmp/duty_window_rate.$det.txt" 2>&1 || status=1
+  grep -E "^W |LOST|error" "/tmp/duty_window_rate.$det.txt"
+done
+exit $status
