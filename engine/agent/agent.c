@@ -151,6 +151,9 @@ static struct agent {
   bool cadence_idle;
   /* CUPTIMON_DETACH_IDLE=1: CUPTI is detached whenever nothing is traced (detach_idle). */
   bool detach_idle;
+  /* CUPTIMON_RENEW_S in ms (0: off): CUPTI is renewed after each such span of tracing
+   * (renew_tick), next at renew_next_ms (mono ms; 0 while nothing is traced). Control thread. */
+  uint64_t renew_ms, renew_next_ms;
   uint64_t pm_wait_end;
   int nobs;
   /* The lag guard (guard_tick; control thread only): its policy's state (guard.h; the limit is
@@ -558,6 +561,8 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("cupti_detaches", st.cupti_detaches);
   KV("cupti_detach_ns", st.cupti_detach_ns);
   KV("cupti_attach_ns", st.cupti_attach_ns);
+  KV("cupti_renewals", st.cupti_renewals);
+  KV("cupti_renew_gap_ns", st.cupti_renew_gap_ns);
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -574,7 +579,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[48]; /* stats_items_locked writes at most 42 */
+  cm_wire_kv kv[48]; /* stats_items_locked writes at most 44 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -1015,6 +1020,45 @@ static void guard_tick(void) {
   push_stats(); /* the monitor learns it now, not at the next batch */
 }
 
+/* CUPTIMON_RENEW_S: CUPTI slows down over a long trace at a high launch rate (on the H100 its
+ * threads went from 0.27 of a core to a whole one in 270 s at 16 launching threads, and the
+ * buffers it held and the process's memory grew with it), and a fresh CUPTI starts fast again.
+ * So after each renew_ms of tracing, cm_cupti_renew hands every record CUPTI holds to the
+ * observer, finalizes CUPTI and traces again; what the application launches in between is not
+ * traced, and STATS says how often and for how long (the monitor warns at the first, and the
+ * recipes' end sums them). The pool's free buffers are freed after it, since CUPTI held more of
+ * them as it slowed. Never once NVTX is injected into CUPTI (as for CUPTIMON_DETACH_IDLE). A
+ * refusal is logged and the next period tries again, except where it never can. Control
+ * thread. */
+static void renew_tick(void) {
+  if (!A.renew_ms || !A.eng || A.nobs == 0 || atomic_load(&A.exiting)) {
+    A.renew_next_ms = 0;
+    return;
+  }
+  uint64_t now = cm__mono_ms();
+  if (!A.renew_next_ms) {
+    A.renew_next_ms = now + A.renew_ms;
+    return;
+  }
+  if (now < A.renew_next_ms) return;
+  A.renew_next_ms = now + A.renew_ms;
+  if (atomic_load(&g_nvtx_injected)) {
+    alog(CM_LOG_WARN, "CUPTIMON_RENEW_S: NVTX is injected into CUPTI, so CUPTI is not renewed");
+    A.renew_ms = 0;
+    return;
+  }
+  int rc = cm_cupti_renew(A.eng, 1000);
+  if (rc == 0) {
+    cm__engine_trim(A.eng);
+  } else {
+    bool never = rc == CM_ENOSYS;
+    alog(never ? CM_LOG_WARN : CM_LOG_INFO, "CUPTIMON_RENEW_S: CUPTI was not renewed%s: %s",
+         never ? ", and will not be" : " this time", cm_errmsg());
+    if (never) A.renew_ms = 0;
+  }
+  push_stats(); /* the monitor learns it now, not at the next batch */
+}
+
 static void tracing_off(void) {
   if (A.nobs == 0) return;
   apply_selection(NULL);
@@ -1226,9 +1270,15 @@ static void *control_main(void *arg) {
     int tmo = A.npm_wait ? PM_RETRY_MS : -1;
     uint32_t gms = cm__guard_interval_ms(&A.guard);
     if (guard_armed() && (tmo < 0 || (uint32_t)tmo > gms)) tmo = (int)gms;
+    if (A.renew_ms && A.nobs > 0) {
+      uint64_t now = cm__mono_ms();
+      int rms = !A.renew_next_ms ? 0 : A.renew_next_ms > now ? (int)(A.renew_next_ms - now) : 0;
+      if (tmo < 0 || tmo > rms) tmo = rms;
+    }
     int pr = poll(pf, 2, tmo);
     pm_retry();
     guard_tick();
+    renew_tick();
     if (pr < 0) {
       if (errno == EINTR) continue;
       alog(CM_LOG_ERROR, "control thread: poll failed: %s", strerror(errno));
@@ -1859,6 +1909,8 @@ static void agent_init(void) {
   A.detach_idle = det && strcmp(det, "1") == 0;
   if (det && *det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
     alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE=%s is neither 0 nor 1: CUPTI stays attached while idle", det);
+  const char *renew = getenv("CUPTIMON_RENEW_S");
+  A.renew_ms = renew && strcmp(renew, "0") == 0 ? 0 : env_u64("CUPTIMON_RENEW_S", 0, 86400) * 1000;
   const char *gbuf = getenv("CUPTIMON_GUARD_BUFFERS");
   A.guard.buffers_limit = gbuf && strcmp(gbuf, "0") == 0
                               ? 0

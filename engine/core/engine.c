@@ -1005,29 +1005,29 @@ static void detach_abandoned(cm_engine *e) {
   pthread_mutex_unlock(&e->work_mu);
 }
 
-static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
-  if (atomic_load(&e->detached)) return 0;
+/* What neither a detach nor a renewal may finalize under: returns 0, or the refusal. */
+static int finalize_refused(cm_engine *e) {
   if (!e->cupti.Finalize)
     return cm__seterr(CM_ENOSYS, "the loaded libcupti (%s) has no cuptiFinalize: CUPTI cannot be "
                                  "detached", e->cupti.path);
   if (atomic_load(&e->exiting))
     return cm__seterr(CM_ESTATE, "the process is exiting: the exit's fence owns CUPTI");
-  if (e->nobs > 0)
-    return cm__seterr(CM_EBUSY, "%d observer(s) registered: CUPTI is detached only while nothing "
-                                "is traced", e->nobs);
-  cm__callbacks *cb = atomic_load(&e->cb);
-  uint32_t arms = cm__callbacks_consumer_arms(cb);
-  if (arms)
-    return cm__seterr(CM_EBUSY, "%u subscriber callback(s) armed by consumers: they would stop "
-                                "firing, so CUPTI stays attached", arms);
   if (cm__pm_profiler_initialized())
     return cm__seterr(CM_ENOSYS, "PM sampling has initialized CUPTI's profiler in this process, "
                                  "and CUPTI does not document that state across a cuptiFinalize: "
                                  "CUPTI stays attached");
-  if (cm__callbacks_captures_active(cb))
+  if (cm__callbacks_captures_active(atomic_load(&e->cb)))
     return cm__seterr(CM_EBUSY, "a CUDA graph capture is in progress: CUPTI is not detached in "
                                 "the middle of one");
-  uint64_t t0 = cm__realtime_ns(), deadline = deadline_for(e, timeout_ms);
+  return 0;
+}
+
+/* The common part of a detach and a renewal, with every kind already off: the decode worker
+ * leaves CUPTI alone, forced flushes return every buffer CUPTI holds, what they carry is decoded
+ * and delivered to the observers there are, and cuptiFinalize runs; the engine then forgets what
+ * CUPTI forgot. Returns 0 (e->detached is then set), or the reason nothing was finalized (the
+ * worker may call CUPTI again then). Called with api_mu held. */
+static int drain_and_finalize(cm_engine *e, uint64_t deadline) {
   /* From here the worker makes no CUPTI call; one it is inside of finishes first. */
   pthread_mutex_lock(&e->work_mu);
   e->detaching = true;
@@ -1046,10 +1046,9 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
                                     "deadline: CUPTI stays attached");
   }
   /* No kind is enabled, so CUPTI writes nothing new. A forced flush returns every buffer it
-   * holds, partly filled ones included, and what they carry is decoded and delivered (to no
-   * observer: records that arrive once the last observer has gone are counted as late). CUPTI
-   * behind on a kind may still write records it held back, so the flushes go on until two in a
-   * row bring none. */
+   * holds, partly filled ones included, and what they carry is decoded and delivered (records
+   * that arrive once the last observer has gone are counted as late). CUPTI behind on a kind may
+   * still write records it held back, so the flushes go on until two in a row bring none. */
   bool caught_up;
   uint64_t decoded = LOAD(e, st_records_decoded);
   int quiet = 0;
@@ -1080,6 +1079,13 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
     return cm__seterr(CM_EAGAIN, "CUPTI was still delivering records at the deadline: CUPTI stays "
                                  "attached");
   }
+  /* A capture that began during the flushes: CUPTI stays, so that its end is seen. */
+  cm__callbacks *cb = atomic_load(&e->cb);
+  if (cm__callbacks_captures_active(cb)) {
+    detach_abandoned(e);
+    return cm__seterr(CM_EBUSY, "a CUDA graph capture began during the detach: CUPTI stays "
+                                "attached");
+  }
   CUptiResult r = finalize_at_api_exit(e);
   if (r != CUPTI_SUCCESS) {
     detach_abandoned(e);
@@ -1100,6 +1106,23 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
   atomic_store(&e->detached, true);
   e->detaching = false;
   pthread_mutex_unlock(&e->work_mu);
+  return 0;
+}
+
+static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
+  if (atomic_load(&e->detached)) return 0;
+  int rc = finalize_refused(e);
+  if (rc) return rc;
+  if (e->nobs > 0)
+    return cm__seterr(CM_EBUSY, "%d observer(s) registered: CUPTI is detached only while nothing "
+                                "is traced", e->nobs);
+  uint32_t arms = cm__callbacks_consumer_arms(atomic_load(&e->cb));
+  if (arms)
+    return cm__seterr(CM_EBUSY, "%u subscriber callback(s) armed by consumers: they would stop "
+                                "firing, so CUPTI stays attached", arms);
+  uint64_t t0 = cm__realtime_ns();
+  rc = drain_and_finalize(e, deadline_for(e, timeout_ms));
+  if (rc) return rc;
   uint64_t took = cm__realtime_ns() - t0;
   ADD(e, st_detaches, 1);
   ADD(e, st_detach_ns, took);
@@ -1108,14 +1131,10 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
   return 0;
 }
 
-/* Subscribes again after a detach: the subscription, the buffer and timestamp callbacks, every
- * pinned or armed callback, and the external-correlation hooks. No-op while attached. Called
- * with api_mu held. */
-static int attach_cupti(cm_engine *e) {
-  if (!atomic_load(&e->detached)) return 0;
-  if (atomic_load(&e->exiting))
-    return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
-  uint64_t t0 = cm__realtime_ns();
+/* Subscribes again after cuptiFinalize: the subscription, the buffer and timestamp callbacks,
+ * every pinned or armed callback, and the external-correlation hooks. Called with api_mu held
+ * while detached. */
+static int subscribe_again(cm_engine *e) {
   int rc = subscribe(e);
   if (rc) return rc;
   rc = register_activity(e);
@@ -1130,9 +1149,76 @@ static int attach_cupti(cm_engine *e) {
   atomic_store(&e->detached, false);
   pthread_cond_signal(&e->q_cv);
   pthread_mutex_unlock(&e->work_mu);
+  return 0;
+}
+
+/* Attaches again after a detach (subscribe_again), timed. No-op while attached. Called with
+ * api_mu held. */
+static int attach_cupti(cm_engine *e) {
+  if (!atomic_load(&e->detached)) return 0;
+  if (atomic_load(&e->exiting))
+    return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
+  uint64_t t0 = cm__realtime_ns();
+  int rc = subscribe_again(e);
+  if (rc) return rc;
+  /* Observers still registered (a renewal whose subscription failed): their kinds come back. */
+  if (e->nobs > 0) {
+    rc = apply_kinds(e, cm__sel_kinds_needed(e->sel));
+    if (rc) return rc;
+    apply_toggles(e, e->sel);
+  }
   uint64_t took = cm__realtime_ns() - t0;
   ADD(e, st_attach_ns, took);
   cm__engine_log(e, CM_LOG_INFO, "CUPTI attached again in %.1f ms", (double)took / 1e6);
+  return 0;
+}
+
+/* The renewal (cm_cupti_renew): every kind off, a sync fence for what was launched before, the
+ * detach's drain and cuptiFinalize, a new subscription, and the observers' kinds and toggles
+ * back. The launches between the kinds going off and coming back are not traced: that gap is
+ * what st_renew_gap_ns sums. A failed step before the finalize leaves CUPTI attached with the
+ * kinds back on; one after it (a subscription refused) leaves CUPTI detached and the observers
+ * registered, and the next cm_observe or cm_cupti_attach tries again. Called with api_mu held. */
+static int renew_locked(cm_engine *e, uint32_t timeout_ms) {
+  if (atomic_load(&e->detached))
+    return cm__seterr(CM_ESTATE, "CUPTI is detached: there is nothing to renew");
+  if (e->nobs == 0)
+    return cm__seterr(CM_ESTATE, "nothing is traced: detach CUPTI (cm_cupti_detach) instead");
+  int rc = finalize_refused(e);
+  if (rc) return rc;
+  uint64_t t0 = cm__realtime_ns(), deadline = deadline_for(e, timeout_ms);
+  uint64_t want = cm__sel_kinds_needed(e->sel);
+  rc = apply_kinds(e, 0);
+  int why = CM__SYNC_NONE;
+  if (!rc && !cm__engine_fence(e, deadline, &why))
+    rc = cm__seterr(CM_ETIMEDOUT, "the renewal's fence missed its deadline: CUPTI stays attached");
+  if (!rc) rc = drain_and_finalize(e, deadline);
+  if (rc) {
+    /* Nothing was finalized: the kinds come back on as they were (the refusal's detail is kept
+     * over what enabling them may say). */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", cm_errmsg());
+    if (apply_kinds(e, want))
+      cm__engine_log(e, CM_LOG_ERROR, "after a renewal that did not happen, the traced kinds "
+                     "could not be enabled again: %s", cm_errmsg());
+    ADD(e, st_renew_gap_ns, cm__realtime_ns() - t0);
+    return cm__seterr(rc, "%s", msg);
+  }
+  uint64_t t1 = cm__realtime_ns();
+  rc = subscribe_again(e);
+  if (!rc) rc = apply_kinds(e, want);
+  if (!rc) apply_toggles(e, e->sel);
+  uint64_t t2 = cm__realtime_ns();
+  ADD(e, st_renew_gap_ns, t2 - t0);
+  if (rc) {
+    cm__engine_log(e, CM_LOG_ERROR, "CUPTI was finalized for a renewal but could not be traced "
+                   "again: %s", cm_errmsg());
+    return rc;
+  }
+  ADD(e, st_renewals, 1);
+  cm__engine_log(e, CM_LOG_INFO, "CUPTI renewed in %.1f ms (%.1f ms to drain and finalize, %.1f "
+                 "ms to subscribe and enable again); what was launched meanwhile is not traced",
+                 (double)(t2 - t0) / 1e6, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6);
   return 0;
 }
 
@@ -1155,6 +1241,15 @@ int cm_cupti_attach(cm_engine *e) {
 }
 
 int cm_cupti_detached(cm_engine *e) { return e && atomic_load(&e->detached) ? 1 : 0; }
+
+int cm_cupti_renew(cm_engine *e, uint32_t timeout_ms) {
+  cm__clearerr();
+  if (!e) return cm__seterr(CM_EINVAL, "cm_cupti_renew: engine is NULL");
+  pthread_mutex_lock(&e->api_mu);
+  int rc = renew_locked(e, timeout_ms);
+  pthread_mutex_unlock(&e->api_mu);
+  return rc;
+}
 
 const char *cm_string(cm_engine *e, uint32_t id, size_t *len) {
   if (!e) return NULL;
@@ -1188,6 +1283,8 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->cupti_detaches = LOAD(e, st_detaches);
   out->cupti_detach_ns = LOAD(e, st_detach_ns);
   out->cupti_attach_ns = LOAD(e, st_attach_ns);
+  out->cupti_renewals = LOAD(e, st_renewals);
+  out->cupti_renew_gap_ns = LOAD(e, st_renew_gap_ns);
   out->strings = cm__intern_count(e->strings);
   pthread_mutex_lock(&e->work_mu);
   out->decode_queue_depth = e->q_depth;

@@ -127,6 +127,8 @@ struct cm_engine {
   CUptiResult finalize_rc;
   /* Detaches and attaches again since creation, and the time they took (cm_stats). */
   _Atomic uint64_t st_detaches, st_detach_ns, st_attach_ns;
+  /* Renewals (cm_cupti_renew) that traced again, and the untraced time of every attempt. */
+  _Atomic uint64_t st_renewals, st_renew_gap_ns;
 };
 
 enum { CM__FINALIZE_NONE = 0, CM__FINALIZE_WANTED, CM__FINALIZE_DONE };

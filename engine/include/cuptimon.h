@@ -326,6 +326,19 @@ CM_EXTERN int cm_cupti_detach(cm_engine *e, uint32_t timeout_ms);
 CM_EXTERN int cm_cupti_attach(cm_engine *e);
 /* 1 while CUPTI is detached, else 0. Thread-safe. */
 CM_EXTERN int cm_cupti_detached(cm_engine *e);
+/* Renews CUPTI while observers trace: every kind off, a sync fence and forced flushes until CUPTI
+ * holds nothing (each record written so far reaches the observers), cuptiFinalize, a new
+ * subscription, and the observers' kinds on again. It exists because CUPTI slows down over a long
+ * trace at a high launch rate (on the H100, its threads went from 0.27 of a core to a whole one
+ * in 270 s, and its buffers and memory grew with it), and a fresh CUPTI starts fast again. What
+ * the application launches between the kinds going off and coming back on is not traced:
+ * cm_stats counts the renewals and sums that time (cupti_renewals, cupti_renew_gap_ns).
+ * Refused as cm_cupti_detach is (CM_ENOSYS, CM_EBUSY for a capture in progress, CM_ESTATE while
+ * exiting), with CM_ESTATE while nothing is traced or CUPTI is detached, and CM_EAGAIN or
+ * CM_ETIMEDOUT when CUPTI does not give every buffer back by the deadline (timeout_ms; 0: the
+ * fence timeout); the kinds are then on again. Consumers' armed callbacks stay armed across it,
+ * and miss the calls of the gap. Any thread but a CUPTI callback's. */
+CM_EXTERN int cm_cupti_renew(cm_engine *e, uint32_t timeout_ms);
 
 /* Resolves a string id to its bytes (not NUL-terminated in general; *len receives the length).
  * Returns NULL for an unknown id. Thread-safe; the bytes live as long as the engine. */
@@ -384,6 +397,11 @@ typedef struct cm_stats {
   uint64_t cupti_detaches;
   uint64_t cupti_detach_ns;
   uint64_t cupti_attach_ns;
+  /* CUPTI renewals under a running trace (cm_cupti_renew) that traced again, and the time of
+   * every attempt from the kinds going off to their coming back on, summed: what the application
+   * launched then is in no record. */
+  uint64_t cupti_renewals;
+  uint64_t cupti_renew_gap_ns;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */
