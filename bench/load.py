@@ -232,9 +232,6 @@ def one_run(a, threads, seconds, name, floor=False):
               "lost_frames", "incomplete"):
         r[k] = num(r"^LOSS .*\b%s (\d+)" % k, out, conv=int)
     r["lost_line"] = next((l for l in out.splitlines() if "LOST" in l), "")
-    # CUPTIMON_RENEW_S: the launches of each renewal's gap have no record, by design.
-    r["renewals"] = num(r"^RENEW renewals (\d+)", out, conv=int) or 0
-    r["renew_gap_ms"] = num(r"^RENEW renewals \d+ gap_ms ([\d.]+)", out) or 0.0
     # The monitor's warnings when the agent's lag guard had CUPTI stop writing kinds.
     r["guard_lines"] = [l for l in out.splitlines() if "its agent stopped tracing" in l and "warning" in l]
     if floor:
@@ -291,21 +288,9 @@ def one_run(a, threads, seconds, name, floor=False):
             shed.update(x.strip() for x in m.group(1).split(","))
     r["guard_shed"] = sorted(shed)
     kernels_shed = bool(shed & {"kernel", "concurrent_kernel"})
-    # With renewals, the launches of the gaps have no records: the kernels must then be no more
-    # than the launches, and no fewer than the launches less what the gaps could hold at three
-    # times the run's mean launch rate (a launch is faster untraced), plus a margin of 1,000.
-    r["untraced_launches"] = None
-    gapped = r["renewals"] > 0 or r["renew_gap_ms"] > 0
-    if gapped and r["kernels"] is not None and r["launched_total"] is not None:
-        r["untraced_launches"] = r["launched_total"] - r["kernels"]
-        rate = (r["launches"] or r["launched_total"]) / (r["launch_seconds"] or seconds)
-        gap_bound = 3 * rate * r["renew_gap_ms"] / 1000 + 1000
     kernels_ok = r["kernels"] is not None and r["launched_total"] is not None and (
-        r["kernels"] <= r["launched_total"] if kernels_shed else
-        0 <= r["untraced_launches"] <= gap_bound if gapped else
-        r["kernels"] == r["launched_total"])
-    runtime_ok = ("runtime" in shed or gapped or
-                  (expected is not None and (r["delivered"] or 0) >= expected))
+        r["kernels"] <= r["launched_total"] if kernels_shed else r["kernels"] == r["launched_total"])
+    runtime_ok = "runtime" in shed or (expected is not None and (r["delivered"] or 0) >= expected)
     r["ok"] = (status == 0 and r["dropped"] == 0 and r["incomplete"] == 0 and not r["lost_line"]
                and r["exit_ok"] and kernels_ok and runtime_ok)
     return r
@@ -373,9 +358,6 @@ def long_run(a, floor=False):
         print(r["lost_line"])
     for l in r.get("guard_lines", []):
         print("lag guard: " + l)
-    if r.get("renewals") or r.get("renew_gap_ms"):
-        print("renewals (CUPTIMON_RENEW_S): %d, %.1f ms untraced in all; %s launches have no kernel "
-              "record" % (r["renewals"], r["renew_gap_ms"], g(r.get("untraced_launches"))))
     print_thread_shares(r)
     return [r]
 

@@ -6,7 +6,6 @@
 --   SUM kernels K runtime R kernel_ns S
 --   DELIVERED records N seconds T records_per_s X     (T: from the first batch to the last)
 --   LOSS dropped D dropped_cupti C dropped_agent A dropped_exit E lost_wire W lost_frames F incomplete I
---   RENEW renewals U gap_ms V      (CUPTIMON_RENEW_S: CUPTI's renewals and their untraced time)
 --
 -- and, once a second while it runs, where the backlog is, stage by stage (cm.stats(); ms of lag
 -- from a record's timestamp to CUPTI completing its buffer, to the agent's decoder, the decode
@@ -14,11 +13,9 @@
 --
 --   LAG t_s T cupti_ms C decode_ms D decode_wait_ms Q send_wait_ms S recv_ms R backlog B delivered_per_s N
 --       buffers_out O buffers_alloc A kernels K runtime R recv_peak_ms P held_ms H guard_shed G
---       renewals U gap_ms V
 --
 -- (H: how long CUPTI held records back before writing them, the agent's lag guard's measure; G:
--- the kinds the guard shed, or "-". U and V: CUPTI's renewals under CUPTIMON_RENEW_S so far, and
--- the untraced time they took in all. O: the agent's activity buffers that CUPTI holds or that wait for the decoder; A: all that its
+-- the kinds the guard shed, or "-". O: the agent's activity buffers that CUPTI holds or that wait for the decoder; A: all that its
 -- pool has allocated, free ones included; both from the agent's last STATS. K and R: the kernel
 -- and runtime records that reached the script so far: with one launch API call per kernel, R - K
 -- is how many kernel records CUPTI still holds behind the API records of the same launches.)
@@ -89,12 +86,11 @@ cm.every(1000, function()
   local n = kernels + calls
   print(("LAG t_s %.1f cupti_ms %.1f decode_ms %.1f decode_wait_ms %.1f send_wait_ms %.1f recv_ms %.1f "
     .. "backlog %d delivered_per_s %d buffers_out %d buffers_alloc %d kernels %d runtime %d "
-    .. "recv_peak_ms %.1f held_ms %.1f guard_shed %s renewals %d gap_ms %.1f"):format((uv.hrtime() - t0) / 1e9,
+    .. "recv_peak_ms %.1f held_ms %.1f guard_shed %s"):format((uv.hrtime() - t0) / 1e9,
     s.lag_cupti_ns / 1e6, s.lag_decode_ns / 1e6, s.decode_wait_ns / 1e6, s.send_wait_ns / 1e6,
     s.lag_recv_ns / 1e6, s.backlog_records, n - last_n, s.buffers_outstanding, s.buffers_allocated,
     kernels, calls, s.lag_recv_peak_ns / 1e6, s.lag_held_ns / 1e6,
-    #s.guard_shed > 0 and table.concat(s.guard_shed, ",") or "-", s.cupti_renewals,
-    s.cupti_renew_gap_ns / 1e6))
+    #s.guard_shed > 0 and table.concat(s.guard_shed, ",") or "-"))
   last_n = n
 end)
 
@@ -110,5 +106,4 @@ cm.on("exit", function()
   print(("LOSS dropped %d dropped_cupti %d dropped_agent %d dropped_exit %d lost_wire %d "
     .. "lost_frames %d incomplete %d"):format(f("dropped"), f("dropped_cupti"), f("dropped_agent"),
     f("dropped_exit"), f("lost_wire"), f("lost_frames"), f("incomplete")))
-  print(("RENEW renewals %d gap_ms %.1f"):format(f("cupti_renewals"), f("cupti_renew_gap_ns") / 1e6))
 end)

@@ -151,9 +151,6 @@ static struct agent {
   bool cadence_idle;
   /* CUPTIMON_DETACH_IDLE=1: CUPTI is detached whenever nothing is traced (detach_idle). */
   bool detach_idle;
-  /* CUPTIMON_RENEW_S in ms (0: off): CUPTI is renewed after each such span of tracing
-   * (renew_tick), next at renew_next_ms (mono ms; 0 while nothing is traced). Control thread. */
-  uint64_t renew_ms, renew_next_ms;
   uint64_t pm_wait_end;
   int nobs;
   /* The lag guard (guard_tick; control thread only): its policy's state (guard.h; the limit is
@@ -206,6 +203,9 @@ static struct agent {
    * saw exactly two (its widening and its narrowing) traced its kinds for last - prev. Written
    * by the control thread, read for STATS. */
   _Atomic uint64_t selects_applied, select_last_ns, select_prev_ns;
+  /* SELECTs the engine refused (apply_selection): a window whose widening failed traced
+   * nothing, and the monitor discards it. */
+  _Atomic uint64_t selects_failed;
   /* How long the last BATCH frame sent had waited in the queue, and the peak (STATS). */
   _Atomic uint64_t send_wait_ns, send_wait_peak_ns;
   /* The kinds the lag guard stopped tracing for the rest of the session (one bit per kind), how
@@ -544,6 +544,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("selects_applied", GET(selects_applied));
   KV("select_last_ns", GET(select_last_ns));
   KV("select_prev_ns", GET(select_prev_ns));
+  KV("selects_failed", GET(selects_failed));
   KV("exit_tail_unknown", atomic_load(&A.tail_unknown) ? 1 : 0);
   KV("lag_cupti_ns", st.lag_cupti_ns);
   KV("lag_decode_ns", st.lag_decode_ns);
@@ -561,8 +562,6 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("cupti_detaches", st.cupti_detaches);
   KV("cupti_detach_ns", st.cupti_detach_ns);
   KV("cupti_attach_ns", st.cupti_attach_ns);
-  KV("cupti_renewals", st.cupti_renewals);
-  KV("cupti_renew_gap_ns", st.cupti_renew_gap_ns);
   /* PM sampling's counters (wire 1.2); pm_overflows and pm_dropped are samples lost. The engine's
    * PM lock is a leaf, so it may be taken under send_mu. */
   cm_pm_stats pm;
@@ -579,7 +578,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
 /* Encodes a STATS frame and links it to the queue. send_mu held, and the queue alive; `st` holds
  * the engine's counters, which the caller read without send_mu (the engine's locks come first). */
 static void q_link_stats_locked(const cm_stats *st) {
-  cm_wire_kv kv[48]; /* stats_items_locked writes at most 44 */
+  cm_wire_kv kv[48]; /* stats_items_locked writes at most 43 */
   uint32_t n = stats_items_locked(st, kv);
   cm_wire_buf b;
   cm_wire_buf_init(&b);
@@ -885,6 +884,12 @@ static void detach_idle(void) {
   /* A second bounds the flushes: CUPTI that is still delivering then is behind, and stays. */
   int rc = cm_cupti_detach(A.eng, 1000);
   if (rc == 0) return;
+  if (rc == CM_ETIMEDOUT && cm__engine_finalizing(A.eng)) {
+    /* cuptiFinalize blocks (CUPTI waits for the application's threads): it goes on in its own
+     * thread, and the selections that need CUPTI fail, and say why, until it returns. */
+    alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE: %s", cm_errmsg());
+    return;
+  }
   bool never = rc == CM_ENOSYS;
   alog(never ? CM_LOG_WARN : CM_LOG_INFO, "CUPTIMON_DETACH_IDLE: CUPTI stays attached%s: %s",
        never ? " from now on" : " for now", cm_errmsg());
@@ -923,6 +928,7 @@ static int apply_selection(const cm_selection *sel) {
     if (rc) {
       alog(CM_LOG_ERROR, "cannot apply the selection: %s: %s (the previous one stays)",
            cm_err_name(rc), cm_errmsg());
+      INC(selects_failed, 1);
       return rc;
     }
     A.obs_ids[0] = id;
@@ -1017,45 +1023,6 @@ static void guard_tick(void) {
    * ones would wait for the exit's fence (on the H200, 9 buffers for the last 100 s of a run).
    * One forced flush, on the decode worker, delivers them now. */
   if (last && !rc) cm__engine_flush_forced_async(A.eng);
-  push_stats(); /* the monitor learns it now, not at the next batch */
-}
-
-/* CUPTIMON_RENEW_S: CUPTI slows down over a long trace at a high launch rate (on the H100 its
- * threads went from 0.27 of a core to a whole one in 270 s at 16 launching threads, and the
- * buffers it held and the process's memory grew with it), and a fresh CUPTI starts fast again.
- * So after each renew_ms of tracing, cm_cupti_renew hands every record CUPTI holds to the
- * observer, finalizes CUPTI and traces again; what the application launches in between is not
- * traced, and STATS says how often and for how long (the monitor warns at the first, and the
- * recipes' end sums them). The pool's free buffers are freed after it, since CUPTI held more of
- * them as it slowed. Never once NVTX is injected into CUPTI (as for CUPTIMON_DETACH_IDLE). A
- * refusal is logged and the next period tries again, except where it never can. Control
- * thread. */
-static void renew_tick(void) {
-  if (!A.renew_ms || !A.eng || A.nobs == 0 || atomic_load(&A.exiting)) {
-    A.renew_next_ms = 0;
-    return;
-  }
-  uint64_t now = cm__mono_ms();
-  if (!A.renew_next_ms) {
-    A.renew_next_ms = now + A.renew_ms;
-    return;
-  }
-  if (now < A.renew_next_ms) return;
-  A.renew_next_ms = now + A.renew_ms;
-  if (atomic_load(&g_nvtx_injected)) {
-    alog(CM_LOG_WARN, "CUPTIMON_RENEW_S: NVTX is injected into CUPTI, so CUPTI is not renewed");
-    A.renew_ms = 0;
-    return;
-  }
-  int rc = cm_cupti_renew(A.eng, 1000);
-  if (rc == 0) {
-    cm__engine_trim(A.eng);
-  } else {
-    bool never = rc == CM_ENOSYS;
-    alog(never ? CM_LOG_WARN : CM_LOG_INFO, "CUPTIMON_RENEW_S: CUPTI was not renewed%s: %s",
-         never ? ", and will not be" : " this time", cm_errmsg());
-    if (never) A.renew_ms = 0;
-  }
   push_stats(); /* the monitor learns it now, not at the next batch */
 }
 
@@ -1270,15 +1237,9 @@ static void *control_main(void *arg) {
     int tmo = A.npm_wait ? PM_RETRY_MS : -1;
     uint32_t gms = cm__guard_interval_ms(&A.guard);
     if (guard_armed() && (tmo < 0 || (uint32_t)tmo > gms)) tmo = (int)gms;
-    if (A.renew_ms && A.nobs > 0) {
-      uint64_t now = cm__mono_ms();
-      int rms = !A.renew_next_ms ? 0 : A.renew_next_ms > now ? (int)(A.renew_next_ms - now) : 0;
-      if (tmo < 0 || tmo > rms) tmo = rms;
-    }
     int pr = poll(pf, 2, tmo);
     pm_retry();
     guard_tick();
-    renew_tick();
     if (pr < 0) {
       if (errno == EINTR) continue;
       alog(CM_LOG_ERROR, "control thread: poll failed: %s", strerror(errno));
@@ -1909,8 +1870,6 @@ static void agent_init(void) {
   A.detach_idle = det && strcmp(det, "1") == 0;
   if (det && *det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
     alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE=%s is neither 0 nor 1: CUPTI stays attached while idle", det);
-  const char *renew = getenv("CUPTIMON_RENEW_S");
-  A.renew_ms = renew && strcmp(renew, "0") == 0 ? 0 : env_u64("CUPTIMON_RENEW_S", 0, 86400) * 1000;
   const char *gbuf = getenv("CUPTIMON_GUARD_BUFFERS");
   A.guard.buffers_limit = gbuf && strcmp(gbuf, "0") == 0
                               ? 0

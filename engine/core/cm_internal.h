@@ -554,6 +554,9 @@ uint64_t cm__engine_take_lag_held_max(cm_engine *e);
  * count (the memory it holds in the pool) grows: on the H200, from 1 to 3 while it kept up to 40
  * once it fell behind. Any thread; the agent's lag guard reads it. */
 uint64_t cm__engine_cupti_buffers(cm_engine *e);
+/* Whether a detach's cuptiFinalize outlived its deadline and still runs (nothing may call CUPTI
+ * until it returns; cm_cupti_detach). Any thread. */
+bool cm__engine_finalizing(cm_engine *e);
 /* Keeps `kinds` (one bit per kind) disabled in CUPTI, whatever the observers select, until the
  * next call, and disables them now. The observers keep their selections, so the records of those
  * kinds that CUPTI already wrote still reach them, at flushes and fences as usual; the exit's

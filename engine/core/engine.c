@@ -183,18 +183,84 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
   callback_leave();
 }
 
+/* ---- the finalize helper ---------------------------------------------------------------------
+ *
+ * cuptiFinalize can block for as long as the application keeps CUPTI busy: on an H100, with kernel
+ * and runtime records traced and then disabled, it did not return for 270 s, until the launching
+ * threads stopped. So it runs on a helper thread of its own, and the detach waits for it until a
+ * deadline only. The helper shares a job with the engine (the last to leave frees it) and touches
+ * nothing else: an engine freed meanwhile is never reached. Its driver call's exit callback runs
+ * cuptiFinalize there, the call site CUPTI recommends; without that callback it is called
+ * directly, which CUPTI allows once the device is synchronized and the buffers flushed. */
+typedef struct cm__fin_job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int refs;          /* mu */
+  bool done;         /* mu */
+  bool in_callback;  /* the helper thread's own: cuptiFinalize ran in the callback, */
+  CUptiResult cb_rc; /* with this result */
+  CUptiResult rc;    /* mu: the result, once done */
+  uint64_t start_ns; /* CLOCK_REALTIME when it began */
+  CUptiResult(CUPTIAPI *Finalize)(void);
+  CUptiResult(CUPTIAPI *EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain,
+                                        CUpti_CallbackId);
+  int (*cuDriverGetVersion)(int *version);
+  CUpti_SubscriberHandle sub;
+} cm__fin_job;
+
+/* The job of the helper thread that is running on this thread, if any. */
+static _Thread_local cm__fin_job *t_fin_job;
+
+static bool fin_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data) {
+  cm__fin_job *j = t_fin_job;
+  if (!j || domain != CUPTI_CB_DOMAIN_DRIVER_API ||
+      cbid != CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion || !data ||
+      ((const CUpti_CallbackData *)data)->callbackSite != CUPTI_API_EXIT)
+    return false;
+  j->cb_rc = j->Finalize();
+  j->in_callback = true;
+  return true;
+}
+
+static void fin_release(cm__fin_job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool last = --j->refs == 0;
+  pthread_mutex_unlock(&j->mu);
+  if (!last) return;
+  pthread_mutex_destroy(&j->mu);
+  pthread_cond_destroy(&j->cv);
+  free(j);
+}
+
+static void *fin_main(void *arg) {
+  cm__fin_job *j = arg;
+  t_fin_job = j;
+  if (j->cuDriverGetVersion &&
+      j->EnableCallback(1, j->sub, CUPTI_CB_DOMAIN_DRIVER_API,
+                        CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion) == CUPTI_SUCCESS) {
+    int version = 0;
+    j->cuDriverGetVersion(&version);
+  }
+  CUptiResult rc = j->in_callback ? j->cb_rc : j->Finalize();
+  t_fin_job = NULL;
+  pthread_mutex_lock(&j->mu);
+  j->rc = rc;
+  j->done = true;
+  pthread_cond_broadcast(&j->cv);
+  pthread_mutex_unlock(&j->mu);
+  fin_release(j);
+  return NULL;
+}
+
 static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domain,
                                             CUpti_CallbackId cbid, const void *data) {
+  /* The finalize helper's own driver call: the call site where CUPTI recommends cuptiFinalize.
+   * It touches only its job, never the engine, and is not counted in flight: cuptiFinalize may
+   * block for as long as CUPTI likes (fin_main). */
+  if (fin_callback(domain, cbid, data)) return;
   /* `ud` is the engine, but it is used only once the in-flight count says it is still alive. */
   cm_engine *e = callback_enter();
-  if (e && e == ud && domain == CUPTI_CB_DOMAIN_DRIVER_API &&
-      atomic_load(&e->finalize_req) == CM__FINALIZE_WANTED &&
-      pthread_equal(pthread_self(), e->finalize_thread) && data &&
-      ((const CUpti_CallbackData *)data)->callbackSite == CUPTI_API_EXIT) {
-    /* cm_cupti_detach's own driver call: the call site where CUPTI recommends cuptiFinalize. */
-    e->finalize_rc = e->cupti.Finalize();
-    atomic_store(&e->finalize_req, CM__FINALIZE_DONE);
-  } else if (e && e == ud) {
+  if (e && e == ud) {
     cm__callbacks *cb = atomic_load(&e->cb);
     if (cb) cm__callbacks_dispatch(cb, (int)domain, (uint32_t)cbid, data, e->strings);
   }
@@ -260,6 +326,8 @@ static bool held_over(cm_engine *e, uint32_t limit) {
 uint64_t cm__engine_enabled(cm_engine *e) {
   return atomic_load_explicit(&e->enabled, memory_order_relaxed);
 }
+
+bool cm__engine_finalizing(cm_engine *e) { return atomic_load(&e->finalizing); }
 
 uint64_t cm__engine_cupti_buffers(cm_engine *e) {
   return atomic_load_explicit(&e->cupti_buffers, memory_order_relaxed);
@@ -735,7 +803,10 @@ void cm_engine_free(cm_engine *e) {
   cm__corr_detach();
   /* Handlers live as long as the subscription: they go only here, never with a session. A
    * detached engine has no subscription left. */
-  if (!atomic_load(&e->detached)) e->cupti.Unsubscribe(e->sub);
+  if (!atomic_load(&e->detached) && !e->fin_job) e->cupti.Unsubscribe(e->sub);
+  /* A cuptiFinalize still running keeps its job, never the engine. */
+  if (e->fin_job) fin_release(e->fin_job);
+  e->fin_job = NULL;
   /* No callback enters the engine from now on; wait for those already inside. */
   while (atomic_load(&g_inflight) != 0) sched_yield();
   cm__callbacks_free(atomic_load(&e->cb));
@@ -953,8 +1024,9 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
   pthread_mutex_lock(&e->api_mu);
   uint64_t deadline = deadline_for(e, timeout_ms);
   int why = CM__SYNC_NONE;
-  /* Detached, CUPTI holds nothing (the detach flushed it all), and a call would initialize it. */
-  bool ok = atomic_load(&e->detached)       ? true
+  /* Detached, CUPTI holds nothing (the detach flushed it all), and a call would initialize it;
+   * while a cuptiFinalize still runs, nothing may call CUPTI. */
+  bool ok = atomic_load(&e->detached) || atomic_load(&e->finalizing) ? true
             : mode == CM_FLUSH_SYNC ? cm__engine_fence(e, deadline, &why)
                                     : cm__engine_plain_flush(e, deadline, 0);
   pthread_mutex_lock(&e->dec_mu);
@@ -974,28 +1046,57 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
 
 /* ---- detach and attach ----------------------------------------------------------------------- */
 
-/* Runs cuptiFinalize where CUPTI recommends it, at the exit of a driver API call: the detaching
- * thread's own cuDriverGetVersion, whose exit callback is enabled for the purpose (the engine's
- * threads make no other CUPTI call meanwhile). Without libcuda's cuDriverGetVersion, or when that
- * callback cannot be enabled or does not come, cuptiFinalize is called directly, which CUPTI
- * allows once the device is synchronized and the buffers are flushed (cm_cupti_detach has done
- * both: the last observer's end synchronized, and a forced flush returned every buffer). */
-static CUptiResult finalize_at_api_exit(cm_engine *e) {
-  cm__cupti *c = &e->cupti;
-  const CUpti_CallbackId id = CUPTI_DRIVER_TRACE_CBID_cuDriverGetVersion;
-  if (c->cuDriverGetVersion &&
-      c->EnableCallback(1, e->sub, CUPTI_CB_DOMAIN_DRIVER_API, id) == CUPTI_SUCCESS) {
-    e->finalize_thread = pthread_self();
-    atomic_store(&e->finalize_req, CM__FINALIZE_WANTED);
-    int version = 0;
-    c->cuDriverGetVersion(&version);
-    bool done = atomic_load(&e->finalize_req) == CM__FINALIZE_DONE;
-    atomic_store(&e->finalize_req, CM__FINALIZE_NONE);
-    if (done) return e->finalize_rc;
-    c->EnableCallback(0, e->sub, CUPTI_CB_DOMAIN_DRIVER_API, id);
+/* Starts cuptiFinalize on its helper thread (above) and waits for it until `deadline`. Returns 1
+ * when it returned (*rc its result), 0 when it still runs (e->fin_job keeps it; fin_settle learns
+ * its end), or -1 when no helper could start (*rc an error). Called with api_mu held. */
+static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc) {
+  cm__fin_job *j = calloc(1, sizeof *j);
+  if (!j) {
+    *rc = CUPTI_ERROR_OUT_OF_MEMORY;
+    return -1;
   }
-  return c->Finalize();
+  pthread_mutex_init(&j->mu, NULL);
+  pthread_cond_init(&j->cv, NULL);
+  j->refs = 2;
+  j->start_ns = cm__realtime_ns();
+  j->Finalize = e->cupti.Finalize;
+  j->EnableCallback = e->cupti.EnableCallback;
+  j->cuDriverGetVersion = e->cupti.cuDriverGetVersion;
+  j->sub = e->sub;
+  pthread_attr_t at;
+  pthread_attr_init(&at);
+  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+  pthread_t th;
+  int err = pthread_create(&th, &at, fin_main, j);
+  pthread_attr_destroy(&at);
+  if (err) {
+    j->refs = 1;
+    fin_release(j);
+    *rc = CUPTI_ERROR_UNKNOWN;
+    return -1;
+  }
+  pthread_mutex_lock(&j->mu);
+  while (!j->done) {
+    uint64_t now = cm__mono_ms();
+    if (now >= deadline) break;
+    struct timespec ts;
+    cm__abstime_in(&ts, deadline - now);
+    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+  }
+  bool done = j->done;
+  *rc = j->rc;
+  pthread_mutex_unlock(&j->mu);
+  if (!done) {
+    e->fin_job = j;
+    atomic_store(&e->finalizing, true);
+    return 0;
+  }
+  fin_release(j);
+  return 1;
 }
+
+/* The shortest wait for cuptiFinalize (2 to 6 ms on an H100 when it does not block). */
+#define FIN_MIN_MS 200
 
 /* Lets the worker call CUPTI again after a detach that did not happen. */
 static void detach_abandoned(cm_engine *e) {
@@ -1005,7 +1106,69 @@ static void detach_abandoned(cm_engine *e) {
   pthread_mutex_unlock(&e->work_mu);
 }
 
-/* What neither a detach nor a renewal may finalize under: returns 0, or the refusal. */
+/* After cuptiFinalize returned `r`: on success the engine forgets what CUPTI forgot and is
+ * detached; on failure CUPTI is as it was (every kind off) and the worker may call it again.
+ * Called with api_mu held. Returns 0 or the error. */
+static int finalized(cm_engine *e, CUptiResult r) {
+  if (r != CUPTI_SUCCESS) {
+    detach_abandoned(e);
+    return cm__cupti_err(&e->cupti, r, "cuptiFinalize");
+  }
+  /* CUPTI has forgotten the subscription, the callbacks it enabled, the buffer and timestamp
+   * callbacks, the attributes and its external-correlation stacks. */
+  cm__corr_finalized();
+  cm__callbacks_rebind(atomic_load(&e->cb), NULL);
+  e->sub = NULL;
+  pthread_mutex_lock(&g_once_mu);
+  g_callbacks_registered = false;
+  g_timestamp_registered = false;
+  pthread_mutex_unlock(&g_once_mu);
+  e->latency_on = e->event_ts_on = false;
+  atomic_store(&e->enabled, 0);
+  pthread_mutex_lock(&e->work_mu);
+  atomic_store(&e->detached, true);
+  e->detaching = false;
+  pthread_mutex_unlock(&e->work_mu);
+  return 0;
+}
+
+/* Learns whether a cuptiFinalize left running by an earlier detach (e->fin_job) has returned, and
+ * if so finishes that detach (finalized). Returns true when none is running any more, false while
+ * it still runs. Called with api_mu held. */
+static bool fin_settle(cm_engine *e) {
+  cm__fin_job *j = e->fin_job;
+  if (!j) return true;
+  pthread_mutex_lock(&j->mu);
+  bool done = j->done;
+  CUptiResult r = j->rc;
+  uint64_t took = cm__realtime_ns() - j->start_ns;
+  pthread_mutex_unlock(&j->mu);
+  if (!done) return false;
+  e->fin_job = NULL;
+  fin_release(j);
+  atomic_store(&e->finalizing, false);
+  int rc = finalized(e, r);
+  if (rc == 0) {
+    ADD(e, st_detaches, 1);
+    ADD(e, st_detach_ns, took);
+  }
+  cm__engine_log(e, rc ? CM_LOG_WARN : CM_LOG_INFO, "the cuptiFinalize that outlived its detach's "
+                 "deadline returned after %.1f s%s%s", (double)took / 1e9, rc ? ": " : "",
+                 rc ? cm_errmsg() : "");
+  return true;
+}
+
+/* The refusal while a cuptiFinalize still runs (fin_settle returned false). */
+static int fin_pending(cm_engine *e) {
+  cm__fin_job *j = e->fin_job;
+  pthread_mutex_lock(&j->mu);
+  uint64_t took = cm__realtime_ns() - j->start_ns;
+  pthread_mutex_unlock(&j->mu);
+  return cm__seterr(CM_EAGAIN, "CUPTI is still being finalized (cuptiFinalize has not returned "
+                               "after %.1f s): it cannot trace again until it has", (double)took / 1e9);
+}
+
+/* What a detach may not finalize under: returns 0, or the refusal. */
 static int finalize_refused(cm_engine *e) {
   if (!e->cupti.Finalize)
     return cm__seterr(CM_ENOSYS, "the loaded libcupti (%s) has no cuptiFinalize: CUPTI cannot be "
@@ -1022,7 +1185,7 @@ static int finalize_refused(cm_engine *e) {
   return 0;
 }
 
-/* The common part of a detach and a renewal, with every kind already off: the decode worker
+/* The detach itself, with every kind already off: the decode worker
  * leaves CUPTI alone, forced flushes return every buffer CUPTI holds, what they carry is decoded
  * and delivered to the observers there are, and cuptiFinalize runs; the engine then forgets what
  * CUPTI forgot. Returns 0 (e->detached is then set), or the reason nothing was finalized (the
@@ -1086,30 +1249,19 @@ static int drain_and_finalize(cm_engine *e, uint64_t deadline) {
     return cm__seterr(CM_EBUSY, "a CUDA graph capture began during the detach: CUPTI stays "
                                 "attached");
   }
-  CUptiResult r = finalize_at_api_exit(e);
-  if (r != CUPTI_SUCCESS) {
-    detach_abandoned(e);
-    return cm__cupti_err(&e->cupti, r, "cuptiFinalize");
-  }
-  /* CUPTI has forgotten the subscription, the callbacks it enabled, the buffer and timestamp
-   * callbacks, the attributes and its external-correlation stacks. */
-  cm__corr_finalized();
-  cm__callbacks_rebind(cb, NULL);
-  e->sub = NULL;
-  pthread_mutex_lock(&g_once_mu);
-  g_callbacks_registered = false;
-  g_timestamp_registered = false;
-  pthread_mutex_unlock(&g_once_mu);
-  e->latency_on = e->event_ts_on = false;
-  atomic_store(&e->enabled, 0);
-  pthread_mutex_lock(&e->work_mu);
-  atomic_store(&e->detached, true);
-  e->detaching = false;
-  pthread_mutex_unlock(&e->work_mu);
-  return 0;
+  /* cuptiFinalize gets at least FIN_MIN_MS, whatever the flushes left of the deadline. */
+  uint64_t now = cm__mono_ms();
+  CUptiResult r = CUPTI_SUCCESS;
+  int got = finalize_bounded(e, deadline > now + FIN_MIN_MS ? deadline : now + FIN_MIN_MS, &r);
+  if (got == 0)
+    return cm__seterr(CM_ETIMEDOUT, "cuptiFinalize did not return by the deadline (CUPTI can "
+                                    "wait for the application's threads to leave it): it goes on "
+                                    "in the background, and nothing is traced until it returns");
+  return finalized(e, r);
 }
 
 static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
+  if (!fin_settle(e)) return fin_pending(e);
   if (atomic_load(&e->detached)) return 0;
   int rc = finalize_refused(e);
   if (rc) return rc;
@@ -1155,70 +1307,16 @@ static int subscribe_again(cm_engine *e) {
 /* Attaches again after a detach (subscribe_again), timed. No-op while attached. Called with
  * api_mu held. */
 static int attach_cupti(cm_engine *e) {
+  if (!fin_settle(e)) return fin_pending(e);
   if (!atomic_load(&e->detached)) return 0;
   if (atomic_load(&e->exiting))
     return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
   uint64_t t0 = cm__realtime_ns();
   int rc = subscribe_again(e);
   if (rc) return rc;
-  /* Observers still registered (a renewal whose subscription failed): their kinds come back. */
-  if (e->nobs > 0) {
-    rc = apply_kinds(e, cm__sel_kinds_needed(e->sel));
-    if (rc) return rc;
-    apply_toggles(e, e->sel);
-  }
   uint64_t took = cm__realtime_ns() - t0;
   ADD(e, st_attach_ns, took);
   cm__engine_log(e, CM_LOG_INFO, "CUPTI attached again in %.1f ms", (double)took / 1e6);
-  return 0;
-}
-
-/* The renewal (cm_cupti_renew): every kind off, a sync fence for what was launched before, the
- * detach's drain and cuptiFinalize, a new subscription, and the observers' kinds and toggles
- * back. The launches between the kinds going off and coming back are not traced: that gap is
- * what st_renew_gap_ns sums. A failed step before the finalize leaves CUPTI attached with the
- * kinds back on; one after it (a subscription refused) leaves CUPTI detached and the observers
- * registered, and the next cm_observe or cm_cupti_attach tries again. Called with api_mu held. */
-static int renew_locked(cm_engine *e, uint32_t timeout_ms) {
-  if (atomic_load(&e->detached))
-    return cm__seterr(CM_ESTATE, "CUPTI is detached: there is nothing to renew");
-  if (e->nobs == 0)
-    return cm__seterr(CM_ESTATE, "nothing is traced: detach CUPTI (cm_cupti_detach) instead");
-  int rc = finalize_refused(e);
-  if (rc) return rc;
-  uint64_t t0 = cm__realtime_ns(), deadline = deadline_for(e, timeout_ms);
-  uint64_t want = cm__sel_kinds_needed(e->sel);
-  rc = apply_kinds(e, 0);
-  int why = CM__SYNC_NONE;
-  if (!rc && !cm__engine_fence(e, deadline, &why))
-    rc = cm__seterr(CM_ETIMEDOUT, "the renewal's fence missed its deadline: CUPTI stays attached");
-  if (!rc) rc = drain_and_finalize(e, deadline);
-  if (rc) {
-    /* Nothing was finalized: the kinds come back on as they were (the refusal's detail is kept
-     * over what enabling them may say). */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", cm_errmsg());
-    if (apply_kinds(e, want))
-      cm__engine_log(e, CM_LOG_ERROR, "after a renewal that did not happen, the traced kinds "
-                     "could not be enabled again: %s", cm_errmsg());
-    ADD(e, st_renew_gap_ns, cm__realtime_ns() - t0);
-    return cm__seterr(rc, "%s", msg);
-  }
-  uint64_t t1 = cm__realtime_ns();
-  rc = subscribe_again(e);
-  if (!rc) rc = apply_kinds(e, want);
-  if (!rc) apply_toggles(e, e->sel);
-  uint64_t t2 = cm__realtime_ns();
-  ADD(e, st_renew_gap_ns, t2 - t0);
-  if (rc) {
-    cm__engine_log(e, CM_LOG_ERROR, "CUPTI was finalized for a renewal but could not be traced "
-                   "again: %s", cm_errmsg());
-    return rc;
-  }
-  ADD(e, st_renewals, 1);
-  cm__engine_log(e, CM_LOG_INFO, "CUPTI renewed in %.1f ms (%.1f ms to drain and finalize, %.1f "
-                 "ms to subscribe and enable again); what was launched meanwhile is not traced",
-                 (double)(t2 - t0) / 1e6, (double)(t1 - t0) / 1e6, (double)(t2 - t1) / 1e6);
   return 0;
 }
 
@@ -1241,15 +1339,6 @@ int cm_cupti_attach(cm_engine *e) {
 }
 
 int cm_cupti_detached(cm_engine *e) { return e && atomic_load(&e->detached) ? 1 : 0; }
-
-int cm_cupti_renew(cm_engine *e, uint32_t timeout_ms) {
-  cm__clearerr();
-  if (!e) return cm__seterr(CM_EINVAL, "cm_cupti_renew: engine is NULL");
-  pthread_mutex_lock(&e->api_mu);
-  int rc = renew_locked(e, timeout_ms);
-  pthread_mutex_unlock(&e->api_mu);
-  return rc;
-}
 
 const char *cm_string(cm_engine *e, uint32_t id, size_t *len) {
   if (!e) return NULL;
@@ -1283,8 +1372,6 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->cupti_detaches = LOAD(e, st_detaches);
   out->cupti_detach_ns = LOAD(e, st_detach_ns);
   out->cupti_attach_ns = LOAD(e, st_attach_ns);
-  out->cupti_renewals = LOAD(e, st_renewals);
-  out->cupti_renew_gap_ns = LOAD(e, st_renew_gap_ns);
   out->strings = cm__intern_count(e->strings);
   pthread_mutex_lock(&e->work_mu);
   out->decode_queue_depth = e->q_depth;
@@ -1367,7 +1454,7 @@ int cm_callback_arm(cm_engine *e, int domain, uint32_t cbid) {
   if (!e) return cm__seterr(CM_EINVAL, "cm_callback_arm: engine is NULL");
   /* Detached, an armed callback would not fire: CUPTI attaches again first. The control lock is
    * taken only then, so a handler that arms (CUPTI is attached while it runs) never waits on it. */
-  if (atomic_load(&e->detached)) {
+  if (atomic_load(&e->detached) || atomic_load(&e->finalizing)) {
     pthread_mutex_lock(&e->api_mu);
     int rc = attach_cupti(e);
     pthread_mutex_unlock(&e->api_mu);

@@ -120,18 +120,14 @@ struct cm_engine {
   /* work_mu: a detach is under way (the worker makes no CUPTI call), and whether the worker is
    * inside one now (the detach waits until it is not; done_cv signals it). */
   bool detaching, worker_in_cupti;
-  /* The handshake with on_subscriber_callback, which runs cuptiFinalize at the API exit of the
-   * detaching thread's own cuDriverGetVersion call (CM__FINALIZE_*). */
-  atomic_int finalize_req;
-  pthread_t finalize_thread;
-  CUptiResult finalize_rc;
+  /* A cuptiFinalize that did not return by its deadline and runs on in its helper thread
+   * (engine.c, "detach and attach"): api_mu. `finalizing` is set meanwhile (read atomically), and
+   * `detaching` stays set, so that nothing calls CUPTI until it has returned. */
+  struct cm__fin_job *fin_job;
+  atomic_bool finalizing;
   /* Detaches and attaches again since creation, and the time they took (cm_stats). */
   _Atomic uint64_t st_detaches, st_detach_ns, st_attach_ns;
-  /* Renewals (cm_cupti_renew) that traced again, and the untraced time of every attempt. */
-  _Atomic uint64_t st_renewals, st_renew_gap_ns;
 };
-
-enum { CM__FINALIZE_NONE = 0, CM__FINALIZE_WANTED, CM__FINALIZE_DONE };
 
 #define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
 #define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)

@@ -309,14 +309,20 @@ CM_EXTERN int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms);
  * subscription, the buffer callbacks, every pinned or armed callback), and so does
  * cm_cupti_attach. Forced flushes first return what CUPTI holds, until one brings nothing; those
  * records reach no observer and count as late.
- * cuptiFinalize runs at the exit of a driver API call of the calling thread, the call site CUPTI
- * recommends. timeout_ms bounds the flush (0: the configured fence timeout).
+ * cuptiFinalize runs on a helper thread, at the exit of that thread's own driver API call, the
+ * call site CUPTI recommends. timeout_ms bounds the flush and the wait for cuptiFinalize (0: the
+ * configured fence timeout; cuptiFinalize gets at least 200 ms): CUPTI can keep cuptiFinalize
+ * waiting for as long as the application's threads keep it busy (270 s on an H100 under 16
+ * launching threads), and then the call returns CM_ETIMEDOUT while cuptiFinalize goes on in the
+ * background. Until it returns nothing calls CUPTI, and cm_observe, cm_callback_arm,
+ * cm_pm_sample_add, cm_cupti_attach and cm_cupti_detach fail with CM_EAGAIN, saying so; the first
+ * of them after it returned finds CUPTI detached.
  * Returns 0 (detached, or already so); CM_EBUSY while an observer is registered, a consumer has
  * armed a callback, or a CUDA graph capture is in progress; CM_EAGAIN when CUPTI still holds an
  * activity buffer after the flush (it stays attached; try again later); CM_ENOSYS when the
  * libcupti has no cuptiFinalize or PM sampling has initialized CUPTI's profiler in the process;
- * CM_ESTATE once the process exits; CM_ETIMEDOUT or CM_ECUPTI when the flush or the finalize
- * failed (CUPTI then stays attached). The application must not call CUPTI itself meanwhile (no
+ * CM_ESTATE once the process exits; CM_ETIMEDOUT when the flush missed the deadline (CUPTI then
+ * stays attached) or cuptiFinalize did (above); CM_ECUPTI when the finalize failed. The application must not call CUPTI itself meanwhile (no
  * other tool can: CUPTI allows one subscriber), nor cm_corr_push or cm_corr_pop. Any thread, as
  * cm_observe. */
 CM_EXTERN int cm_cupti_detach(cm_engine *e, uint32_t timeout_ms);
@@ -326,19 +332,6 @@ CM_EXTERN int cm_cupti_detach(cm_engine *e, uint32_t timeout_ms);
 CM_EXTERN int cm_cupti_attach(cm_engine *e);
 /* 1 while CUPTI is detached, else 0. Thread-safe. */
 CM_EXTERN int cm_cupti_detached(cm_engine *e);
-/* Renews CUPTI while observers trace: every kind off, a sync fence and forced flushes until CUPTI
- * holds nothing (each record written so far reaches the observers), cuptiFinalize, a new
- * subscription, and the observers' kinds on again. It exists because CUPTI slows down over a long
- * trace at a high launch rate (on the H100, its threads went from 0.27 of a core to a whole one
- * in 270 s, and its buffers and memory grew with it), and a fresh CUPTI starts fast again. What
- * the application launches between the kinds going off and coming back on is not traced:
- * cm_stats counts the renewals and sums that time (cupti_renewals, cupti_renew_gap_ns).
- * Refused as cm_cupti_detach is (CM_ENOSYS, CM_EBUSY for a capture in progress, CM_ESTATE while
- * exiting), with CM_ESTATE while nothing is traced or CUPTI is detached, and CM_EAGAIN or
- * CM_ETIMEDOUT when CUPTI does not give every buffer back by the deadline (timeout_ms; 0: the
- * fence timeout); the kinds are then on again. Consumers' armed callbacks stay armed across it,
- * and miss the calls of the gap. Any thread but a CUPTI callback's. */
-CM_EXTERN int cm_cupti_renew(cm_engine *e, uint32_t timeout_ms);
 
 /* Resolves a string id to its bytes (not NUL-terminated in general; *len receives the length).
  * Returns NULL for an unknown id. Thread-safe; the bytes live as long as the engine. */
@@ -397,11 +390,6 @@ typedef struct cm_stats {
   uint64_t cupti_detaches;
   uint64_t cupti_detach_ns;
   uint64_t cupti_attach_ns;
-  /* CUPTI renewals under a running trace (cm_cupti_renew) that traced again, and the time of
-   * every attempt from the kinds going off to their coming back on, summed: what the application
-   * launched then is in no record. */
-  uint64_t cupti_renewals;
-  uint64_t cupti_renew_gap_ns;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */

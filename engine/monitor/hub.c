@@ -111,6 +111,7 @@ typedef struct window {
   cm_loss loss0;          /* the process's losses when the window opened */
   uint64_t open_ns, end_ns; /* uv_hrtime() at the opening FLUSH_DONE and at window_end */
   uint64_t selects0;        /* the agent's selects_applied at the opening fence */
+  uint64_t failed0;         /* the agent's selects_failed when the window began */
   cm__window_done_fn done;
   void *ud;
   cm_wire_batch wb;       /* decode space (large: kept off the stack) */
@@ -748,6 +749,10 @@ static void window_finish(conn *c, int status) {
   uint64_t d_cupti = now.dropped_cupti - win->loss0.dropped_cupti;
   uint64_t d_agent = now.dropped_agent - win->loss0.dropped_agent;
   uint64_t d_exit = now.dropped_exit - win->loss0.dropped_exit;
+  /* The agent refused the window's selection (its log says why: CUPTI still being finalized,
+   * say): the window traced nothing it asked for, so it is no sample. */
+  if (cm__wsrc_stat(&c->w, "selects_failed") != win->failed0 && !win->status)
+    win->status = CM_EAGAIN;
   if (!win->opened) d_cupti = d_agent = d_exit = 0;
   char *path = NULL;
   if (win->cap) {
@@ -815,6 +820,7 @@ static int live_window_begin(cm_source *s, const char *path, int force, cm__wind
   }
   win->done = done;
   win->ud = ud;
+  win->failed0 = cm__wsrc_stat(&c->w, "selects_failed");
   c->win = win;
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_opened, c);
 }

@@ -146,7 +146,6 @@ struct cm__wsrc {
   uint64_t rejected;     /* kinds and counter names refused at the caps */
   int warned;            /* one-time warnings printed (bits, hub_source.c) */
   uint64_t guard_said;   /* the kinds the agent's lag guard shed that were reported (note_guard) */
-  int renew_said;        /* the agent's first CUPTI renewal was reported (note_renew) */
   int end;              /* CM__END_* */
   int32_t exit_code;
   int exit_known;       /* exit_code is the status the monitor reaped (it spawned the process) */

@@ -338,8 +338,6 @@ static const struct {
     {"cupti_detaches", offsetof(cm_stats, cupti_detaches)},
     {"cupti_detach_ns", offsetof(cm_stats, cupti_detach_ns)},
     {"cupti_attach_ns", offsetof(cm_stats, cupti_attach_ns)},
-    {"cupti_renewals", offsetof(cm_stats, cupti_renewals)},
-    {"cupti_renew_gap_ns", offsetof(cm_stats, cupti_renew_gap_ns)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {
@@ -719,20 +717,6 @@ static void note_guard(cm__wsrc *w) {
           (add & (add - 1)) ? "these kinds" : "this kind");
 }
 
-/* Says once that the agent renewed CUPTI under the trace (CUPTIMON_RENEW_S, docs/agent.md): the
- * launches of each renewal's gap are in no record. The script's end sums them (cm.lag_notes). */
-static void note_renew(cm__wsrc *w) {
-  uint64_t n = cm__wsrc_stat(w, "cupti_renewals");
-  if (!n || w->renew_said) return;
-  w->renew_said = 1;
-  if (!log_ok()) return;
-  fprintf(stderr,
-          "cuptimon-lua: warning: %s pid %u: its agent renewed CUPTI (CUPTIMON_RENEW_S): nothing "
-          "was traced for %.1f ms while it did, so what the application launched then is in no "
-          "record; the run's end sums every renewal\n",
-          w->origin, w->pid, (double)cm__wsrc_stat(w, "cupti_renew_gap_ns") / 1e6);
-}
-
 static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errlen) {
   cm_wire_kvlist l;
   int rc = cm_wire_decode_kvlist(f, &l);
@@ -769,7 +753,6 @@ static int on_stats(cm__wsrc *w, const cm_wire_frame *f, char *err, size_t errle
   }
   note_stats(w);
   note_guard(w);
-  note_renew(w);
   return 0;
 }
 

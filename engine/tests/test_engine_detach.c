@@ -164,6 +164,42 @@ int main(void) {
   CMT_EQU(fstats().subscribes - subs1, 1);
   CMT_EQ(fake_callback_enabled(CUPTI_CB_DOMAIN_RESOURCE, ctx_created), 1);
 
+  /* A cuptiFinalize that blocks (CUPTI waiting for the application's threads, as on an H100)
+   * does not hold the detaching thread past its deadline: the detach says so, nothing calls
+   * CUPTI while it runs, an observer is refused meanwhile, and once it has returned the next
+   * observer attaches again and sees its records exactly. */
+  CMT_OK(cm_cupti_attach(e));
+  session(e, sel, 100);
+  f = fstats();
+  uint64_t fin0 = f.finalize_calls, calls0 = f.calls_while_finalized;
+  fake_set_finalize_block_ms(700);
+  uint64_t t0 = cm__mono_ms();
+  CMT_EQ(cm_cupti_detach(e, 50), CM_ETIMEDOUT);
+  uint64_t waited = cm__mono_ms() - t0;
+  printf("blocked finalize: the detach returned after %" PRIu64 " ms\n", waited);
+  CMT_ASSERT(waited < 600);
+  CMT_CONTAINS(cm_errmsg(), "did not return");
+  CMT_EQ(cm_cupti_detached(e), 0);
+  CMT_EQ(cm_observe(e, sel, cmt_count_batch, NULL, &id), CM_EAGAIN);
+  CMT_CONTAINS(cm_errmsg(), "still being finalized");
+  CMT_EQ(cm_callback_arm(e, CUPTI_CB_DOMAIN_RUNTIME_API, 13), CM_EAGAIN);
+  CMT_EQ(cm_cupti_detach(e, 0), CM_EAGAIN);
+  CMT_OK(cm_flush(e, CM_FLUSH_SYNC, 100));
+  CMT_OK(cm_stats_get(e, &st));
+  uint64_t dropped0 = st.records_dropped;
+  struct timespec nap = {0, 900000000};
+  nanosleep(&nap, NULL);
+  fake_set_finalize_block_ms(0);
+  f = fstats();
+  CMT_EQU(f.finalize_calls, fin0 + 1);
+  CMT_EQU(f.calls_while_finalized, calls0);
+  session(e, sel, 300);
+  CMT_EQ(cm_cupti_detached(e), 0);
+  CMT_OK(cm_stats_get(e, &st));
+  CMT_EQU(st.records_dropped, dropped0);
+  CMT_EQU(fstats().finalize_lost_records, 0);
+  CMT_OK(cm_cupti_detach(e, 0));
+
   /* PM sampling attaches a detached engine too; once it has initialized CUPTI's profiler, a
    * detach is refused for good (CM_ENOSYS), even after the consumer is gone. */
   CMT_OK(cm_cupti_detach(e, 0));

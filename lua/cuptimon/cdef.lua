@@ -118,8 +118,6 @@ typedef struct cm_stats {
   uint64_t cupti_detaches;
   uint64_t cupti_detach_ns;
   uint64_t cupti_attach_ns;
-  uint64_t cupti_renewals;
-  uint64_t cupti_renew_gap_ns;
 } cm_stats;
 
 typedef struct cm_session_info {

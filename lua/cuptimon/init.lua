@@ -375,8 +375,7 @@ local stat_names = {
   "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
   "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
   "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
-  "lag_held_ns", "cupti_detaches", "cupti_detach_ns", "cupti_attach_ns", "cupti_renewals",
-  "cupti_renew_gap_ns",
+  "lag_held_ns", "cupti_detaches", "cupti_detach_ns", "cupti_attach_ns",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
@@ -397,10 +396,8 @@ local stat_names = {
 --- writing because CUPTI fell more than CUPTIMON_GUARD_LAG_MS behind; docs/agent.md) with
 --- guard_lag_s (CUPTI's lag when it last did). cupti_detaches, cupti_detach_ns and
 --- cupti_attach_ns: how often the agent detached CUPTI while nothing was traced
---- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed.
---- cupti_renewals and cupti_renew_gap_ns: how often the agent renewed CUPTI under a running trace
---- (CUPTIMON_RENEW_S, docs/agent.md), and the time no kind was traced because of it, summed:
---- what the application launched then is in no record. Returns nil, err for an unknown source.
+--- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed. Returns nil,
+--- err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)
@@ -1205,8 +1202,7 @@ local lag_gone = {} -- source -> { pid =, peak = } of processes that exited (pro
 --- the script more than `min_s` seconds (default 1) late at some point: a view that is behind is
 --- late, not incomplete (losses have their own LOST line). Now and at the peak, with the records
 --- the agent still held (cm.stats(): lag_s, lag_peak_s, backlog_records); and one line for each
---- process whose agent's lag guard stopped tracing kinds because CUPTI fell behind (guard_shed),
---- and one for each process whose agent renewed CUPTI (cupti_renewals: the untraced time).
+--- process whose agent's lag guard stopped tracing kinds because CUPTI fell behind (guard_shed).
 function M.lag_notes(min_s)
   min_s = min_s or 1
   local out, seen = {}, {}
@@ -1217,13 +1213,6 @@ function M.lag_notes(min_s)
         :format(lag_s, pid, table.concat(shed, ", "), #shed > 1 and "those kinds" or "that kind")
     end
   end
-  local function renew_note(pid, n, gap_ns)
-    if n and n > 0 then
-      out[#out + 1] = ("note: the agent of pid %d renewed CUPTI %d time%s (CUPTIMON_RENEW_S): "
-        .. "nothing was traced for %.1f ms in all, and what the application launched then is in "
-        .. "no record"):format(pid, n, n > 1 and "s" or "", gap_ns / 1e6)
-    end
-  end
   for _, s in ipairs(core.sources()) do
     seen[s.source] = true
     local st = M.stats(s.source)
@@ -1232,10 +1221,7 @@ function M.lag_notes(min_s)
         .. "s behind, %d records not yet sent by its agent): the view is behind the application")
         :format(s.pid, st.lag_peak_s, st.lag_s, st.backlog_records)
     end
-    if st then
-      guard_note(s.pid, st.guard_shed, st.guard_lag_s)
-      renew_note(s.pid, st.cupti_renewals, st.cupti_renew_gap_ns)
-    end
+    if st then guard_note(s.pid, st.guard_shed, st.guard_lag_s) end
   end
   local gone = {}
   for source, g in pairs(lag_gone) do
@@ -1248,7 +1234,6 @@ function M.lag_notes(min_s)
         .. "ran behind the application"):format(g.pid, g.peak)
     end
     guard_note(g.pid, g.guard_shed, g.guard_lag_s)
-    renew_note(g.pid, g.renewals, g.renew_gap_ns)
   end
   return out
 end
@@ -1582,8 +1567,7 @@ local function event(name, a, b)
       a.lag_peak_s, a.lag_decode_peak_ns = st.lag_peak_s, st.lag_decode_peak_ns
       a.guard_shed, a.guard_lag_s = st.guard_shed, st.guard_lag_s
       lag_gone[a.source] = { pid = a.pid, peak = st.lag_peak_s, guard_shed = st.guard_shed,
-        guard_lag_s = st.guard_lag_s, renewals = st.cupti_renewals,
-        renew_gap_ns = st.cupti_renew_gap_ns }
+        guard_lag_s = st.guard_lag_s }
     end
     -- The exit table carries the start fields too (describe fills both), so it replaces them.
     batch.processes[a.source] = a

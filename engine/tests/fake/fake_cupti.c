@@ -703,7 +703,19 @@ static void fbuf_drop(fbuf *b) {
  * records) is lost with CUPTI's state and counted (finalize_lost_records, finalize_held_buffers):
  * the client must flush first. finalize_in_callback counts the calls made inside a subscriber
  * callback, the call site CUPTI recommends. */
+static atomic_int finalize_block_ms;
+void fake_set_finalize_block_ms(int ms) { atomic_store(&finalize_block_ms, ms); }
+
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiFinalize(void) {
+  /* fake_set_finalize_block_ms: CUPTI waiting for the application's threads, as on the H100.
+   * Every CUPTI call meanwhile counts as one made while finalized. */
+  int block = atomic_load(&finalize_block_ms);
+  const char *env = getenv("FAKE_CUPTI_FINALIZE_BLOCK_MS");
+  if (env && *env) block = atoi(env);
+  if (block > 0) {
+    atomic_store(&finalized, 1);
+    usleep((useconds_t)block * 1000);
+  }
   BUMP(st.finalize_calls);
   if (t_in_callback) BUMP(st.finalize_in_callback);
   for (int k = 0; k < FAKE_NKINDS; k++) atomic_store(&kind_on[k], 0);

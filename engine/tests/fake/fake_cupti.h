@@ -157,6 +157,13 @@ void fake_set_kernel_backlog(int per_flush);
  * never set it. */
 int fake_per_thread_attr(void);
 
+/* Makes cuptiFinalize block for `ms` ms before it finalizes (0: it returns at once), as CUPTI did
+ * on an H100 while the application's threads kept launching; CUPTI calls made meanwhile count in
+ * calls_while_finalized. */
+void fake_set_finalize_block_ms(int ms);
+/* (FAKE_CUPTI_FINALIZE_BLOCK_MS in the environment does the same in a process that cannot call
+ * it, such as an application under the agent.) */
+
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
  * cuStreamEndCapture (enter and exit, the stream first in the params, the result in
