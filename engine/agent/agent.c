@@ -1352,35 +1352,19 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
  * the process ends; the job it shares with the handler is freed by whichever of the two leaves
  * last, and the engine is never freed at exit, so the helper touches nothing that goes away. */
 typedef struct exit_job {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int refs;  /* guarded by mu */
-  bool done; /* guarded by mu */
+  cm__job job; /* first (job.c) */
   cm_engine *eng;
   uint64_t sync_end, end;
   cm__exit_flush ef; /* written by the helper before done */
 } exit_job;
-
-static void exit_job_release(exit_job *j) {
-  pthread_mutex_lock(&j->mu);
-  bool last = --j->refs == 0;
-  pthread_mutex_unlock(&j->mu);
-  if (!last) return;
-  pthread_mutex_destroy(&j->mu);
-  pthread_cond_destroy(&j->cv);
-  free(j);
-}
 
 static void *exit_job_main(void *arg) {
   pthread_setname_np(pthread_self(), "cm-exit");
   exit_job *j = arg;
   /* Into the job itself, so the waiter can read fence_complete while the forced flush runs. */
   cm__engine_exit_flush(j->eng, j->sync_end, j->end, &j->ef);
-  pthread_mutex_lock(&j->mu);
-  j->done = true;
-  pthread_cond_signal(&j->cv);
-  pthread_mutex_unlock(&j->mu);
-  exit_job_release(j);
+  cm__job_finish(&j->job);
+  cm__job_release(&j->job);
   return NULL;
 }
 
@@ -1396,45 +1380,15 @@ static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, 
     cm__engine_exit_flush(eng, sync_end, end, out);
     return true;
   }
-  pthread_mutex_init(&j->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&j->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  j->refs = 2;
   j->eng = eng;
   j->sync_end = sync_end;
   j->end = end;
-  pthread_t t;
-  pthread_attr_t a;
-  pthread_attr_init(&a);
-  pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-  sigset_t all, old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_BLOCK, &all, &old); /* the helper inherits a mask that blocks every signal */
-  int rc = pthread_create(&t, &a, exit_job_main, j);
-  pthread_sigmask(SIG_SETMASK, &old, NULL);
-  pthread_attr_destroy(&a);
-  if (rc != 0) {
-    j->refs = 1;
-    exit_job_release(j);
+  if (cm__job_start(&j->job, exit_job_main) != 0) {
+    free(j);
     cm__engine_exit_flush(eng, sync_end, end, out);
     return true;
   }
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  uint64_t now = cm__mono_ms(), left = wait_end > now ? wait_end - now : 0;
-  ts.tv_sec += (time_t)(left / 1000);
-  ts.tv_nsec += (long)(left % 1000) * 1000000L;
-  if (ts.tv_nsec >= 1000000000L) {
-    ts.tv_sec++;
-    ts.tv_nsec -= 1000000000L;
-  }
-  pthread_mutex_lock(&j->mu);
-  while (!j->done)
-    if (pthread_cond_timedwait(&j->cv, &j->mu, &ts) == ETIMEDOUT) break;
-  bool done = j->done;
+  bool done = cm__job_wait(&j->job, wait_end, 0, NULL, NULL);
   if (done) {
     out->engine_busy = j->ef.engine_busy;
     out->capture_active = j->ef.capture_active;
@@ -1450,8 +1404,7 @@ static bool exit_flush_bounded(cm_engine *eng, uint64_t sync_end, uint64_t end, 
   atomic_store(&out->seen_after_forced, atomic_load(&j->ef.seen_after_forced));
   atomic_store(&out->backlog_records, atomic_load(&j->ef.backlog_records));
   atomic_store(&out->backlog_cut, atomic_load(&j->ef.backlog_cut));
-  pthread_mutex_unlock(&j->mu);
-  exit_job_release(j);
+  cm__job_release(&j->job);
   return done;
 }
 

@@ -13,6 +13,7 @@
  *   engine.c  the engine: subscription, observers, selection reconcile, delivery, clock
  *   fence.c   flushes, device synchronization and the sync fence (engine.h holds their state)
  *   pmsample.c PM sampling: per-device sessions over the union of the consumers' metrics
+ *   job.c     helper threads that their waiter may abandon at a deadline
  */
 #ifndef CM_INTERNAL_H
 #define CM_INTERNAL_H
@@ -48,6 +49,31 @@ uint64_t cm__mono_ms(void);
 /* Fills *ts with the CLOCK_MONOTONIC time `ms` from now, for pthread_cond_timedwait on a
  * condition variable created with CLOCK_MONOTONIC. Thread-safe. */
 void cm__abstime_in(struct timespec *ts, uint64_t ms);
+
+/* ---- job.c -------------------------------------------------------------------------------- */
+
+/* A helper thread that its waiter may abandon at a deadline (job.c). Embed it first in the job's
+ * struct, which must come from malloc: the last of the waiter and the helper to leave frees it. */
+typedef struct cm__job {
+  pthread_mutex_t mu;
+  pthread_cond_t cv; /* CLOCK_MONOTONIC */
+  int refs;          /* mu: the waiter and the helper */
+  bool done;         /* mu: set by cm__job_finish */
+} cm__job;
+
+/* Starts fn(j) on a detached thread with every signal blocked. Returns 0, or pthread_create's
+ * error (the job is then the caller's alone, to free). */
+int cm__job_start(cm__job *j, void *(*fn)(void *));
+/* The helper's end, once its results are written: done, and the waiter woken. The helper then
+ * calls cm__job_release. */
+void cm__job_finish(cm__job *j);
+/* Waits until the helper finished or `deadline` (mono ms) passed, in slices of at most slice_ms
+ * (0: one wait), ending early when hurry(arg) says so. Returns whether it finished; its results
+ * are then visible to the caller. */
+bool cm__job_wait(cm__job *j, uint64_t deadline, uint32_t slice_ms, bool (*hurry)(void *),
+                  void *arg);
+/* Drops one reference; the last frees the job. */
+void cm__job_release(cm__job *j);
 
 /* ---- fields.c ---------------------------------------------------------------------------- */
 

@@ -193,13 +193,10 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
  * cuptiFinalize there, the call site CUPTI recommends; without that callback it is called
  * directly, which CUPTI allows once the device is synchronized and the buffers flushed. */
 typedef struct cm__fin_job {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int refs;          /* mu */
-  bool done;         /* mu */
+  cm__job job;       /* first (job.c) */
   bool in_callback;  /* the helper thread's own: cuptiFinalize ran in the callback, */
   CUptiResult cb_rc; /* with this result */
-  CUptiResult rc;    /* mu: the result, once done */
+  CUptiResult rc;    /* the result, once done */
   uint64_t start_ns; /* CLOCK_REALTIME when it began */
   CUptiResult(CUPTIAPI *Finalize)(void);
   CUptiResult(CUPTIAPI *EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain,
@@ -222,16 +219,6 @@ static bool fin_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, con
   return true;
 }
 
-static void fin_release(cm__fin_job *j) {
-  pthread_mutex_lock(&j->mu);
-  bool last = --j->refs == 0;
-  pthread_mutex_unlock(&j->mu);
-  if (!last) return;
-  pthread_mutex_destroy(&j->mu);
-  pthread_cond_destroy(&j->cv);
-  free(j);
-}
-
 static void *fin_main(void *arg) {
   cm__fin_job *j = arg;
   t_fin_job = j;
@@ -241,14 +228,10 @@ static void *fin_main(void *arg) {
     int version = 0;
     j->cuDriverGetVersion(&version);
   }
-  CUptiResult rc = j->in_callback ? j->cb_rc : j->Finalize();
+  j->rc = j->in_callback ? j->cb_rc : j->Finalize();
   t_fin_job = NULL;
-  pthread_mutex_lock(&j->mu);
-  j->rc = rc;
-  j->done = true;
-  pthread_cond_broadcast(&j->cv);
-  pthread_mutex_unlock(&j->mu);
-  fin_release(j);
+  cm__job_finish(&j->job);
+  cm__job_release(&j->job);
   return NULL;
 }
 
@@ -805,7 +788,7 @@ void cm_engine_free(cm_engine *e) {
    * detached engine has no subscription left. */
   if (!atomic_load(&e->detached) && !e->fin_job) e->cupti.Unsubscribe(e->sub);
   /* A cuptiFinalize still running keeps its job, never the engine. */
-  if (e->fin_job) fin_release(e->fin_job);
+  if (e->fin_job) cm__job_release(&e->fin_job->job);
   e->fin_job = NULL;
   /* No callback enters the engine from now on; wait for those already inside. */
   while (atomic_load(&g_inflight) != 0) sched_yield();
@@ -1055,43 +1038,23 @@ static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc) {
     *rc = CUPTI_ERROR_OUT_OF_MEMORY;
     return -1;
   }
-  pthread_mutex_init(&j->mu, NULL);
-  pthread_cond_init(&j->cv, NULL);
-  j->refs = 2;
   j->start_ns = cm__realtime_ns();
   j->Finalize = e->cupti.Finalize;
   j->EnableCallback = e->cupti.EnableCallback;
   j->cuDriverGetVersion = e->cupti.cuDriverGetVersion;
   j->sub = e->sub;
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  pthread_t th;
-  int err = pthread_create(&th, &at, fin_main, j);
-  pthread_attr_destroy(&at);
-  if (err) {
-    j->refs = 1;
-    fin_release(j);
+  if (cm__job_start(&j->job, fin_main)) {
+    free(j);
     *rc = CUPTI_ERROR_UNKNOWN;
     return -1;
   }
-  pthread_mutex_lock(&j->mu);
-  while (!j->done) {
-    uint64_t now = cm__mono_ms();
-    if (now >= deadline) break;
-    struct timespec ts;
-    cm__abstime_in(&ts, deadline - now);
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-  }
-  bool done = j->done;
-  *rc = j->rc;
-  pthread_mutex_unlock(&j->mu);
-  if (!done) {
+  if (!cm__job_wait(&j->job, deadline, 0, NULL, NULL)) {
     e->fin_job = j;
     atomic_store(&e->finalizing, true);
     return 0;
   }
-  fin_release(j);
+  *rc = j->rc;
+  cm__job_release(&j->job);
   return 1;
 }
 
@@ -1138,14 +1101,11 @@ static int finalized(cm_engine *e, CUptiResult r) {
 static bool fin_settle(cm_engine *e) {
   cm__fin_job *j = e->fin_job;
   if (!j) return true;
-  pthread_mutex_lock(&j->mu);
-  bool done = j->done;
+  if (!cm__job_wait(&j->job, 0, 0, NULL, NULL)) return false;
   CUptiResult r = j->rc;
   uint64_t took = cm__realtime_ns() - j->start_ns;
-  pthread_mutex_unlock(&j->mu);
-  if (!done) return false;
   e->fin_job = NULL;
-  fin_release(j);
+  cm__job_release(&j->job);
   atomic_store(&e->finalizing, false);
   int rc = finalized(e, r);
   if (rc == 0) {
@@ -1153,17 +1113,14 @@ static bool fin_settle(cm_engine *e) {
     ADD(e, st_detach_ns, took);
   }
   cm__engine_log(e, rc ? CM_LOG_WARN : CM_LOG_INFO, "the cuptiFinalize that outlived its detach's "
-                 "deadline returned after %.1f s%s%s", (double)took / 1e9, rc ? ": " : "",
-                 rc ? cm_errmsg() : "");
+                 "deadline had returned when checked, %.1f s after it began%s%s", (double)took / 1e9,
+                 rc ? ": " : "", rc ? cm_errmsg() : "");
   return true;
 }
 
 /* The refusal while a cuptiFinalize still runs (fin_settle returned false). */
 static int fin_pending(cm_engine *e) {
-  cm__fin_job *j = e->fin_job;
-  pthread_mutex_lock(&j->mu);
-  uint64_t took = cm__realtime_ns() - j->start_ns;
-  pthread_mutex_unlock(&j->mu);
+  uint64_t took = cm__realtime_ns() - e->fin_job->start_ns;
   return cm__seterr(CM_EAGAIN, "CUPTI is still being finalized (cuptiFinalize has not returned "
                                "after %.1f s): it cannot trace again until it has", (double)took / 1e9);
 }

@@ -32,6 +32,7 @@ static _Thread_local bool t_exit_fence;
 
 /* Whether a wait of the calling thread must end now: the exit fence runs on another thread. */
 static bool hurried(cm_engine *e) { return atomic_load(&e->exiting) && !t_exit_fence; }
+static bool hurried_cb(void *e) { return hurried(e); }
 
 bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
   bool ok = true;
@@ -55,24 +56,11 @@ bool cm__engine_wait_decoded(cm_engine *e, uint64_t deadline) {
  * of the two to leave frees it. The helper works from a copy of the binding table, so it never
  * touches the engine, which may be freed while an abandoned helper is still blocked. */
 typedef struct sync_job {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int refs;     /* guarded by mu */
-  bool done;    /* guarded by mu */
+  cm__job job;  /* first (job.c) */
   int synced;   /* written by the helper before done */
   void *cur;    /* the caller's current context, synchronized first */
   cm__cupti c;
 } sync_job;
-
-static void job_release(sync_job *j) {
-  pthread_mutex_lock(&j->mu);
-  bool last = --j->refs == 0;
-  pthread_mutex_unlock(&j->mu);
-  if (!last) return;
-  pthread_mutex_destroy(&j->mu);
-  pthread_cond_destroy(&j->cv);
-  free(j);
-}
 
 /* Synchronizes the caller's current context and every active primary context, in relaxed capture
  * mode. Returns the number of contexts synchronized. Runs on the helper thread. */
@@ -116,12 +104,9 @@ static void *sync_helper_main(void *arg) {
   /* The count drops before `done` is published, so a waiter that saw this sync finish may start
    * the next one at once. */
   atomic_fetch_sub(&cm__sync_helpers, 1);
-  pthread_mutex_lock(&j->mu);
   j->synced = synced;
-  j->done = true;
-  pthread_cond_broadcast(&j->cv);
-  pthread_mutex_unlock(&j->mu);
-  job_release(j);
+  cm__job_finish(&j->job);
+  cm__job_release(&j->job);
   return NULL;
 }
 
@@ -157,41 +142,18 @@ int cm__engine_device_sync(cm_engine *e, uint64_t deadline, int *why) {
     atomic_fetch_sub(&cm__sync_helpers, 1);
     return 0;
   }
-  pthread_mutex_init(&j->mu, NULL);
-  pthread_condattr_t ca;
-  pthread_condattr_init(&ca);
-  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-  pthread_cond_init(&j->cv, &ca);
-  pthread_condattr_destroy(&ca);
-  j->refs = 2;
   j->c = *c;
   void *cur = NULL;
   if (c->cuCtxGetCurrent(&cur) == 0) j->cur = cur;
-  pthread_attr_t at;
-  pthread_attr_init(&at);
-  pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-  pthread_t t;
-  int prc = pthread_create(&t, &at, sync_helper_main, j);
-  pthread_attr_destroy(&at);
-  if (prc != 0) {
+  if (cm__job_start(&j->job, sync_helper_main) != 0) {
     atomic_fetch_sub(&cm__sync_helpers, 1);
-    j->refs = 1;
-    job_release(j);
+    free(j);
     return 0;
   }
   /* Waits in short slices, so that the exit fence's hurry is seen within a few milliseconds. */
-  pthread_mutex_lock(&j->mu);
-  while (!j->done) {
-    uint64_t now = cm__mono_ms();
-    if (now >= deadline || hurried(e)) break;
-    struct timespec ts;
-    cm__abstime_in(&ts, deadline - now < 5 ? deadline - now : 5);
-    pthread_cond_timedwait(&j->cv, &j->mu, &ts);
-  }
-  bool done = j->done;
-  int synced = j->synced;
-  pthread_mutex_unlock(&j->mu);
-  job_release(j);
+  bool done = cm__job_wait(&j->job, deadline, 5, hurried_cb, e);
+  int synced = done ? j->synced : 0;
+  cm__job_release(&j->job);
   if (!done) {
     if (ADD(e, st_sync_abandoned, 1) == 0)
       cm__engine_log(e, CM_LOG_WARN, "a device synchronize did not finish before the fence's deadline (a "
