@@ -5,7 +5,11 @@
 # CUPTI was not yet, or no longer, tracing) or the windows ran slower than the time between them
 # (tracing's own cost, which makes any sampled estimate low). A loop paced at a fixed rate that
 # tracing cannot lower tells the two apart: its true launch count is known, and every window
-# sees the same rate. From the repository root on the device machine:
+# sees the same rate. On an H100 (2026-12-05) the estimates came out 1.5% high, and 3.4 to 7.1%
+# with CUPTIMON_DETACH_IDLE=1, while the loop still caught up in bursts after a stall (a window's
+# opening stalls the launching thread); it no longer does (bench/launch_loop.cu, PACE_SLACK_NS),
+# and the runs since then tell whether that was all. From the repository root on the device
+# machine:
 #   bash spec/gpu/duty_paced.sh BUILD_DIR     (about 3 min; RATE=20000 RUN_S=60 DUTY=0.1
 #                                              PERIOD_MS=1000 ROUNDS=2)
 #
