@@ -1142,11 +1142,12 @@ static int finalize_refused(cm_engine *e) {
   return 0;
 }
 
-/* The detach itself, with every kind already off: the decode worker
- * leaves CUPTI alone, forced flushes return every buffer CUPTI holds, what they carry is decoded
- * and delivered to the observers there are, and cuptiFinalize runs; the engine then forgets what
- * CUPTI forgot. Returns 0 (e->detached is then set), or the reason nothing was finalized (the
- * worker may call CUPTI again then). Called with api_mu held. */
+/* The detach itself, with every kind already off: the decode worker leaves CUPTI alone, forced
+ * flushes return every buffer CUPTI holds, what they carry is decoded and delivered, and
+ * cuptiFinalize runs (finalize_bounded); the engine then forgets what CUPTI forgot. Returns 0
+ * (e->detached is then set), CM_ETIMEDOUT while cuptiFinalize still runs past the deadline (see
+ * fin_settle), or the reason nothing was finalized (the worker may call CUPTI again then).
+ * Called with api_mu held. */
 static int drain_and_finalize(cm_engine *e, uint64_t deadline) {
   /* From here the worker makes no CUPTI call; one it is inside of finishes first. */
   pthread_mutex_lock(&e->work_mu);
