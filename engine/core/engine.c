@@ -197,7 +197,7 @@ typedef struct cm__fin_job {
   bool in_callback;  /* the helper thread's own: cuptiFinalize ran in the callback, */
   CUptiResult cb_rc; /* with this result */
   CUptiResult rc;    /* the result, once done */
-  uint64_t start_ns; /* CLOCK_REALTIME when it began */
+  uint64_t start_ns, end_ns; /* CLOCK_REALTIME when it began and when it returned */
   CUptiResult(CUPTIAPI *Finalize)(void);
   CUptiResult(CUPTIAPI *EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain,
                                         CUpti_CallbackId);
@@ -229,6 +229,7 @@ static void *fin_main(void *arg) {
     j->cuDriverGetVersion(&version);
   }
   j->rc = j->in_callback ? j->cb_rc : j->Finalize();
+  j->end_ns = cm__realtime_ns();
   t_fin_job = NULL;
   cm__job_finish(&j->job);
   cm__job_release(&j->job);
@@ -1103,7 +1104,7 @@ static bool fin_settle(cm_engine *e) {
   if (!j) return true;
   if (!cm__job_wait(&j->job, 0, 0, NULL, NULL)) return false;
   CUptiResult r = j->rc;
-  uint64_t took = cm__realtime_ns() - j->start_ns;
+  uint64_t took = j->end_ns - j->start_ns;
   e->fin_job = NULL;
   cm__job_release(&j->job);
   atomic_store(&e->finalizing, false);
@@ -1113,7 +1114,7 @@ static bool fin_settle(cm_engine *e) {
     ADD(e, st_detach_ns, took);
   }
   cm__engine_log(e, rc ? CM_LOG_WARN : CM_LOG_INFO, "the cuptiFinalize that outlived its detach's "
-                 "deadline had returned when checked, %.1f s after it began%s%s", (double)took / 1e9,
+                 "deadline returned after %.1f s%s%s", (double)took / 1e9,
                  rc ? ": " : "", rc ? cm_errmsg() : "");
   return true;
 }
@@ -1241,10 +1242,15 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
   return 0;
 }
 
-/* Subscribes again after cuptiFinalize: the subscription, the buffer and timestamp callbacks,
- * every pinned or armed callback, and the external-correlation hooks. Called with api_mu held
- * while detached. */
-static int subscribe_again(cm_engine *e) {
+/* Subscribes again after a detach: the subscription, the buffer and timestamp callbacks, every
+ * pinned or armed callback, and the external-correlation hooks; timed. No-op while attached;
+ * refused while a detach's cuptiFinalize still runs. Called with api_mu held. */
+static int attach_cupti(cm_engine *e) {
+  if (!fin_settle(e)) return fin_pending(e);
+  if (!atomic_load(&e->detached)) return 0;
+  if (atomic_load(&e->exiting))
+    return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
+  uint64_t t0 = cm__realtime_ns();
   int rc = subscribe(e);
   if (rc) return rc;
   rc = register_activity(e);
@@ -1259,19 +1265,6 @@ static int subscribe_again(cm_engine *e) {
   atomic_store(&e->detached, false);
   pthread_cond_signal(&e->q_cv);
   pthread_mutex_unlock(&e->work_mu);
-  return 0;
-}
-
-/* Attaches again after a detach (subscribe_again), timed. No-op while attached. Called with
- * api_mu held. */
-static int attach_cupti(cm_engine *e) {
-  if (!fin_settle(e)) return fin_pending(e);
-  if (!atomic_load(&e->detached)) return 0;
-  if (atomic_load(&e->exiting))
-    return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
-  uint64_t t0 = cm__realtime_ns();
-  int rc = subscribe_again(e);
-  if (rc) return rc;
   uint64_t took = cm__realtime_ns() - t0;
   ADD(e, st_attach_ns, took);
   cm__engine_log(e, CM_LOG_INFO, "CUPTI attached again in %.1f ms", (double)took / 1e6);

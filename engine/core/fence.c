@@ -352,9 +352,7 @@ int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadlin
   }
   t_exit_fence = true;
   bool ok = true;
-  /* While a detach's cuptiFinalize still runs, nothing may call CUPTI (engine.c, "the finalize
-   * helper"); detached, CUPTI holds nothing. */
-  if (e->active && !atomic_load(&e->detached) && !atomic_load(&e->finalizing)) {
+  if (e->active) {
     int why = CM__SYNC_NONE;
     uint64_t sd = sync_deadline < deadline ? sync_deadline : deadline;
     bool fenced = fence(e, sd, &why, out);
