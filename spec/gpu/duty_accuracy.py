@@ -8,7 +8,8 @@ whether each exact figure lies in the estimate's 95% interval. Goal: within 5%.
 
 Usage: python3 spec/gpu/duty_accuracy.py BUILD_DIR [SECONDS=300] [DUTY=0.05] [PERIOD_MS=10000]
 (FULL_SECONDS=S runs the full trace for S seconds of the same loop instead of SECONDS.)
-Exit status 0 when all ten figures are within 5%, 1 otherwise, 2 when a run failed.
+Exit status 0 when all ten figures are within 5%, 1 otherwise, 2 when a run failed. With OUT set,
+each run's whole output goes to OUT/duty_accuracy_full.txt and OUT/duty_accuracy_duty.txt.
 
 The duty run's rates are over the time since the agent connected (CUDA's initialization, then the
 warm-up and the loop), the full trace's over the timed loop alone; with SECONDS = 300 the
@@ -24,9 +25,14 @@ FULL_ROW = re.compile(r"^" + NUM * 8 + r"\s+(\S.*)$")   # Time% Total Instances 
 DUTY_ROW = re.compile(r"^" + NUM * 7 + r"\s+(\S.*?)(  \(phase change\))?$")  # rate ± gpu ± total ± avg
 
 
-def run(argv):
+def run(argv, name):
     p = subprocess.run(argv, capture_output=True, text=True, errors="replace")
     sys.stdout.write("$ %s\n-> status %d\n" % (" ".join(argv), p.returncode))
+    # Each run's whole output (the script's tables and footer, the loop's lines, the agent's log)
+    # goes to $OUT when it is set, for what the summary below leaves out.
+    if os.environ.get("OUT"):
+        with open(os.path.join(os.environ["OUT"], "duty_accuracy_%s.txt" % name), "w") as f:
+            f.write(p.stdout + p.stderr)
     if p.returncode != 0:
         sys.stdout.write(p.stdout[-3000:] + p.stderr[-3000:])
         sys.exit(2)
@@ -49,7 +55,7 @@ def main():
     # The exact rates are per second of the timed loop, so the full trace may run the same loop
     # for less time (FULL_SECONDS, default SECONDS) when the device time is short.
     full_train = train[:-1] + [os.environ.get("FULL_SECONDS", seconds)]
-    full = run([lua, os.path.join(ROOT, "scripts", "top.lua"), "--top", "10", "--"] + full_train)
+    full = run([lua, os.path.join(ROOT, "scripts", "top.lua"), "--top", "10", "--"] + full_train, "full")
     full_steps, loop_s = steps_of(full)
     exact = {}
     for line in full.splitlines():
@@ -59,7 +65,7 @@ def main():
             exact[m.group(9)] = (float(m.group(3)) / loop_s, float(m.group(2)) / 1e6 / loop_s)
     top5 = sorted(exact, key=lambda k: -exact[k][1])[:5]
     est_out = run([lua, os.path.join(ROOT, "scripts", "top.lua"), "--duty", duty, "--period-ms",
-                   period, "--top", "50", "--"] + train)
+                   period, "--top", "50", "--"] + train, "duty")
     est = {}
     for line in est_out.splitlines():
         m = DUTY_ROW.match(line)
