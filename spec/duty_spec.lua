@@ -264,6 +264,10 @@ describe("duty cycles with the real agent", function()
       -- only: the process's start-up and teardown, without launches, are in the elapsed time.)
       table.insert(ratios.total, e.total / a.launched)
       assert.matches("\nduty 0%.250 %(100 of every 400 ms%): %d+ windows so far, traced [%d.]+ s of [%d.]+ s elapsed", out)
+      -- Each window opened and closed with one change of CUPTI's kinds, and the footer says what
+      -- the changes took.
+      local changes = tonumber(out:match("\nCUPTI's kinds were enabled or disabled (%d+) times: [%d.]+ ms in all, the longest [%d.]+ ms"))
+      assert.is_true(changes ~= nil and changes >= 2 * e.windows, out)
     end
     for m, n in pairs(held) do
       assert.is_true(n >= 3, m .. ": " .. n .. " of 5 intervals held the truth\n" .. table.concat(seen, "\n"))

@@ -583,6 +583,11 @@ uint64_t cm__engine_cupti_buffers(cm_engine *e);
 /* Whether a detach's cuptiFinalize outlived its deadline and still runs (nothing may call CUPTI
  * until it returns; cm_cupti_detach). Any thread. */
 bool cm__engine_finalizing(cm_engine *e);
+/* CLOCK_REALTIME just before the engine last called cuptiActivityEnable to enable a kind that was
+ * off (0 before the first). A call that enables kinds can hold the application's launching
+ * threads while it runs, and the work they were held from then runs traced: the agent stamps a
+ * window's opening edge here rather than after cm_observe returned. Any thread. */
+uint64_t cm__engine_enable_start_ns(cm_engine *e);
 /* Keeps `kinds` (one bit per kind) disabled in CUPTI, whatever the observers select, until the
  * next call, and disables them now. The observers keep their selections, so the records of those
  * kinds that CUPTI already wrote still reach them, at flushes and fences as usual; the exit's

@@ -313,6 +313,8 @@ uint64_t cm__engine_enabled(cm_engine *e) {
 
 bool cm__engine_finalizing(cm_engine *e) { return atomic_load(&e->finalizing); }
 
+uint64_t cm__engine_enable_start_ns(cm_engine *e) { return LOAD(e, enable_start_ns); }
+
 uint64_t cm__engine_cupti_buffers(cm_engine *e) {
   return atomic_load_explicit(&e->cupti_buffers, memory_order_relaxed);
 }
@@ -509,6 +511,18 @@ static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bi
     }
 }
 
+/* Counts one change of the kinds and the time its CUPTI calls took since `t0` (CLOCK_REALTIME,
+ * as the detach's times are). */
+static void count_kind_change(cm_engine *e, uint64_t t0) {
+  uint64_t now = cm__realtime_ns();
+  uint64_t took = now > t0 ? now - t0 : 0;
+  ADD(e, st_kind_changes, 1);
+  ADD(e, st_kind_change_ns, took);
+  uint64_t max = LOAD(e, st_kind_change_max_ns);
+  while (took > max && !atomic_compare_exchange_weak(&e->st_kind_change_max_ns, &max, took)) {
+  }
+}
+
 /* Enables and disables kinds to move CUPTI from `e->enabled` to `want` less the suppressed kinds,
  * touching only the kinds that differ. On a failed enable, the kinds this call enabled are
  * disabled again and the error is returned, so a failure leaves CUPTI as it was. Called with
@@ -517,6 +531,9 @@ static int apply_kinds(cm_engine *e, uint64_t want) {
   cm__cupti *c = &e->cupti;
   want &= ~e->suppressed;
   uint64_t add = want & ~e->enabled, drop = e->enabled & ~want, done = 0;
+  if (!(add | drop)) return 0;
+  uint64_t t0 = cm__realtime_ns();
+  if (add) atomic_store_explicit(&e->enable_start_ns, t0, memory_order_relaxed);
   for (int k = 0; k < CM_KIND_MAX; k++) {
     if (!(add >> k & 1)) continue;
     CUptiResult r = c->ActivityEnable((CUpti_ActivityKind)k);
@@ -526,6 +543,7 @@ static int apply_kinds(cm_engine *e, uint64_t want) {
       int err = cm__cupti_err(c, r, what);
       for (int j = 0; j < CM_KIND_MAX; j++)
         if (done >> j & 1) c->ActivityDisable((CUpti_ActivityKind)j);
+      count_kind_change(e, t0);
       return err;
     }
     done |= 1ull << k;
@@ -533,6 +551,7 @@ static int apply_kinds(cm_engine *e, uint64_t want) {
   for (int k = 0; k < CM_KIND_MAX; k++)
     if (drop >> k & 1) c->ActivityDisable((CUpti_ActivityKind)k);
   e->enabled = want;
+  count_kind_change(e, t0);
   return 0;
 }
 
@@ -1323,6 +1342,9 @@ int cm_stats_get(cm_engine *e, cm_stats *out) {
   out->cupti_detaches = LOAD(e, st_detaches);
   out->cupti_detach_ns = LOAD(e, st_detach_ns);
   out->cupti_attach_ns = LOAD(e, st_attach_ns);
+  out->kind_changes = LOAD(e, st_kind_changes);
+  out->kind_change_ns = LOAD(e, st_kind_change_ns);
+  out->kind_change_max_ns = LOAD(e, st_kind_change_max_ns);
   out->strings = cm__intern_count(e->strings);
   pthread_mutex_lock(&e->work_mu);
   out->decode_queue_depth = e->q_depth;

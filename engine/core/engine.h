@@ -127,6 +127,11 @@ struct cm_engine {
   atomic_bool finalizing;
   /* Detaches and attaches again since creation, and the time they took (cm_stats). */
   _Atomic uint64_t st_detaches, st_detach_ns, st_attach_ns;
+  /* The changes of the kinds enabled in CUPTI (apply_kinds), the time their enable and disable
+   * calls took, summed and the longest (cm_stats), and CLOCK_REALTIME just before the first
+   * enable of the last change that enabled a kind (cm__engine_enable_start_ns). */
+  _Atomic uint64_t st_kind_changes, st_kind_change_ns, st_kind_change_max_ns;
+  _Atomic uint64_t enable_start_ns;
 };
 
 #define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)

@@ -390,6 +390,13 @@ typedef struct cm_stats {
   uint64_t cupti_detaches;
   uint64_t cupti_detach_ns;
   uint64_t cupti_attach_ns;
+  /* Changes of the kinds enabled in CUPTI since the engine was created (an observer's kinds
+   * turned on or off, a duty window's opening and closing, the lag guard's sheds), and the time
+   * their cuptiActivityEnable and cuptiActivityDisable calls took, summed and the longest one
+   * change (the largest over sources for a sum). */
+  uint64_t kind_changes;
+  uint64_t kind_change_ns;
+  uint64_t kind_change_max_ns;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */

@@ -338,6 +338,9 @@ static const struct {
     {"cupti_detaches", offsetof(cm_stats, cupti_detaches)},
     {"cupti_detach_ns", offsetof(cm_stats, cupti_detach_ns)},
     {"cupti_attach_ns", offsetof(cm_stats, cupti_attach_ns)},
+    {"kind_changes", offsetof(cm_stats, kind_changes)},
+    {"kind_change_ns", offsetof(cm_stats, kind_change_ns)},
+    {"kind_change_max_ns", offsetof(cm_stats, kind_change_max_ns)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {

@@ -13,6 +13,8 @@
  * removing an observer whose kinds are already enabled must not toggle them (toggling RUNTIME or
  * DRIVER breaks CUDA-graph kernel tracing on real CUPTI). The coupling checks observe one kind
  * and look at what CUPTI was asked to enable, both in the fake and through cm_enabled_kinds().
+ * The time check makes the fake's cuptiActivityEnable slow and reads cm_stats' kind changes and
+ * the moment the enabling began (the agent's window edge).
  */
 #include <pthread.h>
 #include <stdbool.h>
@@ -21,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cm_internal.h"
 #include "cmt.h"
 #include "cmt_records.h"
 #include "cuptimon.h"
@@ -277,6 +280,42 @@ static void test_coupled_no_toggle(void) {
   printf("coupled %s: not toggled while observed or coupled\n", cm_kind_name(api));
 }
 
+/* ---- the time a change of kinds takes -------------------------------------------------------- */
+
+/* An enable that takes 20 ms (the fake's delay) shows in cm_stats' kind_change_ns and
+ * kind_change_max_ns, and cm__engine_enable_start_ns is the moment before it, not after it: the
+ * agent stamps a window's opening edge there. An observer whose kinds are on already changes no
+ * kind and is not counted, and a disable leaves the enable's moment as it was. */
+static void test_kind_change_time(void) {
+  cm_stats s0, s1, s2, s3;
+  CMT_OK(cm_stats_get(g_engine, &s0));
+  obs x, y;
+  fake_set_enable_delay_us(20000);
+  uint64_t before = cm__realtime_ns();
+  observe_spec(&x, "X", "memset");
+  uint64_t after = cm__realtime_ns();
+  fake_set_enable_delay_us(0);
+  uint64_t en = cm__engine_enable_start_ns(g_engine);
+  CMT_ASSERT(en >= before);
+  CMT_ASSERT(en + 20000000ull <= after);
+  CMT_OK(cm_stats_get(g_engine, &s1));
+  CMT_EQU(s1.kind_changes, s0.kind_changes + 1);
+  CMT_ASSERT(s1.kind_change_ns - s0.kind_change_ns >= 20000000ull);
+  CMT_ASSERT(s1.kind_change_max_ns >= 20000000ull);
+  observe_spec(&y, "Y", "memset");
+  CMT_OK(cm_stats_get(g_engine, &s2));
+  CMT_EQU(s2.kind_changes, s1.kind_changes);
+  CMT_EQU(cm__engine_enable_start_ns(g_engine), en);
+  unobserve(&y);
+  unobserve(&x);
+  CMT_OK(cm_stats_get(g_engine, &s3));
+  CMT_EQU(s3.kind_changes, s2.kind_changes + 1);
+  CMT_EQU(cm__engine_enable_start_ns(g_engine), en);
+  printf("kind changes: an enable of 20 ms counted (%.1f ms), its start %.1f ms before cm_observe "
+         "returned\n", (double)(s1.kind_change_ns - s0.kind_change_ns) / 1e6,
+         (double)(after - en) / 1e6);
+}
+
 /* ---- couplings ------------------------------------------------------------------------------ */
 
 static void test_couplings(void) {
@@ -429,6 +468,7 @@ int main(void) {
   cm_set_log(g_engine, log_to_stderr, NULL);
   test_two_observers();
   test_coupled_no_toggle();
+  test_kind_change_time();
   test_couplings();
   uint64_t late = test_narrowing();
   cm_stats st;

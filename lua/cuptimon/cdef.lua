@@ -118,6 +118,9 @@ typedef struct cm_stats {
   uint64_t cupti_detaches;
   uint64_t cupti_detach_ns;
   uint64_t cupti_attach_ns;
+  uint64_t kind_changes;
+  uint64_t kind_change_ns;
+  uint64_t kind_change_max_ns;
 } cm_stats;
 
 typedef struct cm_session_info {

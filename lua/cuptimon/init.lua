@@ -375,7 +375,8 @@ local stat_names = {
   "decode_queue_depth", "decode_queue_peak", "drains", "fences", "fence_timeouts", "sessions",
   "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
   "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
-  "lag_held_ns", "cupti_detaches", "cupti_detach_ns", "cupti_attach_ns",
+  "lag_held_ns", "cupti_detaches", "cupti_detach_ns", "cupti_attach_ns", "kind_changes",
+  "kind_change_ns", "kind_change_max_ns",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
@@ -396,8 +397,11 @@ local stat_names = {
 --- writing because CUPTI fell more than CUPTIMON_GUARD_LAG_MS behind; docs/agent.md) with
 --- guard_lag_s (CUPTI's lag when it last did). cupti_detaches, cupti_detach_ns and
 --- cupti_attach_ns: how often the agent detached CUPTI while nothing was traced
---- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed. Returns nil,
---- err for an unknown source.
+--- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed.
+--- kind_changes, kind_change_ns and kind_change_max_ns: how often the kinds enabled in CUPTI
+--- changed (a window's or duty window's opening and closing, an observer's kinds, the lag guard's
+--- sheds), and the time CUPTI's enable and disable calls took, summed and the longest (the
+--- largest over sources for the sum). Returns nil, err for an unknown source.
 function M.stats(source)
   if source ~= nil and type(source) ~= "number" then
     error("cuptimon.stats: the source must be a number", 2)

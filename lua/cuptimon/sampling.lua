@@ -167,8 +167,15 @@ function S:footer()
     lines[#lines + 1] = ("a kernel not listed was seen in no window: below the detection limit "
       .. "of %.3g launches/s per process (3 / traced seconds)"):format(limit)
   end
-  -- Agents run with CUPTIMON_DETACH_IDLE=1 detach CUPTI between windows (docs/agent.md).
   local all = cm.stats()
+  -- What opening and closing the windows cost inside CUPTI: enabling a kind can hold the
+  -- application's launching threads while it runs.
+  if all and (all.kind_changes or 0) > 0 then
+    lines[#lines + 1] = ("CUPTI's kinds were enabled or disabled %d times: %.1f ms in all, the "
+      .. "longest %.1f ms"):format(all.kind_changes, all.kind_change_ns / 1e6,
+      all.kind_change_max_ns / 1e6)
+  end
+  -- Agents run with CUPTIMON_DETACH_IDLE=1 detach CUPTI between windows (docs/agent.md).
   if all and (all.cupti_detaches or 0) > 0 then
     lines[#lines + 1] = ("CUPTI detached %d times between windows (CUPTIMON_DETACH_IDLE): %.1f ms "
       .. "detaching and %.1f ms attaching again, in all"):format(all.cupti_detaches,

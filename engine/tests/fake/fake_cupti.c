@@ -893,11 +893,17 @@ static int valid_kind(CUpti_ActivityKind kind) {
   return (int)kind > (int)CUPTI_ACTIVITY_KIND_INVALID && (int)kind < FAKE_NKINDS;
 }
 
+/* fake_set_enable_delay_us: each cuptiActivityEnable takes this long before the kind is on. */
+static atomic_int enable_delay_us;
+void fake_set_enable_delay_us(int us) { atomic_store(&enable_delay_us, us); }
+
 /* Any kind of CUPTI 13.0 may be enabled; kinds the fake has no layout for are simply never
  * produced (unless a test emits one on purpose, to see the engine meet an unknown kind). */
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiActivityEnable(CUpti_ActivityKind kind) {
   AFTER_FINALIZE();
   if (!valid_kind(kind)) return CUPTI_ERROR_INVALID_KIND;
+  int delay = atomic_load(&enable_delay_us);
+  if (delay > 0) usleep((useconds_t)delay);
   atomic_store(&kind_on[kind], 1);
   BUMP(st.enable_calls[kind]);
   return CUPTI_SUCCESS;

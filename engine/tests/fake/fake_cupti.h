@@ -163,6 +163,9 @@ int fake_per_thread_attr(void);
 void fake_set_finalize_block_ms(int ms);
 /* (FAKE_CUPTI_FINALIZE_BLOCK_MS in the environment does the same in a process that cannot call
  * it, such as an application under the agent.) */
+/* Makes each cuptiActivityEnable take `us` microseconds before it turns its kind on (0: at once),
+ * as enabling a kind takes time on a GPU. */
+void fake_set_enable_delay_us(int us);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
