@@ -554,18 +554,28 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
       return
     end
     -- Past the first 400,000 rows SQLite's page cache (16 MiB) is full, so the peak must stay
-    -- while the database grows by another 26 MB: a cost per row would show here.
+    -- while the database grows by another 26 MB: a cost per row would show here. Each size runs
+    -- twice and keeps its smaller peak. Under CPU load a run's peak is now and then 8 to 10 MB
+    -- higher than the others' (1 run in 40 of the larger size on the 2-core development machine,
+    -- 2026-12-05; the cause, in a single-threaded replay, is not known): a cost per row shows in
+    -- every run, such a spike in one.
     local peak, size = {}, {}
     for _, n in ipairs { 100000, 200000 } do
       local cap = wire_capture(n .. ".cmcap",
         ("--records %d --kinds kernel,runtime,memcpy,memset --small-ids"):format(n))
-      local db = fresh(n .. ".sqlite")
-      local rc, out = helpers.sh(("%s --replay %s %s/spec/fixtures/sqlite_hwm.lua -o %s")
-        :format(bin, cap, root, db))
-      assert.are.equal(0, rc, out)
-      assert.matches("wrote [^\n]*: " .. 4 * n .. " rows", out)
-      peak[#peak + 1] = tonumber(out:match("VmHWM kB=(%d+)"))
-      size[#size + 1] = uv.fs_stat(db).size
+      local least
+      for _ = 1, 2 do
+        local db = fresh(n .. ".sqlite")
+        local rc, out = helpers.sh(("%s --replay %s %s/spec/fixtures/sqlite_hwm.lua -o %s")
+          :format(bin, cap, root, db))
+        assert.are.equal(0, rc, out)
+        assert.matches("wrote [^\n]*: " .. 4 * n .. " rows", out)
+        local kb = tonumber(out:match("VmHWM kB=(%d+)"))
+        least = math.min(least or kb, kb)
+        size[#peak + 1] = uv.fs_stat(db).size
+        os.remove(db)
+      end
+      peak[#peak + 1] = least
       os.remove(cap)
     end
     assert.is_true(size[2] - size[1] > 20e6, "the database grew by " .. size[2] - size[1])
