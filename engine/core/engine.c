@@ -323,6 +323,14 @@ uint64_t cm__engine_take_lag_held_max(cm_engine *e) {
   return atomic_exchange_explicit(&e->lag_held_max_ns, 0, memory_order_relaxed);
 }
 
+/* Raises *p to v when v is larger; any thread (the lag's and the kind changes' peaks). */
+static void atomic_max_u64(_Atomic uint64_t *p, uint64_t v) {
+  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
+  while (v > cur && !atomic_compare_exchange_weak_explicit(p, &cur, v, memory_order_relaxed,
+                                                           memory_order_relaxed)) {
+  }
+}
+
 /* Stores the stage lags of one decoded buffer whose last record has timestamp `newest` (0:
  * none), and how long CUPTI held that record before asking for the buffer (at `requested`) that
  * it then wrote it into (lag_held_max_ns). A timestamp that is not on the realtime clock of this
@@ -338,12 +346,7 @@ static void note_lag(cm_engine *e, uint64_t newest, uint64_t requested, uint64_t
   uint64_t lag = now > newest ? now - newest : 0;
   atomic_store_explicit(&e->lag_cupti_ns, completed > newest ? completed - newest : 0,
                         memory_order_relaxed);
-  uint64_t held = requested > newest ? requested - newest : 0;
-  uint64_t cur = atomic_load_explicit(&e->lag_held_max_ns, memory_order_relaxed);
-  while (held > cur && !atomic_compare_exchange_weak_explicit(&e->lag_held_max_ns, &cur, held,
-                                                              memory_order_relaxed,
-                                                              memory_order_relaxed)) {
-  }
+  atomic_max_u64(&e->lag_held_max_ns, requested > newest ? requested - newest : 0);
   atomic_store_explicit(&e->lag_decode_ns, lag, memory_order_relaxed);
   if (lag > atomic_load_explicit(&e->lag_decode_peak_ns, memory_order_relaxed))
     atomic_store_explicit(&e->lag_decode_peak_ns, lag, memory_order_relaxed);
@@ -518,9 +521,7 @@ static void count_kind_change(cm_engine *e, uint64_t t0) {
   uint64_t took = now > t0 ? now - t0 : 0;
   ADD(e, st_kind_changes, 1);
   ADD(e, st_kind_change_ns, took);
-  uint64_t max = LOAD(e, st_kind_change_max_ns);
-  while (took > max && !atomic_compare_exchange_weak(&e->st_kind_change_max_ns, &max, took)) {
-  }
+  atomic_max_u64(&e->st_kind_change_max_ns, took);
 }
 
 /* Enables and disables kinds to move CUPTI from `e->enabled` to `want` less the suppressed kinds,
