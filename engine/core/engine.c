@@ -463,6 +463,14 @@ static void *worker_main(void *arg) {
       ADD(e, st_buffers_decoded, 1);
       ADD(e, st_bytes_decoded, it->valid);
       cm__pool_put(&e->pool, it->buf);
+      /* Once the agent's lag guard has suppressed every kind the observers select, CUPTI asks
+       * for no buffer to write records into for the rest of the run, so the free ones are given
+       * back as they return: CUPTI's partly filled buffers come back once after the guard's last
+       * step, and would otherwise stay in the pool to the end (on the H200, 36 MiB of the
+       * process for the last 100 s of a long run). A session that merely ends keeps its buffers
+       * for the next (test_engine_cycles). */
+      if (!cm__engine_enabled(e) && atomic_load_explicit(&e->suppressed, memory_order_relaxed))
+        cm__pool_trim(&e->pool, 0);
 
       pthread_mutex_lock(&e->work_mu);
       it->next = e->q_spare;

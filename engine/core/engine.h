@@ -54,8 +54,8 @@ struct cm_engine {
   _Atomic uint64_t enabled; /* kinds enabled in CUPTI, bit per kind */
   /* Kinds kept disabled in CUPTI whatever the observers select (cm__engine_set_suppressed): the
    * agent's lag guard stops CUPTI writing them while the records it already wrote still reach
-   * the observers. */
-  uint64_t suppressed;
+   * the observers. Written under api_mu; the decode worker reads it without (engine.c). */
+  _Atomic uint64_t suppressed;
   atomic_bool active;
   bool latency_on;
   bool event_ts_on;

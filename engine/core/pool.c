@@ -13,10 +13,18 @@
  * store as dropped. Buffers handed out are never freed by the pool until they are returned, since
  * CUPTI may still be writing them.
  *
+ * A buffer of POOL_MMAP_MIN bytes or more (the default is 4 MiB) is a mapping of its own, so that
+ * freeing it gives its pages back to the system at once. From malloc, a freed buffer of that size
+ * would stay in the process: glibc raises its mmap threshold after the first such free and serves
+ * the next from an arena, whose free chunks it keeps. That memory would then show as growth, for
+ * example after the agent's lag guard has shed every kind and the buffers CUPTI had filled come
+ * back for good (issue 18).
+ *
  * Lock order: the pool mutex is a leaf; nothing is called while it is held.
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "cm_internal.h"
 
@@ -27,11 +35,15 @@
 /* The smallest buffer the pool hands out: a free buffer must hold the free list's next pointer,
  * and nothing smaller is useful to CUPTI anyway. */
 #define POOL_MIN_SIZE 64
+/* The size (header included) from which a buffer is mapped on its own rather than taken from
+ * malloc. */
+#define POOL_MMAP_MIN ((size_t)1 << 20)
 
 typedef union pool_hdr {
   struct {
     size_t size;           /* the usable size of the buffer after this header */
     uint64_t requested_ns; /* when CUPTI last asked for it (cm__pool_stamp) */
+    bool mapped;           /* a mapping of its own (munmap), else from posix_memalign (free) */
   } h;
   unsigned char pad[POOL_ALIGN];
 } pool_hdr;
@@ -55,14 +67,29 @@ static void set_next(void *buf, void *next) { memcpy(buf, &next, sizeof next); }
 static uint8_t *buf_alloc(size_t size) {
   void *base = NULL;
   if (size > SIZE_MAX - sizeof(pool_hdr)) return NULL;
-  if (posix_memalign(&base, POOL_ALIGN, sizeof(pool_hdr) + size) != 0) return NULL;
+  size_t total = sizeof(pool_hdr) + size;
+  bool mapped = total >= POOL_MMAP_MIN;
+  if (mapped) {
+    /* Page-aligned, so the buffer after the 64-byte header is aligned too. */
+    base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (base == MAP_FAILED) return NULL;
+  } else if (posix_memalign(&base, POOL_ALIGN, total) != 0) {
+    return NULL;
+  }
   ((pool_hdr *)base)->h.size = size;
   ((pool_hdr *)base)->h.requested_ns = 0;
+  ((pool_hdr *)base)->h.mapped = mapped;
   return (uint8_t *)base + sizeof(pool_hdr);
 }
 
 /* Frees a buffer from buf_alloc. Called without the mutex. */
-static void buf_free(uint8_t *buf) { free(hdr_of(buf)); }
+static void buf_free(uint8_t *buf) {
+  pool_hdr *h = hdr_of(buf);
+  if (h->h.mapped)
+    munmap(h, sizeof(pool_hdr) + h->h.size);
+  else
+    free(h);
+}
 
 /* Frees a chain of free buffers linked through their next pointers. Called without the mutex,
  * on a chain already detached from the pool. */
