@@ -223,6 +223,35 @@ describe("duty cycles with the real agent", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
+  it("with CUPTIMON_DETACH_IDLE=1 and a cuptiSubscribe that blocks, windows fail and say so, and nothing hangs", function()
+    -- On an H100 with 16 launching threads one attach after a detach took 13.6 s. The fake's
+    -- subscription takes 800 ms, past the attach's wait of 500 ms: the window that attaches is
+    -- refused at the wait, the next while the subscription still runs is refused at once, and the
+    -- one after it takes the subscription and traces exactly.
+    local t0 = os.time()
+    local rc, out = helpers.sh("FAKE_CUPTI_SUBSCRIBE_DELAY_MS=800 CUPTIMON_DETACH_IDLE=1 CUPTIMON_AGENT_LOG=info "
+      .. steady_cmd(100, 500, 5, 4000, 2000))
+    assert.are.equal(0, rc, out)
+    assert.is_true(os.time() - t0 < 30, out)
+    local a = pairs_of(out, "fake_cuda_app:")
+    local ok, refused = 0, 0
+    for line in out:gmatch("window [^\n]*") do
+      local w = pairs_of(line, "window")
+      if w.ok == "true" then
+        ok = ok + 1
+        assert.are.equal(w.kernels, w.seen_kernels, out)
+      elseif tostring(w.discarded):find("^EAGAIN") then
+        refused = refused + 1
+      end
+    end
+    assert.is_true(ok >= 1 and refused >= 1, out)
+    assert.is_truthy(out:find("cuptiSubscribe did not return within 500 ms", 1, true), out)
+    assert.is_truthy(out:find("the cuptiSubscribe that outlived its attach's wait returned", 1, true), out)
+    assert.are.same({ 0, 0, 0, 0 }, { a.dropped, a.finalize_lost, a.finalize_buffers,
+      a.calls_finalized }, out)
+    assert.is_nil(out:find("LOST"), out)
+  end)
+
   it("estimates hold the known rates in their 95% intervals (5 seeded runs)", function()
     if os.getenv("CUPTIMON_SANITIZER") == "tsan" then
       return pending("a statistical check of timed runs, meaningless at TSan's speed")

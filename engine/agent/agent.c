@@ -945,9 +945,8 @@ static int apply_selection(const cm_selection *sel) {
   /* The edge of a window (select_prev_ns, select_last_ns): now, between enabling the new kinds and
    * disabling the old. Where this call enabled a kind, the edge is the moment it began to: a
    * launching thread that cuptiActivityEnable held meanwhile launches the work it was held from
-   * once it returns, traced, so that time belongs to the window (on an H100 a paced loop's
-   * estimates were 1% high on 100 ms windows with the edge after cm_observe). The closing edge
-   * needs no such care: the disable comes after it, and what it holds back runs untraced. */
+   * once it returns, traced, so that time belongs to the window. The closing edge needs no such
+   * care: the disable comes after it, and what it holds back runs untraced. */
   uint64_t stamp = cm__realtime_ns();
   if (A.nobs && A.eng) {
     uint64_t en = cm__engine_enable_start_ns(A.eng);

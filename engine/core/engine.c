@@ -505,6 +505,7 @@ static void *worker_main(void *arg) {
 /* ---- selection ------------------------------------------------------------------------------ */
 
 static int attach_cupti(cm_engine *e);
+static void attach_abandon(cm_engine *e);
 
 static void union_of(const cm_engine *e, int skip, const cm__bits *extra, cm__bits *out) {
   memset(out, 0, sizeof(cm__bits) * CM_KIND_MAX);
@@ -633,20 +634,25 @@ static void check_clock(cm_engine *e) {
 
 /* Subscribes to CUPTI (e->sub): at creation, and again after a detach. Fails with CM_EBUSY, naming
  * the holder, when another subscriber holds the process. */
-static int subscribe(cm_engine *e) {
-  char old[128] = "";
-  CUptiResult r;
-  if (e->cupti.Subscribe_v2) {
+/* The subscription itself, named "cuptimon", with the engine as its callbacks' userdata (`ud`,
+ * never dereferenced here); the name of a subscriber already there goes to old[]. Any thread: the
+ * attach helper calls it too. */
+static CUptiResult subscribe_call(const cm__cupti *c, CUpti_SubscriberHandle *sub, void *ud,
+                                  char *old, size_t old_size) {
+  if (c->Subscribe_v2) {
     CUpti_SubscriberParams p;
     memset(&p, 0, sizeof p);
     p.structSize = CUpti_SubscriberParams_STRUCT_SIZE;
     p.subscriberName = "cuptimon";
     p.oldSubscriberName = old;
-    p.oldSubscriberSize = sizeof old;
-    r = e->cupti.Subscribe_v2(&e->sub, on_subscriber_callback, e, &p);
-  } else {
-    r = e->cupti.Subscribe(&e->sub, on_subscriber_callback, e);
+    p.oldSubscriberSize = old_size;
+    return c->Subscribe_v2(sub, on_subscriber_callback, ud, &p);
   }
+  return c->Subscribe(sub, on_subscriber_callback, ud);
+}
+
+/* The error of a subscription that returned `r` (0 on success). */
+static int subscribe_result(cm__cupti *c, CUptiResult r, const char *old) {
   if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
     return cm__seterr(CM_EBUSY,
                       "another CUPTI subscriber already holds this process: '%s'. CUPTI allows one "
@@ -659,8 +665,14 @@ static int subscribe(cm_engine *e) {
                       "cuptiSubscribe failed: CUPTI_ERROR_UNKNOWN (999): no GPU or driver: CUPTI "
                       "finds no NVIDIA driver or device it can use here (nvidia-smi shows what the "
                       "machine has)");
-  if (r != CUPTI_SUCCESS) return cm__cupti_err(&e->cupti, r, "cuptiSubscribe");
+  if (r != CUPTI_SUCCESS) return cm__cupti_err(c, r, "cuptiSubscribe");
   return 0;
+}
+
+static int subscribe(cm_engine *e) {
+  char old[128] = "";
+  CUptiResult r = subscribe_call(&e->cupti, &e->sub, e, old, sizeof old);
+  return subscribe_result(&e->cupti, r, old);
 }
 
 /* Registers the timestamp callback (when configured) and the buffer callbacks, once per CUPTI
@@ -819,6 +831,8 @@ void cm_engine_free(cm_engine *e) {
   /* A cuptiFinalize still running keeps its job, never the engine. */
   if (e->fin_job) cm__job_release(&e->fin_job->job);
   e->fin_job = NULL;
+  /* So does a cuptiSubscribe still running; what it subscribed is undone. */
+  attach_abandon(e);
   /* No callback enters the engine from now on; wait for those already inside. */
   while (atomic_load(&g_inflight) != 0) sched_yield();
   cm__callbacks_free(atomic_load(&e->cb));
@@ -1270,32 +1284,141 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
   return 0;
 }
 
-/* Subscribes again after a detach: the subscription, the buffer and timestamp callbacks, every
- * pinned or armed callback, and the external-correlation hooks; timed. No-op while attached;
- * refused while a detach's cuptiFinalize still runs. Called with api_mu held. */
+/* ---- the attach helper -----------------------------------------------------------------------
+ *
+ * Attaching again after a detach can block as well: on an H100 with 16 threads launching, one
+ * attach held the agent's control thread for 13.6 s (2026-12-05), and the monitor's flush timed
+ * out meanwhile. So the subscription, CUPTI's first call after cuptiFinalize and the one that
+ * initializes it again, runs on a helper thread, and the attach waits for it until
+ * ATTACH_WAIT_MS only. Past that, the attach is refused (the duty cycle's window is discarded
+ * with the reason) and the engine stays detached; the helper goes on, and the next attach takes
+ * its subscription once it has returned. The helper touches its job alone: it hands the engine to
+ * CUPTI as the callbacks' userdata, which the callbacks check against the live engine before use,
+ * and when the engine was freed meanwhile it unsubscribes what it got itself. The calls after the
+ * subscription (the buffer callbacks, the pinned callbacks) stay on the caller; the attach's log
+ * line times each step, so a GPU run says whether they need the same. */
+typedef struct cm__att_job {
+  cm__job job;                /* first (job.c) */
+  cm__cupti c;                /* the engine's CUPTI entry points, copied */
+  void *ud;                   /* the engine, for CUPTI only */
+  CUpti_SubscriberHandle sub; /* the result, once done */
+  CUptiResult rc;
+  char old[128];              /* the name of a subscriber already there */
+  uint64_t start_ns, end_ns;  /* CLOCK_REALTIME when it began and when it returned */
+  bool abandoned;             /* job.mu: the engine was freed; the helper unsubscribes */
+} cm__att_job;
+
+/* How long an attach waits for cuptiSubscribe (2 to 17 ms on an H100 when it does not block). */
+#define ATTACH_WAIT_MS 500
+
+static void *att_main(void *arg) {
+  cm__att_job *j = arg;
+  j->rc = subscribe_call(&j->c, &j->sub, j->ud, j->old, sizeof j->old);
+  j->end_ns = cm__realtime_ns();
+  /* done and abandoned under one lock: either the engine sees done and unsubscribes itself, or
+   * the helper sees abandoned and does. */
+  pthread_mutex_lock(&j->job.mu);
+  j->job.done = true;
+  bool gone = j->abandoned;
+  pthread_cond_broadcast(&j->job.cv);
+  pthread_mutex_unlock(&j->job.mu);
+  if (gone && j->rc == CUPTI_SUCCESS) j->c.Unsubscribe(j->sub);
+  cm__job_release(&j->job);
+  return NULL;
+}
+
+/* The subscription of an attach: taken from the helper left by an earlier attach once it has
+ * returned, or from a new helper waited for until ATTACH_WAIT_MS (a direct call when no helper
+ * can start). Returns 0 with e->sub set and *t0 the moment the subscription began, or the error;
+ * CM_EAGAIN, with e->att_job kept, while cuptiSubscribe still runs. Called with api_mu held. */
+static int attach_subscribe(cm_engine *e, uint64_t *t0) {
+  cm__att_job *j = e->att_job;
+  if (j) {
+    if (!cm__job_wait(&j->job, 0, 0, NULL, NULL))
+      return cm__seterr(CM_EAGAIN, "CUPTI is still attaching (cuptiSubscribe has not returned "
+                                   "after %.1f s): nothing is traced until it has",
+                        (double)(cm__realtime_ns() - j->start_ns) / 1e9);
+    cm__engine_log(e, CM_LOG_INFO, "the cuptiSubscribe that outlived its attach's wait returned "
+                   "after %.1f s", (double)(j->end_ns - j->start_ns) / 1e9);
+  } else {
+    *t0 = cm__realtime_ns();
+    j = calloc(1, sizeof *j);
+    if (!j) return subscribe(e);
+    j->c = e->cupti;
+    j->ud = e;
+    j->start_ns = *t0;
+    if (cm__job_start(&j->job, att_main)) {
+      free(j);
+      return subscribe(e);
+    }
+    if (!cm__job_wait(&j->job, cm__mono_ms() + ATTACH_WAIT_MS, 0, NULL, NULL)) {
+      e->att_job = j;
+      return cm__seterr(CM_EAGAIN, "cuptiSubscribe did not return within %d ms (CUPTI can wait "
+                                   "for the application's threads while it initializes): it goes "
+                                   "on in the background, and nothing is traced until it returns",
+                        ATTACH_WAIT_MS);
+    }
+  }
+  e->att_job = NULL;
+  *t0 = j->start_ns;
+  CUptiResult r = j->rc;
+  e->sub = r == CUPTI_SUCCESS ? j->sub : NULL;
+  char old[sizeof j->old];
+  memcpy(old, j->old, sizeof old);
+  old[sizeof old - 1] = 0;
+  cm__job_release(&j->job);
+  return subscribe_result(&e->cupti, r, old);
+}
+
+/* Forgets an attach's helper at the engine's end: a subscription it got is undone, by the engine
+ * when the helper has returned, else by the helper when it does. Called once nothing else uses
+ * the engine. */
+static void attach_abandon(cm_engine *e) {
+  cm__att_job *j = e->att_job;
+  if (!j) return;
+  e->att_job = NULL;
+  pthread_mutex_lock(&j->job.mu);
+  bool done = j->job.done;
+  if (!done) j->abandoned = true;
+  pthread_mutex_unlock(&j->job.mu);
+  if (done && j->rc == CUPTI_SUCCESS) j->c.Unsubscribe(j->sub);
+  cm__job_release(&j->job);
+}
+
+/* Subscribes again after a detach: the subscription (attach_subscribe), the buffer and timestamp
+ * callbacks, every pinned or armed callback, and the external-correlation hooks; timed, each step
+ * apart, so that the log says which CUPTI call held a slow attach. No-op while attached; refused
+ * while a detach's cuptiFinalize, or an earlier attach's cuptiSubscribe, still runs. Called with
+ * api_mu held. */
 static int attach_cupti(cm_engine *e) {
   if (!fin_settle(e)) return fin_pending(e);
   if (!atomic_load(&e->detached)) return 0;
   if (atomic_load(&e->exiting))
     return cm__seterr(CM_ESTATE, "the process is exiting: CUPTI stays detached");
-  uint64_t t0 = cm__realtime_ns();
-  int rc = subscribe(e);
+  uint64_t t0 = 0;
+  int rc = attach_subscribe(e, &t0);
   if (rc) return rc;
+  uint64_t t1 = cm__realtime_ns();
   rc = register_activity(e);
   if (rc) {
     e->cupti.Unsubscribe(e->sub);
     e->sub = NULL;
     return rc;
   }
+  uint64_t t2 = cm__realtime_ns();
   cm__callbacks_rebind(atomic_load(&e->cb), e->sub);
+  uint64_t t3 = cm__realtime_ns();
   cm__corr_attach(&e->cupti);
   pthread_mutex_lock(&e->work_mu);
   atomic_store(&e->detached, false);
   pthread_cond_signal(&e->q_cv);
   pthread_mutex_unlock(&e->work_mu);
-  uint64_t took = cm__realtime_ns() - t0;
-  ADD(e, st_attach_ns, took);
-  cm__engine_log(e, CM_LOG_INFO, "CUPTI attached again in %.1f ms", (double)took / 1e6);
+  uint64_t t4 = cm__realtime_ns();
+  ADD(e, st_attach_ns, t4 - t0);
+  cm__engine_log(e, CM_LOG_INFO, "CUPTI attached again in %.1f ms (cuptiSubscribe %.1f ms, the "
+                 "activity callbacks %.1f ms, the pinned and armed callbacks %.1f ms, external "
+                 "correlation %.1f ms)", (double)(t4 - t0) / 1e6, (double)(t1 - t0) / 1e6,
+                 (double)(t2 - t1) / 1e6, (double)(t3 - t2) / 1e6, (double)(t4 - t3) / 1e6);
   return 0;
 }
 

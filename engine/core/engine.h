@@ -125,6 +125,10 @@ struct cm_engine {
    * `detaching` stays set, so that nothing calls CUPTI until it has returned. */
   struct cm__fin_job *fin_job;
   atomic_bool finalizing;
+  /* A cuptiSubscribe of an attach that did not return by its deadline and runs on in its helper
+   * thread (engine.c, "the attach helper"): api_mu. `detached` stays set meanwhile, so nothing
+   * calls CUPTI; the next attach takes its subscription once it has returned. */
+  struct cm__att_job *att_job;
   /* Detaches and attaches again since creation, and the time they took (cm_stats). */
   _Atomic uint64_t st_detaches, st_detach_ns, st_attach_ns;
   /* The changes of the kinds enabled in CUPTI (apply_kinds), the time their enable and disable

@@ -39,6 +39,15 @@ static void session(cm_engine *e, cm_selection *sel, uint32_t n) {
   CMT_EQU(cmt_seen[CM_KIND_RUNTIME], n);
 }
 
+/* The engine's last log line that contains "attached again" (the attach's timing). */
+static char g_attach_line[512];
+
+static void keep_attach_line(void *ud, int level, const char *msg) {
+  (void)ud;
+  (void)level;
+  if (strstr(msg, "attached again")) snprintf(g_attach_line, sizeof g_attach_line, "%s", msg);
+}
+
 static fake_stats fstats(void) {
   fake_stats f;
   fake_get_stats(&f);
@@ -109,6 +118,7 @@ int main(void) {
    * callbacks and the per-thread attribute are back, and its records arrive exactly. Twenty
    * cycles leak no buffer and lose no record. */
   uint64_t subs0 = fstats().subscribes;
+  cm_set_log(e, keep_attach_line, NULL);
   for (int cycle = 0; cycle < 20; cycle++) {
     session(e, sel, 500 + (uint32_t)cycle);
     CMT_EQ(cm_cupti_detached(e), 0);
@@ -126,6 +136,13 @@ int main(void) {
   CMT_OK(cm_stats_get(e, &st));
   CMT_EQU(st.cupti_detaches, 22);
   CMT_EQU(st.records_dropped, 0);
+  /* The attach's log line times each of its CUPTI steps apart. */
+  printf("last attach: %s\n", g_attach_line);
+  CMT_CONTAINS(g_attach_line, "CUPTI attached again in");
+  CMT_CONTAINS(g_attach_line, "cuptiSubscribe");
+  CMT_CONTAINS(g_attach_line, "the activity callbacks");
+  CMT_CONTAINS(g_attach_line, "external correlation");
+  cm_set_log(e, NULL, NULL);
   printf("detach: 22 detaches, %.2f ms each; attach %.2f ms each\n",
          (double)st.cupti_detach_ns / 22 / 1e6, (double)st.cupti_attach_ns / 21 / 1e6);
 
@@ -199,6 +216,67 @@ int main(void) {
   CMT_EQU(st.records_dropped, dropped0);
   CMT_EQU(fstats().finalize_lost_records, 0);
   CMT_OK(cm_cupti_detach(e, 0));
+
+  /* A cuptiSubscribe that blocks (one attach took 13.6 s on an H100 with 16 launching threads)
+   * does not hold the attaching thread past the attach's wait (500 ms): the observer is refused
+   * then, the engine stays detached and calls nothing else in CUPTI, a second attach meanwhile is
+   * refused at once, and once the subscription has returned the next observer takes it (no
+   * second subscription) and sees its records exactly. */
+  CMT_EQ(cm_cupti_detached(e), 1);
+  f = fstats();
+  uint64_t subs2 = f.subscribes, calls1 = f.calls_while_finalized;
+  fake_set_subscribe_delay_ms(1500);
+  t0 = cm__mono_ms();
+  CMT_EQ(cm_observe(e, sel, cmt_count_batch, NULL, &id), CM_EAGAIN);
+  waited = cm__mono_ms() - t0;
+  printf("blocked subscribe: the attach returned after %" PRIu64 " ms: %s\n", waited, cm_errmsg());
+  CMT_ASSERT(waited >= 400 && waited < 1400);
+  CMT_CONTAINS(cm_errmsg(), "did not return within");
+  fake_set_subscribe_delay_ms(0); /* the subscription under way keeps its 1.5 s */
+  CMT_EQ(cm_cupti_detached(e), 1);
+  t0 = cm__mono_ms();
+  CMT_EQ(cm_cupti_attach(e), CM_EAGAIN);
+  CMT_ASSERT(cm__mono_ms() - t0 < 300);
+  CMT_CONTAINS(cm_errmsg(), "still attaching");
+  CMT_OK(cm_flush(e, CM_FLUSH_SYNC, 100));
+  CMT_OK(cm_cupti_detach(e, 0));
+  int orc = CM_EAGAIN;
+  struct timespec tick = {0, 50000000};
+  for (int i = 0; i < 200 && orc == CM_EAGAIN; i++) {
+    nanosleep(&tick, NULL);
+    orc = cm_observe(e, sel, cmt_count_batch, NULL, &id);
+  }
+  CMT_OK(orc);
+  memset(cmt_seen, 0, sizeof cmt_seen);
+  for (uint32_t i = 1; i <= 300; i++) {
+    CMT_EQ(cmt_emit_kernel(i), 0);
+    CMT_EQ(cmt_emit_api(i), 0);
+  }
+  CMT_OK(cm_unobserve(e, id));
+  CMT_EQU(cmt_seen[CM_KIND_CONCURRENT_KERNEL], 300);
+  CMT_EQU(cmt_seen[CM_KIND_RUNTIME], 300);
+  f = fstats();
+  CMT_EQU(f.subscribes - subs2, 1);
+  CMT_EQU(f.calls_while_finalized, calls1);
+  CMT_EQ(fake_callback_enabled(CUPTI_CB_DOMAIN_RESOURCE, ctx_created), 1);
+  CMT_OK(cm_cupti_detach(e, 0));
+
+  /* An engine freed while its attach's cuptiSubscribe still runs: the free does not wait for it,
+   * the helper undoes the subscription when it returns, and the next engine can subscribe. */
+  uint64_t unsubs0 = fstats().unsubscribes;
+  fake_set_subscribe_delay_ms(1000);
+  CMT_EQ(cm_observe(e, sel, cmt_count_batch, NULL, &id), CM_EAGAIN);
+  fake_set_subscribe_delay_ms(0);
+  t0 = cm__mono_ms();
+  cm_engine_free(e);
+  waited = cm__mono_ms() - t0;
+  printf("engine freed during a blocked subscribe after %" PRIu64 " ms\n", waited);
+  CMT_ASSERT(waited < 400);
+  for (int i = 0; i < 200 && fstats().unsubscribes == unsubs0; i++) nanosleep(&tick, NULL);
+  CMT_EQU(fstats().unsubscribes - unsubs0, 1);
+  CMT_EQU(fstats().calls_while_finalized, calls1);
+  CMT_OK(cm_engine_new(&e, NULL));
+  session(e, sel, 50);
 
   /* PM sampling attaches a detached engine too; once it has initialized CUPTI's profiler, a
    * detach is refused for good (CM_ENOSYS), even after the consumer is gone. */

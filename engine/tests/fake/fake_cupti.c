@@ -766,6 +766,9 @@ static void report_old_subscriber(CUpti_SubscriberParams *p) {
   p->oldSubscriberName[n] = '\0';
 }
 
+static atomic_int subscribe_delay_ms;
+void fake_set_subscribe_delay_ms(int ms) { atomic_store(&subscribe_delay_ms, ms); }
+
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subscriber,
                                                    CUpti_CallbackFunc callback, void *userdata,
                                                    CUpti_SubscriberParams *pParams) {
@@ -775,6 +778,9 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
    * tens of ms), during which the agent's connection to the monitor is open but silent. */
   const char *delay = getenv("FAKE_CUPTI_SUBSCRIBE_DELAY_MS");
   if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
+  /* fake_set_subscribe_delay_ms: an attach as slow as one on an H100 with 16 launching threads. */
+  int slow = atomic_load(&subscribe_delay_ms);
+  if (slow > 0) usleep((useconds_t)slow * 1000);
   /* FAKE_CUPTI_SUBSCRIBE_RESULT=N: subscribing fails with CUPTI result N, as the real CUPTI does
    * on a machine without a GPU or driver (CUPTI_ERROR_UNKNOWN, 999). */
   const char *fail = getenv("FAKE_CUPTI_SUBSCRIBE_RESULT");

@@ -166,6 +166,9 @@ void fake_set_finalize_block_ms(int ms);
 /* Makes each cuptiActivityEnable take `us` microseconds before it turns its kind on (0: at once),
  * as enabling a kind takes time on a GPU. */
 void fake_set_enable_delay_us(int us);
+/* Makes each cuptiSubscribe/_v2 take `ms` ms before it subscribes (0: at once), as one attach
+ * after cuptiFinalize took 13.6 s on an H100 while 16 threads kept launching. */
+void fake_set_subscribe_delay_ms(int ms);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
  * `fire_callbacks` they fire the driver API callbacks cuStreamBeginCapture_v2 and
