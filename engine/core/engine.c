@@ -632,8 +632,6 @@ static void check_clock(cm_engine *e) {
   e->clock_offset_ns = (int64_t)(ts - (t0 + (t1 - t0) / 2));
 }
 
-/* Subscribes to CUPTI (e->sub): at creation, and again after a detach. Fails with CM_EBUSY, naming
- * the holder, when another subscriber holds the process. */
 /* The subscription itself, named "cuptimon", with the engine as its callbacks' userdata (`ud`,
  * never dereferenced here); the name of a subscriber already there goes to old[]. Any thread: the
  * attach helper calls it too. */
@@ -669,6 +667,8 @@ static int subscribe_result(cm__cupti *c, CUptiResult r, const char *old) {
   return 0;
 }
 
+/* Subscribes to CUPTI (e->sub): at creation, and after a detach when no attach helper can start.
+ * Fails with CM_EBUSY, naming the holder, when another subscriber holds the process. */
 static int subscribe(cm_engine *e) {
   char old[128] = "";
   CUptiResult r = subscribe_call(&e->cupti, &e->sub, e, old, sizeof old);
