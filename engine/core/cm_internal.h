@@ -59,19 +59,25 @@ typedef struct cm__job {
   pthread_cond_t cv; /* CLOCK_MONOTONIC */
   int refs;          /* mu: the waiter and the helper */
   bool done;         /* mu: set by cm__job_finish */
+  bool abandoned;    /* mu: set by cm__job_abandon before the helper finished */
 } cm__job;
 
 /* Starts fn(j) on a detached thread with every signal blocked. Returns 0, or pthread_create's
  * error (the job is then the caller's alone, to free). */
 int cm__job_start(cm__job *j, void *(*fn)(void *));
-/* The helper's end, once its results are written: done, and the waiter woken. The helper then
- * calls cm__job_release. */
-void cm__job_finish(cm__job *j);
+/* The helper's end, once its results are written: done, and the waiter woken. Returns whether
+ * the waiter abandoned the job first (cm__job_abandon): the helper then undoes what its results
+ * would have left to the waiter. The helper then calls cm__job_release. */
+bool cm__job_finish(cm__job *j);
 /* Waits until the helper finished or `deadline` (mono ms) passed, in slices of at most slice_ms
  * (0: one wait), ending early when hurry(arg) says so. Returns whether it finished; its results
  * are then visible to the caller. */
 bool cm__job_wait(cm__job *j, uint64_t deadline, uint32_t slice_ms, bool (*hurry)(void *),
                   void *arg);
+/* The waiter gives the job up for good, without releasing it: returns whether the helper had
+ * finished, in which case what its results hold is the waiter's to undo; otherwise the helper's
+ * cm__job_finish returns true and the helper undoes it. The waiter then calls cm__job_release. */
+bool cm__job_abandon(cm__job *j);
 /* Drops one reference; the last frees the job. */
 void cm__job_release(cm__job *j);
 

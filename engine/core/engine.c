@@ -1305,7 +1305,6 @@ typedef struct cm__att_job {
   CUptiResult rc;
   char old[128];              /* the name of a subscriber already there */
   uint64_t start_ns, end_ns;  /* CLOCK_REALTIME when it began and when it returned */
-  bool abandoned;             /* job.mu: the engine was freed; the helper unsubscribes */
 } cm__att_job;
 
 /* How long an attach waits for cuptiSubscribe (2 to 17 ms on an H100 when it does not block). */
@@ -1315,14 +1314,8 @@ static void *att_main(void *arg) {
   cm__att_job *j = arg;
   j->rc = subscribe_call(&j->c, &j->sub, j->ud, j->old, sizeof j->old);
   j->end_ns = cm__realtime_ns();
-  /* done and abandoned under one lock: either the engine sees done and unsubscribes itself, or
-   * the helper sees abandoned and does. */
-  pthread_mutex_lock(&j->job.mu);
-  j->job.done = true;
-  bool gone = j->abandoned;
-  pthread_cond_broadcast(&j->job.cv);
-  pthread_mutex_unlock(&j->job.mu);
-  if (gone && j->rc == CUPTI_SUCCESS) j->c.Unsubscribe(j->sub);
+  /* An engine freed meanwhile left the subscription to the helper (attach_abandon). */
+  if (cm__job_finish(&j->job) && j->rc == CUPTI_SUCCESS) j->c.Unsubscribe(j->sub);
   cm__job_release(&j->job);
   return NULL;
 }
@@ -1377,11 +1370,7 @@ static void attach_abandon(cm_engine *e) {
   cm__att_job *j = e->att_job;
   if (!j) return;
   e->att_job = NULL;
-  pthread_mutex_lock(&j->job.mu);
-  bool done = j->job.done;
-  if (!done) j->abandoned = true;
-  pthread_mutex_unlock(&j->job.mu);
-  if (done && j->rc == CUPTI_SUCCESS) j->c.Unsubscribe(j->sub);
+  if (cm__job_abandon(&j->job) && j->rc == CUPTI_SUCCESS) j->c.Unsubscribe(j->sub);
   cm__job_release(&j->job);
 }
 

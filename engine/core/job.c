@@ -22,6 +22,7 @@ int cm__job_start(cm__job *j, void *(*fn)(void *)) {
   pthread_condattr_destroy(&ca);
   j->refs = 2;
   j->done = false;
+  j->abandoned = false;
   pthread_attr_t at;
   pthread_attr_init(&at);
   pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
@@ -41,11 +42,22 @@ int cm__job_start(cm__job *j, void *(*fn)(void *)) {
   return rc;
 }
 
-void cm__job_finish(cm__job *j) {
+bool cm__job_finish(cm__job *j) {
   pthread_mutex_lock(&j->mu);
   j->done = true;
+  bool abandoned = j->abandoned;
   pthread_cond_broadcast(&j->cv);
   pthread_mutex_unlock(&j->mu);
+  return abandoned;
+}
+
+/* done and abandoned change under one lock, so exactly one of the two sides sees the other's. */
+bool cm__job_abandon(cm__job *j) {
+  pthread_mutex_lock(&j->mu);
+  bool done = j->done;
+  if (!done) j->abandoned = true;
+  pthread_mutex_unlock(&j->mu);
+  return done;
 }
 
 bool cm__job_wait(cm__job *j, uint64_t deadline, uint32_t slice_ms, bool (*hurry)(void *),
