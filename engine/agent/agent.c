@@ -104,6 +104,7 @@ typedef struct qframe {
   uint32_t records; /* records in a BATCH frame, 0 otherwise */
   bool batch;
   bool stats; /* a STATS frame: its counts describe the batches queued ahead of it */
+  bool bye;   /* the exit's BYE frame: once it is written, the monitor has the process's end */
   uint64_t queued_ns; /* CLOCK_MONOTONIC when it was queued */
 } qframe;
 
@@ -187,7 +188,8 @@ static struct agent {
   _Atomic bool ctl_stop;
   _Atomic bool tracing;    /* an observer is registered */
   _Atomic bool cut;        /* the exit deadline passed: what is still queued is dropped */
-  _Atomic bool sender_drained; /* the sender stopped with the queue empty: BYE was written */
+  _Atomic bool sender_drained; /* BYE was written whole (the sender wrote it, or stopped with
+                                * the queue empty after the exit closed it) */
   /* The exit's final flush was abandoned at its deadline, or cut short, so what CUPTI and the
    * decoder still held is not known (STATS exit_tail_unknown; the monitor reports the process as
    * incomplete). */
@@ -375,7 +377,7 @@ static qframe *q_take_all_locked(uint64_t *batches, uint64_t *records) {
  * and always queued while the queue lives. A BATCH that cannot be queued (the queue died or
  * closed, no memory) is counted as dropped. Returns true when queued. Any thread; never blocks
  * beyond send_mu. */
-static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
+static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records, bool bye) {
   qframe *f = malloc(sizeof *f);
   pthread_mutex_lock(&A.send_mu);
   if (!f || A.q_dead || A.q_closed) {
@@ -389,6 +391,7 @@ static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records) {
   f->len = len;
   f->batch = batch;
   f->stats = false;
+  f->bye = bye;
   f->records = records;
   q_link_locked(f);
   pthread_mutex_unlock(&A.send_mu);
@@ -400,7 +403,15 @@ static bool q_push_buf(cm_wire_buf *b, bool batch, uint32_t records) {
   uint8_t *data = b->data;
   size_t len = b->len;
   cm_wire_buf_init(b);
-  return q_push(data, len, batch, records);
+  return q_push(data, len, batch, records, false);
+}
+
+/* Queues the exit's BYE frame, as q_push_buf. */
+static bool q_push_bye(cm_wire_buf *b) {
+  uint8_t *data = b->data;
+  size_t len = b->len;
+  cm_wire_buf_init(b);
+  return q_push(data, len, false, 0, true);
 }
 
 static void wake_control(void) {
@@ -476,6 +487,10 @@ static void *sender_main(void *arg) {
     } else if (f->batch) {
       count_dropped(1, f->records);
     }
+    /* BYE written whole: the monitor has the process's end, whatever happens to the connection
+     * next. The monitor closes it once it has read BYE, and the control thread may then mark
+     * the queue dead before this thread looks at it again; the exit's account goes by this. */
+    if (!err && f->bye) atomic_store(&A.sender_drained, true);
     size_t len = f->len;
     bool f_batch = f->batch;
     uint32_t f_records = f->records;
@@ -591,6 +606,7 @@ static void q_link_stats_locked(const cm_stats *st) {
     f->len = b.len;
     f->batch = false;
     f->stats = true;
+    f->bye = false;
     f->records = 0;
     q_link_locked(f);
   } else {
@@ -1554,7 +1570,7 @@ static void agent_exit_work(int exit_code) {
   cm_wire_buf_init(&b);
   char msg[1100];
   snprintf(msg, sizeof msg, "%s%s", cl ? "exit budget: " : "", cut);
-  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, msg) == 0) q_push_buf(&b, false, 0);
+  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, msg) == 0) q_push_bye(&b);
   cm_wire_buf_free(&b);
   pthread_mutex_lock(&A.send_mu);
   A.q_closed = true;
