@@ -358,6 +358,38 @@ describe("duty cycles with the real agent", function()
     assert.matches("\nduty 0%.250 %(100 of every 400 ms%): %d+ windows so far", out)
   end)
 
+  it("count and top --duty say they estimated nothing, and why, and fail, when every attach blocks", function()
+    -- On an H100 with 16 threads launching and CUPTIMON_DETACH_IDLE=1, CUPTI's attach after the
+    -- start-up detach never returned while the threads launched: every window was refused, and
+    -- count printed "below the detection limit of 0 records/s (0 windows)" with status 0. The
+    -- fake's subscriptions after the first take 30 s here; the run still ends in time.
+    for _, recipe in ipairs { "count.lua --kinds kernel", "top.lua" } do
+      local t0 = os.time()
+      local rc, out = helpers.sh(("FAKE_CUPTI_RESUBSCRIBE_DELAY_MS=30000 CUPTIMON_DETACH_IDLE=1 "
+        .. "%s %s --duty 0.25 --period-ms 400 -- %s --steady-ms 2000 --kernel-rate 2000")
+        :format(bin, script(recipe), app))
+      assert.are.equal(1, rc, out)
+      assert.is_true(os.time() - t0 < 20, out)
+      assert.is_nil(out:find("LOST"), out)
+      -- The agent's account agrees with the monitor's: BYE got out (once, with the subscription
+      -- blocked, the agent said it had not, while the monitor had it).
+      assert.is_nil(out:find("did not take the last", 1, true), out)
+      assert.is_nil(out:find("below the detection limit", 1, true), out)
+      if recipe:find("count") then
+        assert.matches("\nestimated concurrent_kernel: no estimate, no window completed\n", out)
+      else
+        assert.matches("\nno kernels seen in any window yet\n", out)
+      end
+      assert.matches("\nduty 0%.250 %(100 of every 400 ms%): 0 windows so far", out)
+      assert.matches("\nnote: discarded %d+ windows of pid %d+ %(failed, lost records or shed%); "
+        .. "the last: EAGAIN", out)
+      assert.matches("EAGAIN: cuptiSubscribe did not return within 500 ms", out)
+      assert.matches("cuptimon: error in exit hook: the duty cycle estimated nothing: none of its "
+        .. "%d+ windows completed %(the last was discarded: EAGAIN: [^\n]*%); the agent's "
+        .. "error lines say why", out)
+    end
+  end)
+
   it("top --duty prints rates with a ± column and the footer", function()
     local rc, out = unstarved(function(attempt)
       return ("%s %s --duty 0.25 --period-ms 400 --seed %d -- %s --steady-ms 2400 --kernel-rate 2000")

@@ -1393,6 +1393,10 @@ function Duty:_done(st, w)
     st.traced_ms = st.traced_ms + w.traced_ms
   else
     st.discarded = st.discarded + 1
+    -- The window the process's end cut short says less than the failures before it.
+    local ended = w.error and (w.error:find("^ENOENT") or w.error:find("^EIO")
+      or w.error:find("^ESTATE"))
+    if not (ended and st.discard_reason) then st.discard_reason = why end
   end
   duty_event(self.on_window, w)
   if w.error and (w.error:find("^ENOENT") or w.error:find("^EIO")) then st.gone = true end
@@ -1424,8 +1428,9 @@ end
 
 --- The duty cycle's counts: { duty = on_ms / period_ms, on_ms, period_ms, windows, skipped,
 --- discarded, traced_ms, elapsed_ms, processes = { [source] = { pid, windows, skipped,
---- discarded, traced_ms, elapsed_ms, skip_reason, started (uv.now() ms) } } } (sums over the
---- processes in the top level).
+--- discarded, traced_ms, elapsed_ms, skip_reason, discard_reason (the last discarded window's
+--- reason, before the process's end), started (uv.now() ms) } } } (sums over the processes in
+--- the top level).
 function Duty:stats()
   uv = uv or require "luv"
   local now = uv.now()
@@ -1435,7 +1440,8 @@ function Duty:stats()
     local st = self.procs[source]
     local p = { pid = st.pid, windows = st.windows, skipped = st.skipped,
       discarded = st.discarded, traced_ms = st.traced_ms, elapsed_ms = (st.t_end or now) - st.t0,
-      skip_reason = st.skip_reason, started = st.t0, gone = st.gone }
+      skip_reason = st.skip_reason, discard_reason = st.discard_reason, started = st.t0,
+      gone = st.gone }
     t.processes[source] = p
     for _, k in ipairs { "windows", "skipped", "discarded", "traced_ms", "elapsed_ms" } do
       t[k] = t[k] + p[k]

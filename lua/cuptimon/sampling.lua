@@ -155,8 +155,8 @@ function S:footer()
         p.skip_reason or "?")
     end
     if p.discarded > 0 then
-      lines[#lines + 1] = ("note: discarded %d windows of pid %d (failed, lost records or shed)")
-        :format(p.discarded, p.pid)
+      lines[#lines + 1] = ("note: discarded %d windows of pid %d (failed, lost records or shed); "
+        .. "the last: %s"):format(p.discarded, p.pid, p.discard_reason or "?")
     end
   end
   local limit
@@ -184,6 +184,28 @@ function S:footer()
   return lines
 end
 
+--- When windows were discarded and none completed, the run estimated nothing: the message that
+--- says so, with the last reason (the recipes report it as an error, so a status of 0 becomes 1);
+--- else nil. On an H100 with 16 launching threads and CUPTIMON_DETACH_IDLE=1, CUPTI's attach
+--- never returned while the threads launched, and every window was refused. A run that lost
+--- records has the LOST line and status 3 already, and a run too short for a window is not a
+--- failure.
+function S:nothing_estimated()
+  local st = self.duty:stats()
+  if st.windows > 0 or st.discarded == 0 then return nil end
+  local all = cm.stats()
+  if all and (all.dropped or 0) > 0 then return nil end
+  local reason
+  for _, source in ipairs(self.duty.order) do
+    reason = st.processes[source].discard_reason or reason
+  end
+  -- A window the agent refused carries the engine's error code only; the agent's log line (on
+  -- the command's stderr) has its message.
+  return ("the duty cycle estimated nothing: none of its %d windows completed (the last was "
+    .. "discarded: %s)%s"):format(st.discarded, reason or "?",
+    tostring(reason):find("^E%u+:") and "; the agent's error lines say why" or "")
+end
+
 ---------------------------------------------------------------------------------------------------
 -- the recipes' --duty paths (count.lua, top.lua, prometheus.lua): separate from their full-trace
 -- paths, which they leave untouched
@@ -199,7 +221,9 @@ function M.count_main(opts, kinds)
     for _, name in ipairs(kinds) do
       local k = cm.registry.kind(name).name
       local e = s:sum("kind\t" .. k, "n")
-      if e.below then
+      if e.windows == 0 then
+        print(("estimated %s: no estimate, no window completed"):format(k))
+      elseif e.below then
         print(("estimated %s below the detection limit of %.3g records/s (%d windows)")
           :format(k, e.limit or 0, e.windows))
       else
@@ -210,6 +234,8 @@ function M.count_main(opts, kinds)
     end
     for _, l in ipairs(s:footer()) do print(l) end
     cm.print_shed_notes()
+    local none = s:nothing_estimated()
+    if none then error(none, 0) end
   end)
   return s
 end
@@ -276,6 +302,8 @@ function M.top_main(opts, form)
     if cm.command_failed() then return end
     if opts.interval > 0 then print("== at exit") end
     report()
+    local none = s:nothing_estimated()
+    if none then error(none, 0) end
   end)
   return s
 end

@@ -781,6 +781,12 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
   /* fake_set_subscribe_delay_ms: an attach as slow as one on an H100 with 16 launching threads. */
   int slow = atomic_load(&subscribe_delay_ms);
   if (slow > 0) usleep((useconds_t)slow * 1000);
+  /* FAKE_CUPTI_RESUBSCRIBE_DELAY_MS: every subscription after the first takes this long. On an
+   * H100 with 16 threads launching, each attach after a detach blocked for as long as they did
+   * (15 s and more), while the first, at the start, returned at once. */
+  const char *again = getenv("FAKE_CUPTI_RESUBSCRIBE_DELAY_MS");
+  if (again && atoi(again) > 0 && atomic_load(&st.subscribes) > 0)
+    usleep((useconds_t)atoi(again) * 1000);
   /* FAKE_CUPTI_SUBSCRIBE_RESULT=N: subscribing fails with CUPTI result N, as the real CUPTI does
    * on a machine without a GPU or driver (CUPTI_ERROR_UNKNOWN, 999). */
   const char *fail = getenv("FAKE_CUPTI_SUBSCRIBE_RESULT");
