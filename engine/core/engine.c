@@ -1296,7 +1296,9 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
  * CUPTI as the callbacks' userdata, which the callbacks check against the live engine before use,
  * and when the engine was freed meanwhile it unsubscribes what it got itself. The calls after the
  * subscription (the buffer callbacks, the pinned callbacks) stay on the caller; the attach's log
- * line times each step, so a GPU run says whether they need the same. */
+ * line times each step. On an H100 and an H200 (2026-12-05, 46 attaches at 1 thread and on a
+ * training loop) they took 0.3 ms at most together, while cuptiSubscribe took 8 to 27 ms, and at
+ * 16 launching threads it was cuptiSubscribe that never returned. */
 typedef struct cm__att_job {
   cm__job job;                /* first (job.c) */
   cm__cupti c;                /* the engine's CUPTI entry points, copied */

@@ -1387,6 +1387,9 @@ function Duty:_done(st, w)
     why = "the record-rate budget shed a kind during it"
   end
   w.ok, w.discarded = why == nil, why
+  -- The process has gone (ENOENT, EIO), or is ending (ESTATE).
+  local gone = w.error and (w.error:find("^ENOENT") or w.error:find("^EIO"))
+  local ended = gone or (w.error and w.error:find("^ESTATE"))
   if w.traced_by == "agent" then st.agent_stamped = true end
   if w.ok then
     st.windows = st.windows + 1
@@ -1394,12 +1397,10 @@ function Duty:_done(st, w)
   else
     st.discarded = st.discarded + 1
     -- The window the process's end cut short says less than the failures before it.
-    local ended = w.error and (w.error:find("^ENOENT") or w.error:find("^EIO")
-      or w.error:find("^ESTATE"))
     if not (ended and st.discard_reason) then st.discard_reason = why end
   end
   duty_event(self.on_window, w)
-  if w.error and (w.error:find("^ENOENT") or w.error:find("^EIO")) then st.gone = true end
+  if gone then st.gone = true end
   duty_schedule(self, st)
 end
 
