@@ -23,7 +23,7 @@
  * otherwise), so a decoder that got faster by getting wrong fails here instead of looking good.
  *
  * The output is a Markdown block (date, CPU model, compiler, configuration and one table) meant to
- * be pasted into the README. The exit status is 0 on success, 1 when a check fails, and 2 on a
+ * be pasted into bench/RESULTS.md. The exit status is 0 on success, 1 when a check fails, and 2 on a
  * usage or setup error; with --min-ratio R a median ratio below R also fails, for use in CI.
  *
  * Thread rules: the benchmark is single-threaded and pins itself to the CPU it starts on (unless

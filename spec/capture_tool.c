@@ -20,7 +20,7 @@
  *                                             before it, as an agent of wire 1.1 counts them).
  *                                             Records, strings and every other field are kept.
  *
- * The mutators are the capture half of the attack clients (docs: README, "Reliability"): the
+ * The mutators are the capture half of the attack clients (docs/reliability.md): the
  * hub specs replay their output and check that damage is counted, printed and fails the run.
  * Exit status 0, 1 on an I/O or format error (with a message), 2 on a usage error.
  */

@@ -111,7 +111,7 @@ if [ -n "${QUICK:-}" ]; then
 fi
 
 # 8. The CPU benchmarks on this machine's CPU, at the build's type (printed with the figures).
-# The GPU benchmarks are separate commands, each within one device call (README, "Benchmarks"):
+# The GPU benchmarks are separate commands, each within one device call (bench/RESULTS.md):
 # bench/overhead.sh, bench/thread_sweep.sh, bench/time_to_table.sh, bench/long_run.sh.
 F=$B/engine/tests/libfake_cupti.so
 step decode_bench taskset -c 3 "$B/bench/decode_bench"
