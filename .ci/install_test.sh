@@ -90,7 +90,7 @@ grep -q "wrote 5000 kernel records" "$tmp/embed_script.out" || fail "embed_scrip
 
 run replay "cm_demo_matmul" "$P/bin/cuptimon-lua" --replay "$src/examples/demo.cmcap" \
   "$P/share/cuptimon/scripts/top.lua"
-# A recipe by its name, on the installed demo capture (issue 20).
+# A recipe by its name, on the installed demo capture.
 run recipe_by_name "cm_demo_matmul" "$P/bin/cuptimon-lua" --replay "$P/share/cuptimon/demo.cmcap" top
 run recipe_by_name_lua "concurrent_kernel +300" "$P/bin/cuptimon-lua" \
   --replay "$P/share/cuptimon/demo.cmcap" count.lua

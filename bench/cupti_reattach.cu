@@ -1,6 +1,6 @@
 /*
  * cupti_reattach.cu: does cuptiFinalize give back what CUPTI costs once it has traced? Two GPU
- * experiments, with nothing of cuptimon inside (issues 18 and 21).
+ * experiments, with nothing of cuptimon inside.
  *
  * The duty cycle turns every kind off between its windows, yet a launch stays about as dear as
  * under the full trace once CUPTI has traced kernels in the process (spec/gpu/duty_residual.sh).

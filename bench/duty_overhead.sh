@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The duty cycle's overhead (issue 21), on a GPU machine, from the repository root:
+# The duty cycle's overhead, on a GPU machine, from the repository root:
 #   bash bench/duty_overhead.sh BUILD_DIR
 # Runs bench/overhead.py with the configurations untraced, duty05 and duty10
 # (scripts/count.lua --duty 0.05 / 0.1 --period-ms DUTY_PERIOD_MS --kinds kernel), and duty05d and

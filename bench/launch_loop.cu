@@ -169,7 +169,7 @@ int main(int argc, char **argv) {
   printf("PROCESS_CPU user_s %.3f sys_s %.3f\n", ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6,
          ru.ru_stime.tv_sec + ru.ru_stime.tv_usec / 1e6);
   /* When main returns, on CLOCK_MONOTONIC: bench/load.py times the exit from here to the
-   * process's end (issue 18: the agent may add at most its exit budget). */
+   * process's end (the agent may add at most its exit budget). */
   printf("MAIN_RETURN_MONO_NS %" PRIu64 "\n", clock_ns(CLOCK_MONOTONIC));
   fflush(stdout);
   return rc;

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Throughput and memory under load (issue 13, items 2 and 5): bench/thread_sweep.sh and
+"""Throughput and memory under load: bench/thread_sweep.sh and
 bench/long_run.sh call this.
 
   load.py sweep BUILD_DIR [--threads 1,2,4,8,16] [--seconds S]
@@ -253,7 +253,7 @@ def one_run(a, threads, seconds, name, floor=False):
         xs = [(x["t"], x[role + "_rss_kib"]) for x in samples if x[role + "_rss_kib"]]
         r[role + "_rss_peak_kib"] = max((v for _, v in xs), default=None)
         # The slope is over the second half, and never over the first minute, while CUPTI's
-        # and the pool's memory grows to its working size (issue 18: "after the first minute").
+        # and the pool's memory grows to its working size.
         # A run shorter than two minutes has no such slope.
         t_first = xs[0][0] if xs else 0
         half = [x for x in xs[len(xs) // 2:] if x[0] - t_first >= 60]
@@ -328,7 +328,7 @@ def sweep(a):
 
 def long_run(a, floor=False):
     r = one_run(a, a.threads[0], a.seconds, "floor_run" if floor else "long_run", floor=floor)
-    # Memory stays flat (issue 18): each resident set grows by less than 1 MiB/min over the second
+    # Memory stays flat: each resident set grows by less than 1 MiB/min over the second
     # half of the run.
     for key in ("agent",) if floor else ("agent", "monitor"):
         slope = r.get(key + "_rss_slope_kib_per_min")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The overhead harness (issue 13): what tracing adds to a launch, against the floor and against
+"""The overhead harness: what tracing adds to a launch, against the floor and against
 torch.profiler, with intervals. Run on a GPU machine through bench/overhead.sh BUILD_DIR.
 
 Design. Every (configuration, workload) pair runs once per round, each in its own process, in an

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Where the backlog forms under sustained load (issue 18, item 2), on a GPU machine, from the
+# Where the backlog forms under sustained load, on a GPU machine, from the
 # repository root: for each launching-thread count, empty kernels at full speed for SECONDS under
 #   1. nothing (the untraced launch rate),
 #   2. the floor (build/gpu/libcupti_floor.so, kernels and runtime: CUPTI's own cost and rate),

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Time to a table (issue 13, item 3), on a GPU machine: bench/time_to_table.sh BUILD_DIR.
+"""Time to a table, on a GPU machine: bench/time_to_table.sh BUILD_DIR.
 
 The workload is spec/gpu/torch_nvtx.py STEPS, a fixed-seed training loop, run three ways in an
 order shuffled per round:

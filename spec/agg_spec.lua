@@ -20,7 +20,7 @@ describe("agg.count / agg.sum / agg.stats", function()
 end)
 
 describe("agg units", function()
-  -- Counts and durations scale by 1000, only bytes by 1024 (issue 20, item 2): a stats_by of
+  -- Counts and durations scale by 1000, only bytes by 1024: a stats_by of
   -- kernel durations once printed "sum 2.7M avg 18.6K" for 2.7 ms and 18.6 us.
   it("prints counts with SI prefixes, durations in ns/us/ms/s and bytes in KiB/MiB", function()
     local got = {}

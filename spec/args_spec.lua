@@ -37,7 +37,7 @@ describe("cuptimon.args", function()
   end)
 
   -- A stray argument was once ignored: `count.lua examples/demo.cmcap` counted nothing and
-  -- exited 0 (issue 20, item 4).
+  -- exited 0.
   it("refuses a positional argument the script does not take, naming what was meant", function()
     local ok, e = parse({ "examples/demo.cmcap" })
     assert.are.same({ false, 2, "top.lua: unexpected argument examples/demo.cmcap: did you mean "

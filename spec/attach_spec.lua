@@ -1,5 +1,5 @@
 -- spec/attach_spec.lua: dormant agents (CUPTIMON_LISTEN=1), `cuptimon-lua --list` and
--- `--attach` (issue 11), end to end with the real agent and the fake CUDA application.
+-- `--attach`, end to end with the real agent and the fake CUDA application.
 --
 -- Each test gets its own rendezvous directory (XDG_RUNTIME_DIR), so it sees only its own
 -- processes. The app runs with --control: it writes records only when the test (or the
@@ -371,8 +371,8 @@ describe("cuptimon-lua --attach (dormant agents)", function()
     assert.matches("dormant: [^\n]*refusing it [^\n]*; not listening %(the process runs untraced%)", out)
   end)
 
-  -- Issue 19, item 9: a client that connected to <pid>.sock and sent nothing held the only
-  -- listener thread for 10 s; a real --attach meanwhile saw nothing and exited 0.
+  -- A client that connects to <pid>.sock and sends nothing must not hold the only listener
+  -- thread: a real --attach meanwhile would see nothing and exit 0.
   it("attaches with exact counts while silent peers hold connections to the socket", function()
     local gen = os.getenv("CUPTIMON_WIRE_GEN")
     if not gen then

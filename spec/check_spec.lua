@@ -1,5 +1,5 @@
 -- Specs of `cuptimon-lua --check`: checking a script opens no file for writing, creates and
--- removes nothing, binds no socket and starts nothing (issue 20, item 1; lua/cuptimon/check.lua).
+-- removes nothing, binds no socket and starts nothing (lua/cuptimon/check.lua).
 -- luacheck: std +busted
 local helpers = require "helpers"
 local uv = require "luv"

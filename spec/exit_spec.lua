@@ -1,4 +1,4 @@
--- Specs of cm.exit() with live processes (issue 20, item 3): the records a process holds when
+-- Specs of cm.exit() with live processes: the records a process holds when
 -- the script exits reach the observers before the exit hooks (a sync flush with a deadline, as a
 -- detach does), and the status is the script's.
 -- luacheck: std +busted

@@ -1,4 +1,4 @@
--- The recipes' headers as executable documentation (issue 20, item 5): for every scripts/*.lua,
+-- The recipes' headers as executable documentation: for every scripts/*.lua,
 -- the replay command of its header's Usage (`cuptimon-lua --replay run.cmcap scripts/X.lua ...`)
 -- runs on the bundled capture, and its output has the shape of the header's "Example output":
 -- every example line appears in the output, in order, token for token, where a number stands for

@@ -1,5 +1,5 @@
--- spec/http_attack.lua: a hostile HTTP client for the specs of scripts/prometheus.lua (issue 19,
--- item 6): it keeps N TCP connections open to the exporter, each either idle (it sends nothing)
+-- spec/http_attack.lua: a hostile HTTP client for the specs of scripts/prometheus.lua:
+-- it keeps N TCP connections open to the exporter, each either idle (it sends nothing)
 -- or a slowloris (one byte of a never-ending request head every DRIP_MS), and reopens each one
 -- as soon as the server closes it, so the pressure stays on for as long as the test runs. It runs
 -- on the caller's luv loop: whatever runs the loop (helpers.run_until, a scrape) drives it too.

@@ -101,8 +101,8 @@ describe("cuptimon-lua --replay", function()
     assert.matches("concurrent_kernel%s+2000\n", out)
   end)
 
-  -- Issue 19, item 4: 60 bit-flipped copies of the demo capture all exited 0, one replaying 258
-  -- of its 1,187 records after skipping 79 KB with no LOST line.
+  -- Any damage skipped in a capture is a loss: a bit-flipped copy of the demo capture that
+  -- replays only part of its 1,187 records must never exit 0 without a LOST line.
   it("fails every bit-flipped copy of the demo capture with the LOST line and status 3", function()
     local tool = need_tool()
     if not tool then return end
@@ -474,7 +474,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
-  -- Issue 13, item 3: the exit hooks run once the agent's BYE gives the status of exit(), not
+  -- The exit hooks run once the agent's BYE gives the status of exit(), not
   -- after the process is reaped: fake_cuda_app's --teardown-ms stands in for the CUDA teardown
   -- that follows the agent's exit handler (a few hundred ms on a GPU).
   it("runs the exit hooks before the command's teardown ends, with every record (time to a table)", function()
@@ -492,8 +492,8 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
-  -- Issue 18, item 3: the exit is bounded whatever CUPTI does. Once the workload is done every
-  -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush did under a backlog on the H200); the
+  -- The exit is bounded whatever CUPTI does. Once the workload is done every
+  -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush can under a backlog); the
   -- agent leaves its final flush behind at the budget's deadline, and the monitor reports the
   -- unknown tail: a LOST line and status 3.
   it("exits within the budget when CUPTI's flush blocks at exit, and reports the tail as lost", function()
@@ -508,9 +508,9 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_true(took <= 7, ("the run took %d s\n%s"):format(took, out))
   end)
 
-  -- Issue 18: on the H200 under sustained launches CUPTI fell seconds behind on kernel records
-  -- while the API and sync records of the same time came on time; the exit's fence ended at its
-  -- sync record and 3.96 M kernel records never arrived, with no counter showing it. The fake
+  -- Under sustained launches CUPTI can fall seconds behind on kernel records while the API and
+  -- sync records of the same time come on time; an exit fence that ended at its sync record
+  -- would lose those kernel records with no counter showing it. The fake
   -- holds its kernel records and writes some per flush (--kernel-backlog N): the fence flushes on
   -- while records from before it arrive, so a backlog the budget can drain arrives whole, and one
   -- it cannot is an unknown tail (LOST, status 3), never a silent loss.
@@ -527,7 +527,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("CUPTI was still delivering records from before the exit's synchronize", out)
   end)
 
-  -- Issue 18, item 5: CUPTI behind for good (the fake holds kernel records and writes 20 per
+  -- CUPTI behind for good (the fake holds kernel records and writes 20 per
   -- flush) trips the agent's lag guard, which has CUPTI stop writing the API records, then the
   -- kernels. Every record CUPTI had written still reaches the script, nothing is lost, and the
   -- monitor says what was shed and why.
@@ -632,10 +632,10 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("stopped tracing", 1, true), out)
   end)
 
-  -- Issue 19, item 3: one same-uid process floods the socket with connections that send nothing
+  -- One same-uid process floods the socket with connections that send nothing
   -- while ten CUDA processes start, each silent for 50 ms while CUPTI loads (as on a GPU). The
   -- gate evicts the flooder's own idle connections first, and an agent whose connection was
-  -- closed anyway connects once more: every process is traced. Without that, none of the ten was.
+  -- closed anyway connects once more: every process is traced.
   it("traces every process during a connect flood", function()
     local flood = fixture("connect_flood.py")
     local cmd = ("python3 %s \"$CUPTIMON_SOCKET\" 4 & sleep 0.5; for i in 1 2 3 4 5 6 7 8 9 10; do "
@@ -763,7 +763,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.are.equal(table_of(live), table_of(replay))
   end)
 
-  it("reports the command's real exit status in process_exit (issue 9, item 15)", function()
+  it("reports the command's real exit status in process_exit", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --exit-code 7"):format(bin, fixture("exit_codes.lua"), app))
     assert.are.equal(7, rc, out)
     assert.matches("exit pid=%d+ status=exit exit_code=7\n", out)
@@ -780,7 +780,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   end)
 end)
 
--- Issue 9: the hub's data-loss, hang and access paths, each with a test that failed before.
+-- The hub's data-loss, hang and access paths, each with a test that fails without its guard.
 describe("cuptimon-lua hub hardening (synthetic agents)", function()
   if not gen then
     pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
@@ -789,7 +789,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
   local count = script("count.lua")
   local function now() return require("luv").hrtime() / 1e6 end
 
-  it("names each capture by the kernel's pid and never shares a file (item 1)", function()
+  it("names each capture by the kernel's pid and never shares a file", function()
     local d = tmp .. "/i1"
     os.execute("mkdir -p " .. d)
     -- Both agents claim pid 4242 in their HELLO; the captures must carry their real pids.
@@ -811,7 +811,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.same({ 3000, 5000 }, counts)
   end)
 
-  it("checks that captures can be created before the command runs (item 1)", function()
+  it("checks that captures can be created before the command runs", function()
     local rc, out = helpers.sh(("%s%s --record %s/no/such/dir/x.%%p.cmcap -- sh -c 'echo COMMAND RAN'")
       :format(synth, bin, tmp))
     assert.are.equal(2, rc, out)
@@ -819,7 +819,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_nil(out:match("COMMAND RAN"), out)
   end)
 
-  it("refuses an existing capture unless --force, creates new ones 0600, never follows a symlink (item 4)", function()
+  it("refuses an existing capture unless --force, creates new ones 0600, never follows a symlink", function()
     local d = tmp .. "/i4"
     os.execute("mkdir -p " .. d .. " && echo keep > " .. d .. "/target")
     -- `exec` keeps the shell's pid, so $$ is the agent's pid: the file is there before it connects.
@@ -847,8 +847,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     f:close()
   end)
 
-  -- Issue 20, item 7: the pid was always inserted, so `--record run.cmcap` could never meet an
-  -- existing run.cmcap and the documented refusal never happened.
+  -- The first process writes CAPTURE as named, so `--record run.cmcap` meets an existing
+  -- run.cmcap and refuses it, as documented.
   it("writes a single process's capture under the name given, refusing an existing one before the command runs", function()
     local d = tmp .. "/i20"
     os.execute("mkdir -p " .. d)
@@ -871,7 +871,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal("run.cmcap\n", files)
   end)
 
-  it("refuses a FIFO, at start and per process, without hanging (item 8)", function()
+  it("refuses a FIFO, at start and per process, without hanging", function()
     local d = tmp .. "/i8"
     os.execute("mkdir -p " .. d .. " && mkfifo " .. d .. "/fifo")
     local t0 = now()
@@ -886,13 +886,13 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_true(now() - t0 < 15000, "no hang")
   end)
 
-  it("says so when --record saw no CUDA process (item 15)", function()
+  it("says so when --record saw no CUDA process", function()
     local rc, out = helpers.sh(("%s%s --record %s/none.%%p.cmcap -- true"):format(synth, bin, tmp))
     assert.are.equal(0, rc, out)
     assert.matches("no CUDA process connected, so nothing was recorded", out)
   end)
 
-  it("closes idle connections at the handshake deadline (item 9)", function()
+  it("closes idle connections at the handshake deadline", function()
     local rc, out = helpers.sh(("CUPTIMON_HELLO_TIMEOUT_MS=300 %s%s %s -- %s idle 5 --hold-ms 4000")
       :format(synth, bin, count, gen))
     assert.are.equal(0, rc, out)
@@ -900,7 +900,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.matches("sent no valid HELLO within 300 ms", out)
   end)
 
-  it("lets idle connections neither delay the end nor print lines (item 9)", function()
+  it("lets idle connections neither delay the end nor print lines", function()
     local ready = tmp .. "/i9a.ready"
     local cmd = ("sh -c '%s idle 50 --hold-ms 8000 --ready %s >/dev/null 2>&1 & while [ ! -e %s ]; do sleep 0.02; done; exec %s agent --records 2000 --kinds kernel'")
       :format(gen, ready, ready, gen)
@@ -913,7 +913,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_true(took < 4000, ("the run took %d ms"):format(took))
   end)
 
-  it("serves the real agent despite 1100 idle connections (item 9)", function()
+  it("serves the real agent despite 1100 idle connections", function()
     local ready = tmp .. "/i9b.ready"
     -- The monitor gets 256 descriptors; the idle peer raises its own limit.
     local cmd = ("sh -c 'ulimit -Sn 4096; %s idle 1100 --hold-ms 8000 --ready %s >/dev/null 2>&1 & while [ ! -e %s ]; do sleep 0.02; done; exec %s agent --records 5000 --kinds kernel'")
@@ -924,14 +924,14 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_nil(out:match("still connected"), out)
   end)
 
-  it("caps a frame before HELLO and closes with a message (item 12)", function()
+  it("caps a frame before HELLO and closes with a message", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --oversize-hello 1073741824"):format(synth, bin, count, gen))
     assert.are.equal(0, rc, out)
     assert.matches("its HELLO declares 1073741824 bytes, over the cap of 524288 bytes before the handshake", out)
     assert.matches("wire_gen: oversized HELLO closed by the monitor", out)
   end)
 
-  it("caps a frame after HELLO at the wire format's maximum, with a message (item 12)", function()
+  it("caps a frame after HELLO at the wire format's maximum, with a message", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --big-frame 1073741832"):format(synth, bin, count, gen))
     -- The connection is cut before the agent's final counts: the run lost data and says so.
     assert.are.equal(3, rc, out)
@@ -940,8 +940,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.matches("wire_gen: big frame closed by the monitor", out)
   end)
 
-  -- Issue 19, item 8: four authenticated connections with partial big frames took the monitor
-  -- from 4.4 MB to 1.23 GB.
+  -- Partly received big frames are bounded across connections: authenticated connections that
+  -- each hold a partial big frame must not grow the monitor without bound.
   it("bounds the partly received frames of all connections together, and the connections per run", function()
     local peak = "-e 'require(\"cuptimon\").on(\"exit\", function() local f = io.open(\"/proc/self/status\"); "
       .. "print(\"VmHWM \" .. f:read(\"*a\"):match(\"VmHWM:%s*(%d+)\")); f:close() end)'"
@@ -967,8 +967,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are_not.equal(0, rc, out)
   end)
 
-  -- Issue 19, item 10: 20,000 unsolicited PM_STATUS frames gave 20,000 error lines (2.3 MB) with
-  -- raw ESC and OSC sequences, and status 1.
+  -- Unsolicited PM_STATUS frames are ignored with one warning, and the lines agents cause are
+  -- rate-limited and stripped of ESC and OSC sequences.
   it("ignores PM_STATUS frames no request asked for, with one warning and no escape sequence", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --pm-status 20000 --records 1000 --kinds kernel"):format(synth,
       bin, count, gen))
@@ -994,7 +994,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal(40, shown + suppressed, out)
   end)
 
-  -- Issue 19, cosmetic: on ENOSPC the --record summary still said "0 dropped".
+  -- On ENOSPC the --record summary counts what it could not write.
   it("counts the records --record could not write when the disk is full", function()
     local dir = tmp .. "/full"
     os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
@@ -1006,7 +1006,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.same({ 1000, 19000 }, { tonumber(recs), tonumber(dropped) }, out)
   end)
 
-  -- Issue 19, cosmetic: a SIGKILLed monitor left its socket directory behind for good.
+  -- The socket directory a SIGKILLed monitor left is removed by the next run.
   it("removes the socket directory a SIGKILLed monitor left, and only that", function()
     local base = tmp .. "/tmpdir"
     os.execute("rm -rf " .. base .. " && mkdir -p " .. base)
@@ -1036,7 +1036,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal("cuptimon-keepme\n", left)
   end)
 
-  it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()
+  it("makes the socket 0600 and takes the pid from the kernel", function()
     local rc, out = helpers.sh(("%s%s %s -- sh -c 'stat -c mode=%%a \"$CUPTIMON_SOCKET\"'"):format(synth, bin, count))
     assert.are.equal(0, rc, out)
     assert.matches("mode=600", out)
@@ -1048,7 +1048,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_nil(out:match("start pid=4242"), out)
   end)
 
-  it("answers a handshake while the script is busy (item 7)", function()
+  it("answers a handshake while the script is busy", function()
     local marker = tmp .. "/i7.busy"
     local cmd = ("sh -c '%s agent --records 2000 --kinds kernel & while [ ! -e %s ]; do sleep 0.02; done; %s agent --records 10 --kinds kernel; wait'")
       :format(gen, marker, gen)

@@ -1,5 +1,5 @@
 -- Specs of --filter REGEX and --exclude REGEX on kernel names in timeline.lua, dump.lua and
--- nvtx.lua (issue 20, "What users ... expect"), on the bundled capture: 300 kernels, 150 of them
+-- nvtx.lua, on the bundled capture: 300 kernels, 150 of them
 -- cm_demo_matmul<16>, 66 copies and 61 memsets. The filter is cuptimon.filter through
 -- args.with_filter, as top.lua and api_latency.lua use it.
 -- luacheck: std +busted

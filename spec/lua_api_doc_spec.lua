@@ -1,6 +1,6 @@
 -- docs/lua-api.md is generated (docs/gen_lua_api.lua) from the modules' doc comments and the
 -- field registry; these specs fail when it is out of date or leaves out part of the API
--- (issue 20). After a change: build/cuptimon-lua docs/gen_lua_api.lua > docs/lua-api.md
+--. After a change: build/cuptimon-lua docs/gen_lua_api.lua > docs/lua-api.md
 -- luacheck: std +busted
 local helpers = require "helpers"
 

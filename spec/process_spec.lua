@@ -39,8 +39,8 @@ describe("the process table", function()
 
   it("of the in-process engine comes from /proc", function()
     local rc, out = helpers.sh(("%s %s one two"):format(bin, fixture))
-    -- The fixture observes but nothing runs CUDA in-process, so the run says so and fails (issue
-    -- 9, item 15); the process tables are still complete.
+    -- The fixture observes but nothing runs CUDA in-process, so the run says so and fails;
+    -- the process tables are still complete.
     assert.are.equal(1, rc, out)
     assert.matches("the script observed nothing", out, 1, true)
     local start, exit = tables(out)

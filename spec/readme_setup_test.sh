@@ -1,6 +1,6 @@
 #!/bin/sh
 # The README's first command (the set-up line) must work both as root on a machine without sudo
-# and as a user with sudo (issue 9, item 15). It runs here with stand-ins: `id`, `sudo`,
+# and as a user with sudo. It runs here with stand-ins: `id`, `sudo`,
 # `apt-get`, `cmake` and `./build/cuptimon-lua` only record that they ran, so the test checks the
 # command's shape, not the network or a build.
 #   readme_setup_test.sh README.md

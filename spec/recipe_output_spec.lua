@@ -1,4 +1,4 @@
--- What the recipes print around their results (issue 20): a command that cannot start gives its
+-- What the recipes print around their results: a command that cannot start gives its
 -- one-line error and nothing else; --format csv|json for memcpy_bw, idle, gpu_util and ranks;
 -- every option listed once in each recipe's --help; ranks without steps says how to get them.
 -- luacheck: std +busted

@@ -63,8 +63,8 @@ describe("recipes on examples/demo.cmcap", function()
     assert.are.equal(tonumber(want), n)
   end)
 
-  -- Issue 20: top --interval on a replay refreshed by wall time (one empty table, then the end);
-  -- it counts trace time, as idle.lua does.
+  -- top --interval on a replay counts trace time, as idle.lua does, not wall time (which would
+  -- give one empty table, then the end).
   it("top: --interval on a replay refreshes by trace time, the deltas adding up", function()
     local out = run("top.lua --interval 1 --top 1")
     local heads, plus = {}, 0
@@ -79,7 +79,7 @@ describe("recipes on examples/demo.cmcap", function()
     assert.matches("== at exit\n.-\n%s*[%d.]+%s+%d+%s+150%s[^\n]*cm_demo_matmul<16>", out)
   end)
 
-  -- Issue 20: api_latency's columns are nsys cuda_api_sum's.
+  -- api_latency's columns are nsys cuda_api_sum's.
   it("api_latency: nsys cuda_api_sum's columns, shares adding up to 100%", function()
     local out = run("api_latency.lua --top 100")
     assert.matches("^Time %(%%%) Total %(us%) Num Calls Avg %(us%) Med %(us%) Min %(us%) Max %(us%) "
@@ -90,7 +90,7 @@ describe("recipes on examples/demo.cmcap", function()
     assert.matches("\n%s+1%.5%s+2143%.7%s+300%s+7%.1%s+6%.1%s+4%.6%s+141%.6%s+8%.2 cudaLaunchKernel\n", out)
   end)
 
-  -- Issue 20: the table recipes' results go to pandas or jq without scraping.
+  -- The table recipes' results go to pandas or jq without scraping.
   it("top, count, nvtx and api_latency: --format csv and json", function()
     local csv = run("top.lua --format csv --top 2")
     assert.matches("^pid,device,Time %(%%%),Total %(us%),Instances,Avg %(us%),Med %(us%),P99 %(us%),"
@@ -158,9 +158,8 @@ describe("recipes on examples/demo.cmcap", function()
     end
     assert.are.equal(3, rows, out)
     assert.is_true(math.abs(excl - total) < 0.5, out)
-    -- The demo's steps are inside "train": they are named by their path (issue 20, item 5: the
-    -- header showed "train/step", the output said "step"), and train's inclusive time covers
-    -- theirs.
+    -- The demo's steps are inside "train": they are named by their path ("train/step", as the
+    -- header shows), and train's inclusive time covers theirs.
     assert.matches("\ntrain/step%s+30%s+423%s+3609%.1%s+3609%.1", out)
     assert.matches("\ntrain%s+1%s+423%s+3609%.1%s+0%.0", out)
   end)
@@ -190,8 +189,8 @@ describe("recipes on examples/demo.cmcap", function()
     os.execute("rm -rf " .. dir)
   end)
 
-  -- Issue 20, item 5: the columns once came in the kind's field order whatever was asked, and
-  -- kernel names mangled where the header shows them demangled.
+  -- The columns come in the order asked, not the kind's field order, and kernel names
+  -- demangled, as the header shows them.
   it("dump: --select writes the chosen fields in the order asked, kernel names demangled", function()
     local dir = os.tmpname()
     os.remove(dir)
@@ -217,8 +216,8 @@ describe("recipes on examples/demo.cmcap", function()
       .. "_Z14cm_demo_matmulILi16EEvPKfS1_Pfiiibbf\n", mangled)
   end)
 
-  -- Issue 20: enums and cbids were numbers, and JSONL timestamps above 2^53 lost their last
-  -- digits in every JSON reader that holds numbers as doubles.
+  -- Enums and cbids are written by name, and JSONL timestamps as exact integers: a number above
+  -- 2^53 loses its last digits in every JSON reader that holds numbers as doubles.
   it("dump: enum values and cbids by name (numbers with --raw), exact 64-bit integers in JSONL", function()
     local dir = os.tmpname()
     os.remove(dir)

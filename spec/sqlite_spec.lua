@@ -1,4 +1,4 @@
--- Specs of scripts/sqlite.lua (issue 22): the run as an SQLite database in Nsight Systems' export
+-- Specs of scripts/sqlite.lua: the run as an SQLite database in Nsight Systems' export
 -- schema. NVIDIA's documented example queries ("Common SQLite examples" of the nsys export
 -- documentation: the kernel summary of `nsys stats`' cuda_gpu_kern_sum, "Correlate CUDA kernel
 -- launches with CUDA API kernel launches", "Rename CUDA kernels with NVTX") run on the output of

@@ -1,4 +1,4 @@
--- Specs of what scripts/timeline.lua writes beside the slices (issue 20, "Polish"): a kernel's
+-- Specs of what scripts/timeline.lua writes beside the slices ): a kernel's
 -- launch configuration and a copy's bytes and bandwidth in args, compared with dump.lua's columns
 -- of the same records (joined by correlation id) on the bundled capture; ts 0 at the earliest
 -- record with its CLOCK_REALTIME origin in otherData (also across the exit's rewrite of a live

@@ -253,9 +253,9 @@ describe("idle.lua on examples/demo.cmcap", function()
   end)
 end)
 
--- Issue 19, item 11: a kernel name with 0xff 0xfe, an overlong sequence or a surrogate, or an
--- executable path with 0xff, broke timeline.lua's JSON and dump.lua's JSON Lines (and
--- trace_check accepted them); ESC and OSC sequences reached the terminal (item 10).
+-- A kernel name with 0xff 0xfe, an overlong sequence or a surrogate, or an executable path with
+-- 0xff, must leave timeline.lua's JSON and dump.lua's JSON Lines valid (and trace_check must
+-- reject them when they are not); ESC and OSC sequences must not reach the terminal.
 describe("outputs of hostile names (wire_gen --hostile)", function()
   if not gen then
     pending("CUPTIMON_WIRE_GEN is not set (run through ctest)")
@@ -315,8 +315,8 @@ describe("outputs of hostile names (wire_gen --hostile)", function()
   end)
 end)
 
--- Issue 19, item 12: timeline.lua -o and dump.lua -o followed symlinks (another user's link in
--- /tmp made root overwrite root-owned files). They now create outputs as --record does.
+-- timeline.lua -o and dump.lua -o never follow a symlink (another user's link in /tmp would make
+-- root overwrite root-owned files): they create outputs as --record does.
 describe("outputs of timeline.lua and dump.lua", function()
   local function write(path, text)
     local f = assert(io.open(path, "wb"))

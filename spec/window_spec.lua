@@ -165,8 +165,8 @@ describe("trigger windows, the budget and spike with the real agent", function()
     local lines = {}
     for l in out:gmatch("spike: [^\n]*") do lines[#lines + 1] = l end
     assert.are.equal(1, #lines, out)
-    -- Its own window widens the selection: that never warns (issue 20, item 6; it once said "a
-    -- concurrent_kernel batch lacks 40 of the fields an observer selected").
+    -- Its own window widens the selection: that never warns (such as "a concurrent_kernel
+    -- batch lacks 40 of the fields an observer selected").
     assert.is_nil(out:find("warning", 1, true), out)
     local file = lines[1]:match("^spike: pid " .. a.pid .. " %([^)]*%) kernel vectorAdd: p99 [%d.]+ us > 3 x median [%d.]+ us %(%d+ in the last second%); recorded (spike%." .. a.pid .. "%.cmcap) %(%d+ ms, %d+ records%)$")
     assert.is_not_nil(file, out)
@@ -188,7 +188,7 @@ describe("trigger windows, the budget and spike with the real agent", function()
   end)
 
   -- top --interval once refreshed "no kernels" while the agents held every record: nothing
-  -- flushed CUPTI's buffers before they filled (issue 20).
+  -- flushed CUPTI's buffers before they filled.
   it("top --interval shows the kernels of a live run as it goes", function()
     local rc, out = helpers.sh(("%s %s --interval 300 --top 1 -- %s --records 200 --kinds kernel "
       .. "--rounds 6 --pause-ms 300"):format(bin, script("top.lua"), app))

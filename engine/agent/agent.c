@@ -669,7 +669,7 @@ static void on_batch(void *ud, const cm_batch *b) {
    * the second is the same records, skipped here by its seq. A kind only the old observer selects
    * (one the new selection turns off) reaches the old observer alone, and is forwarded: those are
    * the records written before the kind was turned off. Skipping every batch of an older
-   * observer once the newer one had received one lost them silently (issue 18, the shed race). */
+   * observer once the newer one has received one would lose them silently. */
   (void)ud;
   if (b->seq == A.cb_last_seq && b->kind == A.cb_last_kind) return;
   A.cb_last_seq = b->seq;
@@ -981,7 +981,7 @@ static int apply_selection(const cm_selection *sel) {
 
 /* The lag guard. CUPTI can fall behind the launches for good: on the H200 its own worker thread
  * grew to a whole core over a long run at a high launch rate, and the records it held then grew
- * the process by a gigabyte in 50 s (issue 18). Nothing the agent does downstream of CUPTI bounds
+ * the process by a gigabyte in 50 s. Nothing the agent does downstream of CUPTI bounds
  * that memory: only tracing less does. Every check (a tenth of the limit, 20 ms to 1 s) on which
  * a buffer was decoded since the last, the guard measures how long CUPTI held records back
  * (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it then
@@ -1377,7 +1377,7 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
 
 /* The exit's final flush runs on a helper thread, so that the exit handler can leave it at its
  * deadline whatever CUPTI does: cuptiActivityFlushAll has no deadline of its own, and under a
- * backlog it was seen to take 9 s on the H200 (issue 18). An abandoned flush goes on alone until
+ * backlog it was seen to take 9 s on the H200. An abandoned flush goes on alone until
  * the process ends; the job it shares with the handler is freed by whichever of the two leaves
  * last, and the engine is never freed at exit, so the helper touches nothing that goes away. */
 typedef struct exit_job {
@@ -1902,7 +1902,7 @@ static void agent_init(void) {
     int err = write_all(A.fd, A.is_socket, b.data, b.len, deadline);
     if (err && sock && (err == EPIPE || err == ECONNRESET) && cm__mono_ms() < deadline) {
       /* The monitor's gate closed this connection before reading it (it was full: a flood of
-       * idle connections, issue 19): once more, on a new connection, within the deadline. */
+       * idle connections): once more, on a new connection, within the deadline. */
       alog(CM_LOG_WARN, "cannot send HELLO: %s; connecting once more", strerror(err));
       close(A.fd);
       A.fd = connect_monitor(sock, deadline);

@@ -18,7 +18,7 @@
  * would stay in the process: glibc raises its mmap threshold after the first such free and serves
  * the next from an arena, whose free chunks it keeps. That memory would then show as growth, for
  * example after the agent's lag guard has shed every kind and the buffers CUPTI had filled come
- * back for good (issue 18).
+ * back for good.
  *
  * Lock order: the pool mutex is a leaf; nothing is called while it is held.
  */

@@ -4,9 +4,10 @@
  *
  * Design note. Seeds are small and realistic: one process's session (HELLO, SCHEMA with every
  * registry field of two kinds, STRINGS, a BATCH of each kind, STATS, BYE), in the record form
- * of fuzz_monitor.h and as a capture file. The regression inputs are the hostile cases of
- * issue 9: a STRINGS id of 2^26 - 1 (it cost 768 MiB), counter names and kinds past their caps,
- * a column of an unknown type (it failed every observer), and for the replay a corrupt frame,
+ * of fuzz_monitor.h and as a capture file. The regression inputs are the hostile cases
+ * the monitor bounds: a STRINGS id of 2^26 - 1 (which must not cost memory in proportion),
+ * counter names and kinds past their caps, a column of an unknown type (which must fail no
+ * observer), and for the replay a corrupt frame,
  * junk between frames, a torn frame, a file that is not a capture and one with a header only.
  * The committed files in engine/fuzz/corpus_* and engine/fuzz/regress_{wsrc_frame,replay} were
  * made by this program (target fuzz_monitor_corpus). Usage: gen_monitor_corpus FUZZ_DIR.

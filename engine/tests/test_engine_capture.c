@@ -2,7 +2,7 @@
  * test_engine_capture.c: the fence never breaks an application's CUDA graph capture, and never
  * waits on the device beyond its deadline.
  *
- * Design. The fake driver models the two hazards of issue 9 (items 5 and 6): a cuCtxSynchronize
+ * Design. The fake driver models two hazards of a sync flush: a cuCtxSynchronize
  * made while a stream capture is in progress invalidates the capture unless the calling thread is
  * in relaxed capture mode, and cuCtxSynchronize can block (a kernel still running at exit). The
  * test drives the engine's sync flush and its exit fence against both:

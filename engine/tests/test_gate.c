@@ -2,7 +2,7 @@
  * test_gate.c: the hub's handshake gate (engine/monitor/gate.c) alone, without a loop or a host:
  * peer credentials (through a fake credential function), the kernel's pid, the token, the cap on
  * a HELLO before authentication, the handshake deadline and the cap on waiting connections
- * (issue 9, items 9, 12 and 13), and that an admitted connection was answered by the gate itself
+ *, and that an admitted connection was answered by the gate itself
  * (item 7: nothing on the loop thread runs before the answer).
  */
 #include <errno.h>

@@ -1204,7 +1204,7 @@ static void test_files(void) {
   CMT_CONTAINS(msg, "no valid frame in the");
   /* A crafted header with valid checksums that declares 1 GiB, inserted after the second
    * frame, hides nothing: the file ends before such a frame could, so the reader skips its 24
-   * bytes and reads every frame after it (issue 19, item 5). */
+   * bytes and reads every frame after it. */
   b.data[big_start + 1500000] ^= 0x10;
   {
     uint8_t h[24] = {'C', 'M', CM_WIRE_MAJOR, CM_WIRE_MINOR, CM_WIRE_BATCH, 0};

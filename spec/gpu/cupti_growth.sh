@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Which thread's cost grows with a long run's length, cuptimon's or CUPTI's (issue 18, items 2 and
-# 5), from the repository root on the device machine:
+# Which thread's cost grows with a long run's length, cuptimon's or CUPTI's, from
+# the repository root on the device machine:
 #   bash spec/gpu/cupti_growth.sh BUILD_DIR     (about 5 min; THREADS=16 CM_SECONDS=150
 #                                                GAP_AT=0 FLOOR_SECONDS=100)
 #
@@ -19,7 +19,7 @@
 #     whose launches' API records reached the script never did (in the gap, or not at all). With SHED_AT=T (0: none) runtime is shed
 #     for good at T s instead (CM_BENCH_SHED_AT_S, a budget: kernels are never toggled): does
 #     CUPTI's worker recover with only kernel records to write? That is the experiment a default
-#     shed (issue 18, item 5) needs first.
+#     shed needs first.
 #  2. the floor (gpu/libcupti_floor.so, per-thread buffers off as the engine sets them, no
 #     periodic flush, as the agent has none in this run) under the same load for FLOOR_SECONDS,
 #     sampled the same way, with its lag from a record's end to its buffer's completion.

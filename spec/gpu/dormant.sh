@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The dormant agent on a real GPU (issue 11), from the repository root on the device machine:
+# The dormant agent on a real GPU, from the repository root on the device machine:
 #   bash spec/gpu/dormant.sh BUILD_DIR        (about 60 s; N=launches ROUNDS=rounds to change)
 #
 # (a) What a dormant agent costs: launch_loop N (empty kernels, bench/launch_loop.cu) with no agent and

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The duty cycle's accuracy on a GPU (issue 21): the same PyTorch training loop
+"""The duty cycle's accuracy on a GPU: the same PyTorch training loop
 (spec/gpu/duty_train.py, SECONDS long) run twice, under the full trace (scripts/top.lua) and under
 a duty cycle (scripts/top.lua --duty DUTY --period-ms PERIOD). For the five kernels with the most
 GPU time in the full trace, compares the estimated launches per second and GPU time per second

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Is the duty cycle's estimate right when tracing cannot change the workload's rate (issue 21)? On
+# Is the duty cycle's estimate right when tracing cannot change the workload's rate? On
 # the H200 the estimates of a training loop were 5.8% low per step against a fully traced run of
 # the same loop. Either the windows' time base is off (the window counts from an instant when
 # CUPTI was not yet, or no longer, tracing) or the windows ran slower than the time between them

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# What a launch costs before, during and after tracing, in one process (issue 21: the duty cycle
-# cost 13 to 51% on the H200's launch loop, and the cost between windows was not told apart from
-# the cost of the windows' edges). From the repository root on the device machine:
+# What a launch costs before, during and after tracing, in one process, to tell the duty
+# cycle's cost between windows apart from the cost of the windows' edges (bench/RESULTS.md, "Duty
+# cycle"). From the repository root on the device machine:
 #   bash spec/gpu/duty_residual.sh BUILD_DIR     (about 40 s; N=launches per request, REPS=requests)
 #
 # One launch_loop --control process with the agent injected and dormant (CUPTIMON_LISTEN=1) runs

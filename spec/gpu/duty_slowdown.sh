@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Why did the duty-cycled training loop run slower than the fully traced one (issue 21)? On an
-# H100 (2026-12-05, sixth session) spec/gpu/duty_accuracy.py gave 597 steps/s under
+# Why did the duty-cycled training loop run slower than the fully traced one? On an
+# H100 (2026-12-05 13:16 UTC) spec/gpu/duty_accuracy.py gave 597 steps/s under
 # top.lua --duty 0.05 --period-ms 10000 with CUPTIMON_DETACH_IDLE=1 (300 s), 792 under the full
 # trace (60 s) and 819 untraced (15 s); on the H200 (2026-12-03, without the detach) 494 against
 # 603. A duty cycle traces 5% of the time, so it should cost less than the full trace, not more.

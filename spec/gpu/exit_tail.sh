@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# How long the exit's fence really needs after a long run (issue 18), from the repository root on
+# How long the exit's fence really needs after a long run, from the repository root on
 # the device machine:
 #   bash spec/gpu/exit_tail.sh BUILD_DIR      (about 2.5 min; THREADS=4 SECONDS_LIST="30 60")
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PM sampling on the GPU machine (issue 12), about a minute:
+# PM sampling on the GPU machine, about a minute:
 #   bash spec/gpu/pm_sampling.sh BUILD_DIR
 # 1. Runs BUILD_DIR/gpu/gpu_pm_workload (idle, memory-bound and tensor-core phases) under
 #    spec/gpu/pm_check.lua at a 1 ms interval: the memory-bound phase must show DRAM throughput

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks the output of scripts/ranks.lua for the GPU scripts of issue 14.
+"""Checks the output of scripts/ranks.lua for spec/gpu/ranks_one_gpu.sh and ranks_two_gpu.sh.
 
 Usage: ranks_check.py LOG --ranks N --straggler R [--within K] [--expect PROFILE_LOG]
                       [--same-as OTHER_LOG]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 on one GPU: three independent PyTorch processes share the GPU (no NCCL), each a rank
+# ranks.lua on one GPU: three independent PyTorch processes share the GPU (no NCCL), each a rank
 # by its RANK variable, each step an NVTX range "step"; rank 1 sleeps 20 ms at the start of each
 # of its steps. Run under scripts/ranks.lua, rank 1 and no other must be flagged as a straggler
 # within 10 steps, and every rank must have its row. Run from the repository root:

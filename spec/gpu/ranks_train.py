@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A small deterministic training job for the ranks recipe (issue 14), one process per rank.
+"""A small deterministic training job for the ranks recipe, one process per rank.
 
 Usage: ranks_train.py [--steps N] [--sleep-rank R] [--sleep-ms MS] [--ddp] [--profile]
 

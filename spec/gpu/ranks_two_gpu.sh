@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 14 on two GPUs: `torchrun --nproc-per-node 2` trains a small fixed-seed model with DDP
+# ranks.lua on two GPUs: `torchrun --nproc-per-node 2` trains a small fixed-seed model with DDP
 # over NCCL (spec/gpu/ranks_train.py --ddp); rank 1 sleeps 20 ms at the start of each step.
 #   1. live, under scripts/ranks.lua, also recording one capture per process (--record
 #      run.%p.cmcap): both ranks have their row, rank 1 and no other is flagged within 10 steps;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does cuptiFinalize give back what CUPTI costs once it has traced (issues 21 and 18)? From the
+# Does cuptiFinalize give back what CUPTI costs once it has traced? From the
 # repository root on the device machine:
 #   bash spec/gpu/reattach.sh BUILD_DIR     (about 4 min; LAUNCHES=200000 CYCLES=6 THREADS=16
 #                                            GROWTH_SECONDS=170 REATTACH_AT=110)

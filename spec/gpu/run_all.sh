@@ -54,7 +54,7 @@ step demo_record "$LUA" --record "$OUT/demo.%p.cmcap" -- "$G/cuptimon_demo_cuda"
 step demo_top "$LUA" --replay "$(ls "$OUT"/demo.*.cmcap | head -n 1)" scripts/top.lua
 ls -la "$OUT"/*.cmcap
 
-# 5. Nothing hung, nothing changed (issue 9): the GPU ctest programs (graph captures under sync
+# 5. Nothing hung, nothing changed: the GPU ctest programs (graph captures under sync
 # flushes every 2 ms, in-process and through the agent; a kernel still spinning when main returns,
 # untraced, in capture mode and live), then PyTorch's graph captures in global mode untraced and
 # under a sync flush every 2 ms, and a second process's handshake while the script is busy.
@@ -68,7 +68,7 @@ step handshake_busy env SLOW_MARKER="$OUT/slow.marker" CUPTIMON_AGENT_LOG=info "
     t0=\$(date +%s%3N); '$G/gpu_plain_workload' >/dev/null 2>'$OUT/second.log'; wait
     grep -m1 -i 'connected\|handshake' '$OUT/second.log'; echo second_process_done_ms=\$((\$(date +%s%3N) - t0))"
 
-# 6. The recipes against torch.profiler on a fixed-seed training loop with NVTX ranges (issue 10):
+# 6. The recipes against torch.profiler on a fixed-seed training loop with NVTX ranges:
 # per-kernel counts equal, total kernel time compared; nvtx's ranges; timeline's trace validated.
 step nvtx_profiler python3 spec/gpu/torch_nvtx.py 200 profiler
 step nvtx_top "$LUA" scripts/top.lua --full-names --top 100000 -- python3 spec/gpu/torch_nvtx.py 200
@@ -80,8 +80,8 @@ step nvtx_trace_check "$LUA" -e "package.path='spec/?.lua;'..package.path
   if not r then print('trace invalid: ' .. tostring(e)); os.exit(1) end
   print('trace valid'); for k, v in pairs(r) do if type(v) ~= 'table' then print(k, v) end end"
 
-# 7. On demand, PM sampling, windows, ranks and the SQLite export (issues 11, 12, 14, 22), and the
-# pipeline's rate on the fake CUPTI with this machine's cores (issue 13): each script checks its
+# 7. On demand, PM sampling, windows, ranks and the SQLite export, and the
+# pipeline's rate on the fake CUPTI with this machine's cores: each script checks its
 # own results and exits non-zero when one fails.
 mkdir -p "$OUT/dormant"
 step dormant env OUT="$OUT/dormant" bash spec/gpu/dormant.sh "$B"

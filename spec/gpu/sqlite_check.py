@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Checks of scripts/sqlite.lua's databases for spec/gpu/sqlite_torch.sh (issue 22).
+"""Checks of scripts/sqlite.lua's databases for spec/gpu/sqlite_torch.sh.
 
 Usage:
   sqlite_check.py summary DB TOP_OUT    the kernel summary query (per device and demangled name)

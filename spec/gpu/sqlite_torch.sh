@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/sqlite.lua on a PyTorch training loop on the GPU (issue 22, item 5), about a minute:
+# scripts/sqlite.lua on a PyTorch training loop on the GPU, about a minute:
 #   bash spec/gpu/sqlite_torch.sh BUILD_DIR [STEPS]
 # spec/gpu/torch_nvtx.py (a fixed-seed loop with NVTX ranges, STEPS steps, default 200) is
 # 1. exported live: cuptimon-lua scripts/sqlite.lua -o live.sqlite -- python3 torch_nvtx.py;

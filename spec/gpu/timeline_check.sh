@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# scripts/timeline.lua on a real GPU (issue 20): the demo application live under timeline.lua, then
+# scripts/timeline.lua on a real GPU: the demo application live under timeline.lua, then
 # checks of its trace that the fake CUPTI cannot make, from the repository root on the device
 # machine:
 #   bash spec/gpu/timeline_check.sh BUILD_DIR        (about 10 s)

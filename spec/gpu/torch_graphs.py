@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CUDA graph captures under a monitor that synchronizes: the check of issue 9, item 6.
+"""CUDA graph captures under a monitor that synchronizes: every capture must succeed.
 
 PyTorch captures and replays N small graphs (global capture mode, its default), each a few
 cuBLAS and elementwise kernels. Run it untraced, then under

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Trigger windows and the record-rate budget on the GPU (issue 11, items 3 and 4), about 30 s:
+# Trigger windows and the record-rate budget on the GPU, about 30 s:
 #   bash spec/gpu/windows.sh BUILD_DIR
 # 1. spike.lua over spec/gpu/spike_torch.py, whose elementwise kernel turns 32 times slower for one
 #    second: one "spike:" line naming that kernel, the pid and the capture, and the capture

@@ -1,4 +1,4 @@
-// gpu_exit_spin.cu: returns from main while a kernel is still running (issue 9, item 5). Untraced
+// gpu_exit_spin.cu: returns from main while a kernel is still running. Untraced
 // the process exits in well under a second (the driver tears the context down); under the agent
 // it must exit within the agent's exit budget (CUPTIMON_EXIT_BUDGET_MS, 2 s by default) instead
 // of waiting for the kernel in the final fence's cuCtxSynchronize. The kernel spins for

@@ -1,6 +1,6 @@
 // gpu_graph_capture.cu: CUDA graph captures in global capture mode must all succeed while the
-// engine runs sync flushes every 2 ms (issue 9, item 6: a sync flush's cuCtxSynchronize used to
-// invalidate about one capture in ten, cudaErrorStreamCaptureInvalidated).
+// engine runs sync flushes every 2 ms (a sync flush's cuCtxSynchronize during a capture would
+// invalidate it, cudaErrorStreamCaptureInvalidated).
 //
 // One thread captures and replays 300 small graphs (each capture holds several kernel launches
 // with short host pauses between them, so that flushes land inside captures); another thread
