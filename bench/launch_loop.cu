@@ -96,8 +96,8 @@ static int serve(const char *path) {
  * A thread that fell behind by more than PACE_SLACK_NS (a stall: CUPTI subscribing or enabling
  * kinds holds the launching thread for milliseconds) does not catch up in a burst: its schedule
  * moves on, as fake_cuda_app's does. A burst right after a duty window opened would put more
- * launches in the window than its length holds (on an H100 on 2026-12-05 the estimates of the
- * loop that caught up were 1.5 to 7% high). */
+ * launches in the window than its length holds, and the estimates would come out high
+ * (bench/RESULTS.md, "Duty cycle"). */
 #define PACE_SLACK_NS 2000000.0
 static int sweep(int threads, double seconds, double rate) {
   CK(cudaFree(0));

@@ -16,10 +16,10 @@ order shuffled per round:
               this driver's wait returning, the interpreter's and CUDA's own teardown, which any
               tracer's exit measure includes.
 
-ROUNDS_200 (default 5) rounds at 200 steps and ROUNDS_2000 (default 3) at 2000 steps (about 17 s
-a run on the H200). BUDGET_S (default none) bounds the whole: a round that would pass it, going by
+ROUNDS_200 (default 5) rounds at 200 steps and ROUNDS_2000 (default 3) at 2000 steps (a run takes
+seconds on a GPU). BUDGET_S (default none) bounds the whole: a round that would pass it, going by
 the longest round so far, is not started, the rounds left out are said, and the table is printed
-from the rounds run (a device call has a time limit; the table used to be lost with it). Medians
+from the rounds run (a device call has a time limit, and the table must survive it). Medians
 with bootstrap 95% intervals in milliseconds; every run in OUT/time_to_table.json, written after
 each round. Exit status 1 when a run failed or lost records.
 """

@@ -21,7 +21,7 @@ end)
 
 describe("agg units", function()
   -- Counts and durations scale by 1000, only bytes by 1024: a stats_by of
-  -- kernel durations once printed "sum 2.7M avg 18.6K" for 2.7 ms and 18.6 us.
+  -- kernel durations prints 2.7 ms and 18.6 us as such, never as "sum 2.7M avg 18.6K".
   it("prints counts with SI prefixes, durations in ns/us/ms/s and bytes in KiB/MiB", function()
     local got = {}
     for _, v in ipairs { 999, 1500, 5050, 999500, 2.7e6, -1500 } do

@@ -534,8 +534,8 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   it("sheds kinds by default when CUPTI falls behind for good, and loses nothing", function()
     -- The kernel records the fake still holds when the guard sheds (about 14,000) reach the
     -- script through the exit's fence, at 20 per flush: 0.9 s of the fence's 1.8 s in a release
-    -- build, and past it under TSan with another test beside it (CI, 2026-12-05: an unknown
-    -- tail, status 3). The fake's 20 per flush is what makes that drain slow; the exit budget
+    -- build, and can be past it under TSan with another test beside it (an unknown tail,
+    -- status 3). The fake's 20 per flush is what makes that drain slow; the exit budget
     -- under a backlog is the case above's. So the guarded run gets a budget of 10 s, which it
     -- uses only as long as the drain needs.
     local run = "FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_EXIT_BUDGET_MS=%d CUPTIMON_GUARD_LAG_MS=%d %s %s "
@@ -569,12 +569,12 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   end)
 
   -- CUPTI behind on completing its buffers (the fake's completion thread waits 400 ms a buffer,
-  -- while the app fills several a second), as on the H200 under sustained load: it holds more
+  -- while the app fills several a second), as a GPU's CUPTI under sustained load: it holds more
   -- and more buffers while the time it held each record before writing it stays at 0. The guard's
   -- second measure, the buffers CUPTI holds (CUPTIMON_GUARD_BUFFERS), sheds runtime, then kernels;
   -- every record the fake wrote reaches the script. With 100 ms a buffer, an app slowed by TSan
-  -- and another test beside it filled them no faster than they completed, and nothing was shed
-  -- (CI, 2026-12-05); at 400 ms it sheds even at 150,000 records/s. The buffers held then
+  -- and another test beside it can fill them no faster than they complete, and nothing would be
+  -- shed; at 400 ms it sheds even at 150,000 records/s. The buffers held then
   -- complete at the exit, 400 ms each, so the exit budget is 10 s.
   it("sheds when CUPTI holds too many buffers, and loses nothing", function()
     local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_EXIT_BUDGET_MS=10000 "
@@ -593,8 +593,8 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   end)
 
   -- Once the guard has shed every kind, CUPTI fills no buffer further, and one that is partly
-  -- filled completes only at a forced flush (on the H200, 9 buffers waited for the exit's fence
-  -- for the last 100 s of a run). The script sets no flush cadence, as bench/sum_durations.lua
+  -- filled completes only at a forced flush (without one, such buffers wait for the exit's fence
+  -- however long the run goes on). The script sets no flush cadence, as bench/sum_durations.lua
   -- does not, and the fake's default flushes return no partly filled buffer; the app then lingers
   -- 2 s. The guard's forced flush after its last step must deliver what CUPTI held at once, long
   -- before the exit: without it, the last records arrived with the process's exit (quiet_ms 0).

@@ -1,4 +1,4 @@
--- Specs of the recipes (scripts/*.lua) on the bundled capture examples/demo.cmcap (an H200 run of
+-- Specs of the recipes (scripts/*.lua) on the bundled capture examples/demo.cmcap (a GPU run of
 -- examples/demo): each output must equal the reviewed one in spec/fixtures/demo/NAME.out, byte
 -- for byte, with exit status 0. A replay is deterministic, so any change in a recipe's output
 -- shows here; after an intended change, regenerate a file with

@@ -556,8 +556,8 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
     -- Past the first 400,000 rows SQLite's page cache (16 MiB) is full, so the peak must stay
     -- while the database grows by another 26 MB: a cost per row would show here. Each size runs
     -- twice and keeps its smaller peak. Under CPU load a run's peak is now and then 8 to 10 MB
-    -- higher than the others' (1 run in 40 of the larger size on the 2-core development machine,
-    -- 2026-12-05; the cause, in a single-threaded replay, is not known): a cost per row shows in
+    -- higher than the others' (a rare run of the larger size on a 2-core machine; the cause, in a
+    -- single-threaded replay, is not known): a cost per row shows in
     -- every run, such a spike in one.
     local peak, size = {}, {}
     for _, n in ipairs { 100000, 200000 } do

@@ -90,8 +90,8 @@ enum {
   MAX_STRINGS_FRAME = 4 << 20,
   MAX_OBSERVERS = 8,
   /* The lag guard's default limits (guard_tick, guard.h): the time CUPTI held records, and the
-   * activity buffers it holds (24 MiB at the default 4 MiB; 1 to 3 while it kept up on the H200
-   * at 16 launching threads, with CUPTI's per-thread buffers off as the engine sets them). */
+   * activity buffers it holds (24 MiB at the default 4 MiB; a CUPTI that keeps up holds a few,
+   * with its per-thread buffers off as the engine sets them). */
   DEFAULT_GUARD_LAG_MS = 500,
   DEFAULT_GUARD_BUFFERS = 6
 };
@@ -979,9 +979,9 @@ static int apply_selection(const cm_selection *sel) {
   return rc;
 }
 
-/* The lag guard. CUPTI can fall behind the launches for good: on the H200 its own worker thread
- * grew to a whole core over a long run at a high launch rate, and the records it held then grew
- * the process by a gigabyte in 50 s. Nothing the agent does downstream of CUPTI bounds
+/* The lag guard. CUPTI can fall behind the launches for good: over a long run at a high launch
+ * rate its own worker thread grows to a whole core, and the records it holds then grow the process
+ * without bound (bench/RESULTS.md, "Memory under a long run"). Nothing the agent does downstream of CUPTI bounds
  * that memory: only tracing less does. Every check (a tenth of the limit, 20 ms to 1 s) on which
  * a buffer was decoded since the last, the guard measures how long CUPTI held records back
  * (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it then
@@ -993,8 +993,8 @@ static int apply_selection(const cm_selection *sel) {
  * later at the earliest, and only if CUPTI is no less behind than at the last. The observer keeps
  * its selection (cm__engine_set_suppressed), so the records CUPTI had already written still
  * arrive, are sent, and the exit's fence still waits for them: nothing traced is dropped by the
- * shed. It never turns a kind back on: on the H200, turning kinds off and on again under load
- * made CUPTI fall further behind. Each step is logged, and STATS carries the kinds shed
+ * shed. It never turns a kind back on: turning kinds off and on again under load makes CUPTI
+ * fall further behind. Each step is logged, and STATS carries the kinds shed
  * (guard_shed), so the monitor says so. Control thread. */
 static bool guard_armed(void) {
   return A.guard.limit_ns && A.eng && A.nobs > 0 && !atomic_load(&A.exiting) &&
@@ -1049,7 +1049,7 @@ static void guard_tick(void) {
   if (rc) alog(CM_LOG_ERROR, "the lag guard could not change the traced kinds: %s: %s",
                cm_err_name(rc), cm_errmsg());
   /* With nothing traced any more, CUPTI fills no buffer further: the records in its partly filled
-   * ones would wait for the exit's fence (on the H200, 9 buffers for the last 100 s of a run).
+   * ones would wait for the exit's fence, however long the run goes on.
    * One forced flush, on the decode worker, delivers them now. */
   if (last && !rc) cm__engine_flush_forced_async(A.eng);
   push_stats(); /* the monitor learns it now, not at the next batch */
@@ -1377,7 +1377,7 @@ static uint64_t purge_batches_locked(uint64_t *batches) {
 
 /* The exit's final flush runs on a helper thread, so that the exit handler can leave it at its
  * deadline whatever CUPTI does: cuptiActivityFlushAll has no deadline of its own, and under a
- * backlog it was seen to take 9 s on the H200. An abandoned flush goes on alone until
+ * backlog it can take seconds. An abandoned flush goes on alone until
  * the process ends; the job it shares with the handler is freed by whichever of the two leaves
  * last, and the engine is never freed at exit, so the helper touches nothing that goes away. */
 typedef struct exit_job {
@@ -1467,8 +1467,8 @@ static void agent_exit_work(int exit_code) {
    * decoded) gets nine tenths of the fence's part, which by default is all of the budget but its
    * last tenth; the forced flush and the decoder may use the rest of it (what they deliver is
    * queued as it comes, so the drain overlaps them). The sync fence gets the most because it is
-   * what makes the tail known: on the H200 with 16 launching threads, CUPTI was up to 1.4 s
-   * behind at exit, and a sync part of 750 ms left an unknown tail. Another control call
+   * what makes the tail known: with many launching threads CUPTI can be more than a second
+   * behind at exit, and a smaller sync part leaves the tail unknown. Another control call
    * holding the engine is hurried out of the way. */
   if (A.eng && !atomic_load(&A.gone)) {
     uint64_t flush_end = min_u64(t0 + A.exit_flush_ms, end - reserve);
@@ -1480,8 +1480,8 @@ static void agent_exit_work(int exit_code) {
       /* Either way the tail is unknown. A completed sync fence proves only that the buffers
        * CUPTI completed were delivered: with per-thread buffers (CUPTI's default), a thread
        * that stopped launching without synchronizing keeps its partly filled buffer until the
-       * forced flush. On the H200, with 16 launching threads, exactly the main thread's records
-       * (its warm-up launches) were missing when the forced flush was left behind. */
+       * forced flush, so such a thread's records are exactly what is missing when the forced flush
+       * is left behind. */
       atomic_store(&A.tail_unknown, true);
       if (atomic_load(&ef.fence_complete))
         CUT("the final forced flush did not return within the budget and was left running; the "

@@ -3,9 +3,9 @@
  *
  * It has two measures, each with its limit: how long CUPTI held records back before writing them
  * (the largest over the buffers decoded since the last check), and how many activity buffers
- * CUPTI holds (handed to it and not yet completed: on the H200, CUPTI behind under sustained load
- * kept records in buffers it did not complete, and asked for new ones, so that the first measure
- * stayed at 0 while the second grew from 3 to 40). When either stays over its limit for
+ * CUPTI holds (handed to it and not yet completed: a CUPTI behind under sustained load can keep
+ * records in buffers it does not complete and ask for new ones, so that the first measure stays
+ * at 0 while the second grows). When either stays over its limit for
  * CM_GUARD_CHECKS checks in a row, each on a buffer decoded since the last, the guard sheds the
  * next group of kinds: the
  * API records (runtime, driver, external correlation), then every other kind CUPTI writes but

@@ -583,8 +583,8 @@ void cm__engine_trim(cm_engine *e);
 uint64_t cm__engine_take_lag_held_max(cm_engine *e);
 /* How many activity buffers CUPTI holds now: handed to it and not yet completed. When CUPTI falls
  * behind on completing its buffers, it keeps asking for new ones while it holds the old, and this
- * count (the memory it holds in the pool) grows: on the H200, from 1 to 3 while it kept up to 40
- * once it fell behind. Any thread; the agent's lag guard reads it. */
+ * count (the memory it holds in the pool) grows: a few while it keeps up, tens once it falls
+ * behind. Any thread; the agent's lag guard reads it. */
 uint64_t cm__engine_cupti_buffers(cm_engine *e);
 /* Whether a detach's cuptiFinalize outlived its deadline and still runs (nothing may call CUPTI
  * until it returns; cm_cupti_detach). Any thread. */

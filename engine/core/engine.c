@@ -81,10 +81,10 @@ static uint64_t CUPTIAPI realtime_timestamp_cb(void) { return cm__realtime_ns();
 
 /* CUPTI's CUPTI_ACTIVITY_ATTR_PER_THREAD_ACTIVITY_BUFFER, set before the buffer callbacks are
  * registered, as CUPTI requires. CUPTI's own default is per-thread buffers; the engine turns them
- * off unless CUPTIMON_CUPTI_PER_THREAD_BUFFERS=1. On the H200 (2026-12-03), after 60 s of empty
- * kernels from 4 threads with kernels and runtime traced, the exit's first cuptiActivityFlushAll
- * took 15.8 s with per-thread buffers (a minimal CUPTI consumer's took 15.7 s) and 10 ms without
- * them, with every record delivered both ways; the launch rate was no lower without them. */
+ * off unless CUPTIMON_CUPTI_PER_THREAD_BUFFERS=1: after a long run at a high launch rate, the
+ * exit's first cuptiActivityFlushAll takes seconds with per-thread buffers (a minimal CUPTI
+ * consumer's too) and milliseconds without them, with every record delivered both ways and no
+ * lower launch rate (bench/RESULTS.md, "Memory under a long run"). */
 static void set_per_thread_buffers(cm_engine *e) {
   const char *v = getenv("CUPTIMON_CUPTI_PER_THREAD_BUFFERS");
   bool asked = v && *v;
@@ -185,9 +185,9 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
 
 /* ---- the finalize helper ---------------------------------------------------------------------
  *
- * cuptiFinalize can block for as long as the application keeps CUPTI busy: on an H100, with kernel
- * and runtime records traced and then disabled, it did not return for 270 s, until the launching
- * threads stopped. So it runs on a helper thread of its own, and the detach waits for it until a
+ * cuptiFinalize can block for as long as the application keeps CUPTI busy: with kernel and
+ * runtime records traced and then disabled, it may not return until the launching threads stop
+ * (bench/RESULTS.md, "Memory under a long run"). So it runs on a helper thread of its own, and the detach waits for it until a
  * deadline only. The helper shares a job with the engine (the last to leave frees it) and touches
  * nothing else: an engine freed meanwhile is never reached. Its driver call's exit callback runs
  * cuptiFinalize there, the call site CUPTI recommends; without that callback it is called
@@ -466,8 +466,7 @@ static void *worker_main(void *arg) {
       /* Once the agent's lag guard has suppressed every kind the observers select, CUPTI asks
        * for no buffer to write records into for the rest of the run, so the free ones are given
        * back as they return: CUPTI's partly filled buffers come back once after the guard's last
-       * step, and would otherwise stay in the pool to the end (on the H200, 36 MiB of the
-       * process for the last 100 s of a long run). A session that merely ends keeps its buffers
+       * step, and would otherwise stay in the pool, and in the process, to the end. A session that merely ends keeps its buffers
        * for the next (test_engine_cycles). */
       if (!cm__engine_enabled(e) && atomic_load_explicit(&e->suppressed, memory_order_relaxed))
         cm__pool_trim(&e->pool, 0);
@@ -1101,7 +1100,7 @@ static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc) {
   return 1;
 }
 
-/* The shortest wait for cuptiFinalize (2 to 6 ms on an H100 when it does not block). */
+/* The shortest wait for cuptiFinalize, far above what it takes when it does not block. */
 #define FIN_MIN_MS 200
 
 /* Lets the worker call CUPTI again after a detach that did not happen. */
@@ -1286,9 +1285,9 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
 
 /* ---- the attach helper -----------------------------------------------------------------------
  *
- * Attaching again after a detach can block as well: on an H100 with 16 threads launching, one
- * attach held the agent's control thread for 13.6 s (2026-12-05), and the monitor's flush timed
- * out meanwhile. So the subscription, CUPTI's first call after cuptiFinalize and the one that
+ * Attaching again after a detach can block as well: with many threads launching, an attach can
+ * hold the agent's control thread for seconds, and the monitor's flush times out meanwhile
+ * (bench/RESULTS.md, "Duty cycle"). So the subscription, CUPTI's first call after cuptiFinalize and the one that
  * initializes it again, runs on a helper thread, and the attach waits for it until
  * ATTACH_WAIT_MS only. Past that, the attach is refused (the duty cycle's window is discarded
  * with the reason) and the engine stays detached; the helper goes on, and the next attach takes
@@ -1296,9 +1295,8 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
  * CUPTI as the callbacks' userdata, which the callbacks check against the live engine before use,
  * and when the engine was freed meanwhile it unsubscribes what it got itself. The calls after the
  * subscription (the buffer callbacks, the pinned callbacks) stay on the caller; the attach's log
- * line times each step. On an H100 and an H200 (2026-12-05, 46 attaches at 1 thread and on a
- * training loop) they took 0.3 ms at most together, while cuptiSubscribe took 8 to 27 ms, and at
- * 16 launching threads it was cuptiSubscribe that never returned. */
+ * line times each step. On the GPUs these calls never blocked and cuptiSubscribe is the one
+ * that does, so it alone is bounded. */
 typedef struct cm__att_job {
   cm__job job;                /* first (job.c) */
   cm__cupti c;                /* the engine's CUPTI entry points, copied */
@@ -1309,7 +1307,7 @@ typedef struct cm__att_job {
   uint64_t start_ns, end_ns;  /* CLOCK_REALTIME when it began and when it returned */
 } cm__att_job;
 
-/* How long an attach waits for cuptiSubscribe (2 to 17 ms on an H100 when it does not block). */
+/* How long an attach waits for cuptiSubscribe, far above what it takes when it does not block. */
 #define ATTACH_WAIT_MS 500
 
 static void *att_main(void *arg) {

@@ -172,9 +172,9 @@ bool cm__engine_plain_flush(cm_engine *e, uint64_t deadline, uint32_t flag) {
 }
 
 /* How long the exit fence waits for its sync record with default flushes before it forces them.
- * On the H200, after 60 s or more of sustained launches from several threads, default flushes
- * never returned the sync record within 1.85 s (nor the main thread's earlier records), while a
- * forced flush after a completed synchronize delivers them; short runs fenced either way. */
+ * After a long run of sustained launches from several threads, default flushes may not return
+ * the sync record within the budget (nor a thread's earlier records in a partly filled buffer),
+ * while a forced flush after a completed synchronize delivers them. */
 #define CM__EXIT_DEFAULT_FLUSH_MS 50
 
 /* How long the exit's fence, once its sync record has come, waits, flushing, for records from
@@ -194,8 +194,7 @@ static uint64_t before_count(cm_engine *e) {
  * Kinds share buffers, and CUPTI's worker can be seconds behind on one of them (kernel records,
  * timed on the device) while the API and sync records of the same time arrive on time; a fence
  * that stopped at its sync record (the exit's among them) then left the records CUPTI still held
- * behind, uncounted. (On the H200 a script received 3.96 M fewer kernel than runtime records after
- * CUPTI's worker saturated, with no counter showing it.) So the exit's fence flushes on while
+ * behind, uncounted. So the exit's fence flushes on while
  * records from before its mark keep arriving: it ends at once when none came during the fence,
  * else at the first flush that brings none, or, once some came after the sync record, after
  * CM__FENCE_QUIET_MS without any. At the deadline it fails, and the exit's account says that CUPTI

@@ -312,8 +312,8 @@ CM_EXTERN int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms);
  * cuptiFinalize runs on a helper thread, at the exit of that thread's own driver API call, the
  * call site CUPTI recommends. timeout_ms bounds the flush and the wait for cuptiFinalize (0: the
  * configured fence timeout; cuptiFinalize gets at least 200 ms): CUPTI can keep cuptiFinalize
- * waiting for as long as the application's threads keep it busy (270 s on an H100 under 16
- * launching threads), and then the call returns CM_ETIMEDOUT while cuptiFinalize goes on in the
+ * waiting for as long as the application's threads keep it busy (minutes, under many launching
+ * threads), and then the call returns CM_ETIMEDOUT while cuptiFinalize goes on in the
  * background. Until it returns nothing calls CUPTI, and cm_observe, cm_callback_arm,
  * cm_pm_sample_add, cm_cupti_attach and cm_cupti_detach fail with CM_EAGAIN, saying so; the first
  * of them after it returned finds CUPTI detached.

@@ -31,12 +31,12 @@
  *          --backlog-ms B (once the workload is done, CUPTI's flushes complete no buffer for B ms:
  *          CUPTI behind by B ms at exit)
  *          --completion-delay-us U (CUPTI's completion thread waits U us before it completes each
- *          buffer: CUPTI behind on completing its buffers, holding more and more of them, as on
- *          the H200 under sustained load)
+ *          buffer: CUPTI behind on completing its buffers, holding more and more of them, as a
+ *          GPU's CUPTI can under sustained load)
  *          --kernel-backlog N (kernel records are held when made, and each cuptiActivityFlushAll
- *          writes at most N of them: CUPTI behind on kernel records alone, as on the H200)
+ *          writes at most N of them: CUPTI behind on kernel records alone)
  *          --default-flush-full-only (once the workload is done, default flushes return no partly
- *          filled buffer: only a forced flush returns those, as at the H200's exit after 60 s)
+ *          filled buffer: only a forced flush returns those, as at a long run's exit)
  *          --pending (kernel records are written still running: they complete at the next
  *          synchronize, and a forced flush before it delivers them with end 0, as CUPTI does)
  *          --exit-code C (the status of a normal exit, through exit(), so atexit handlers run)

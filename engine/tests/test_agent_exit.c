@@ -12,17 +12,17 @@
  *     holding the engine and waiting for a sync that blocks for a minute: the exit still takes at
  *     most the budget.
  *  4. Live mode, and every cuptiActivityFlushAll blocks for 10 s once the workload is done (as
- *     CUPTI's flush did under a backlog on the H200): the exit still takes at most the budget,
+ *     CUPTI's flush can under a backlog): the exit still takes at most the budget,
  *     STATS says the tail is unknown, and BYE says why.
  *  5. Live mode, and CUPTI is 1.2 s behind at exit (its flushes complete nothing for 1.2 s): the
  *     sync fence, which gets most of the default 2 s budget, completes, and every record arrives.
  *  6. Live mode, and once the workload is done CUPTI's default flushes return no partly filled
- *     buffer (as on the H200 after 60 s of sustained launches): the sync fence's own record comes
+ *     buffer (as after a long run of sustained launches): the sync fence's own record comes
  *     back only with a forced flush, which the exit's fence issues once the device is synchronized;
  *     every record arrives and the tail is known.
  *  7. Live mode, and CUPTI is behind on kernel records alone (the fake holds them, and each flush
- *     writes 200: the H200 under sustained launches, where the exit's fence completed at its
- *     sync record and 3.96 M kernel records never arrived, uncounted): the fence flushes on while
+ *     writes 200: CUPTI under sustained launches, where a fence that completed at its sync record
+ *     would lose kernel records uncounted): the fence flushes on while
  *     records from before it keep coming, every record arrives, and the tail is known.
  *  8. The same with one kernel record per flush, which the budget cannot drain: the tail is
  *     unknown, STATS and BYE say so (before, 2,600 of 3,000 kernel records were lost silently).
@@ -129,18 +129,18 @@ static void test_live_blocked_sync(bool flush_in_flight) {
  *    complete: the tail is unknown.
  *  - EXIT_FORCED_FLUSH_BLOCKS: only the forced flush blocks 10 s, after the sync fence completed.
  *    The tail is still unknown: only that flush returns the partly filled buffers of threads that
- *    stopped without synchronizing (on the H200, the main thread's warm-up launches).
- *  - EXIT_BACKLOG: CUPTI is 1.2 s behind (its flushes complete no buffer for 1.2 s, as with 16
- *    launching threads on the H200). The sync fence gets most of the budget, so it completes,
- *    every record arrives and the tail is known; with the earlier split (the sync fence stopped
- *    after 750 ms) it was unknown.
+ *    stopped without synchronizing (such as a main thread's warm-up launches).
+ *  - EXIT_BACKLOG: CUPTI is 1.2 s behind (its flushes complete no buffer for 1.2 s, as with many
+ *    launching threads on a GPU). The sync fence gets most of the budget, so it completes,
+ *    every record arrives and the tail is known; a sync fence stopped after 750 ms would leave
+ *    it unknown.
  *  - EXIT_DEFAULT_FULL_ONLY: CUPTI's default flushes return only full buffers, so the sync
  *    record written on the fence's helper thread comes back only with a forced flush. The exit's
  *    fence forces its flushes once the device is synchronized, so it completes and every record
  *    arrives within a few tens of ms, and the log says the record came with a forced flush.
- *    With default flushes only (the fence of the earlier exit) the sync fence timed out at its
- *    deadline (here the final forced flush still brought the records; on the H200 that flush
- *    itself took seconds, and the tail was unknown).
+ *    With default flushes only the sync fence would time out at its deadline (here the final
+ *    forced flush would still bring the records; on a GPU that flush itself can take seconds,
+ *    and the tail would be unknown).
  *  - EXIT_KERNEL_BACKLOG: CUPTI is behind on kernel records alone (200 written per flush), with
  *    records stamped with the realtime clock, as CUPTI's are. The fence's sync record comes at
  *    once; the fence flushes on while records from before it arrive, and every record arrives.

@@ -2,8 +2,8 @@
  * test_engine_attrs.c: the CUPTI activity attributes the engine sets when it starts.
  *
  * CUPTI's per-thread activity buffers are off unless CUPTIMON_CUPTI_PER_THREAD_BUFFERS=1: with
- * them on, CUPTI's flush at exit took 15.7 s after a 60 s run on the H200, and 10 ms with them
- * off. The attribute must be set before the buffer callbacks are registered. The ctest entries
+ * them on, CUPTI's flush at exit takes seconds after a long run, and milliseconds with them off
+ * (bench/RESULTS.md, "Memory under a long run"). The attribute must be set before the buffer callbacks are registered. The ctest entries
  * run this with the variable unset, set to 1, and set to a bad value (which leaves them off).
  */
 #include <stdio.h>

@@ -181,7 +181,7 @@ int main(void) {
   CMT_EQU(fstats().subscribes - subs1, 1);
   CMT_EQ(fake_callback_enabled(CUPTI_CB_DOMAIN_RESOURCE, ctx_created), 1);
 
-  /* A cuptiFinalize that blocks (CUPTI waiting for the application's threads, as on an H100)
+  /* A cuptiFinalize that blocks (CUPTI waiting for the application's threads, as on a GPU)
    * does not hold the detaching thread past its deadline: the detach says so, nothing calls
    * CUPTI while it runs, an observer is refused meanwhile, and once it has returned the next
    * observer attaches again and sees its records exactly. */
@@ -217,7 +217,7 @@ int main(void) {
   CMT_EQU(fstats().finalize_lost_records, 0);
   CMT_OK(cm_cupti_detach(e, 0));
 
-  /* A cuptiSubscribe that blocks (one attach took 13.6 s on an H100 with 16 launching threads)
+  /* A cuptiSubscribe that blocks (as an attach can for seconds on a GPU with many launching threads)
    * does not hold the attaching thread past the attach's wait (500 ms): the observer is refused
    * then, the engine stays detached and calls nothing else in CUPTI, a second attach meanwhile is
    * refused at once, and once the subscription has returned the next observer takes it (no

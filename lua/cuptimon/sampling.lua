@@ -186,8 +186,8 @@ end
 
 --- When windows were discarded and none completed, the run estimated nothing: the message that
 --- says so, with the last reason (the recipes report it as an error, so a status of 0 becomes 1);
---- else nil. On an H100 with 16 launching threads and CUPTIMON_DETACH_IDLE=1, CUPTI's attach
---- never returned while the threads launched, and every window was refused. A run that lost
+--- else nil. With many launching threads and CUPTIMON_DETACH_IDLE=1, CUPTI's attach may not
+--- return while the threads launch, and then every window is refused. A run that lost
 --- records has the LOST line and status 3 already, and a run too short for a window is not a
 --- failure.
 function S:nothing_estimated()

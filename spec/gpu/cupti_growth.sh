@@ -4,19 +4,17 @@
 #   bash spec/gpu/cupti_growth.sh BUILD_DIR     (about 5 min; THREADS=16 CM_SECONDS=150
 #                                                GAP_AT=0 FLOOR_SECONDS=100)
 #
-# On the H200 on 2026-12-03 (540 s, 16 launching threads, kernels and runtime API, per-thread
-# buffers off) the traced process's threads other than the launching ones used 0.28 of a core
-# after 10 s, 0.66 after 150 s and a whole core from 265 s on, at a steady launch rate; from then
-# on CUPTI's stage lag and the resident set grew. This script tells which thread that is, and
+# Over a long run at a steady launch rate (16 launching threads, kernels and runtime API,
+# per-thread buffers off) the traced process's threads other than the launching ones grow to a
+# whole core, and from then on CUPTI's stage lag and the resident set grow (bench/RESULTS.md,
+# "Throughput at many launching threads"). This script tells which thread that is, and
 # whether CUPTI does the same without cuptimon:
 #  1. cuptimon: bench/load.py long under bench/sum_durations.lua for CM_SECONDS, the CPU of each
 #     thread sampled by name every second (cm-decode, cm-send and cm-control are the agent's;
 #     CUPTI's threads and the main thread keep the program's name, launch_loop), and the kernel
 #     and runtime records delivered so far in its LAG lines. With GAP_AT=T (0: none) tracing
 #     stops for 2 s at T s and starts again (CM_BENCH_GAP_AT_S): does the grown cost start over?
-#     On the H200 (2026-12-04, T = 110 of 200 s) it did not: CUPTI's thread went from 0.4 of a
-#     core to a whole one at once, the process grew by 1 GiB in 50 s, and 3.96 M kernel records
-#     whose launches' API records reached the script never did (in the gap, or not at all). With SHED_AT=T (0: none) runtime is shed
+#     (The ledger has the answer: it did not, and the gap made CUPTI fall further behind.) With SHED_AT=T (0: none) runtime is shed
 #     for good at T s instead (CM_BENCH_SHED_AT_S, a budget: kernels are never toggled): does
 #     CUPTI's worker recover with only kernel records to write? That is the experiment a default
 #     shed needs first.

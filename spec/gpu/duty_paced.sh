@@ -1,14 +1,13 @@
 #!/usr/bin/env bash
-# Is the duty cycle's estimate right when tracing cannot change the workload's rate? On
-# the H200 the estimates of a training loop were 5.8% low per step against a fully traced run of
-# the same loop. Either the windows' time base is off (the window counts from an instant when
+# Is the duty cycle's estimate right when tracing cannot change the workload's rate? When
+# the estimates of a training loop come out low per step against a fully traced run of the same
+# loop, either the windows' time base is off (the window counts from an instant when
 # CUPTI was not yet, or no longer, tracing) or the windows ran slower than the time between them
 # (tracing's own cost, which makes any sampled estimate low). A loop paced at a fixed rate that
 # tracing cannot lower tells the two apart: its true launch count is known, and every window
-# sees the same rate. On an H100 (2026-12-05) the estimates came out 1.5% high, and 3.4 to 7.1%
-# with CUPTIMON_DETACH_IDLE=1, while the loop still caught up in bursts after a stall (a window's
-# opening stalls the launching thread); it no longer does (bench/launch_loop.cu, PACE_SLACK_NS),
-# and the runs since then tell whether that was all. From the repository root on the device
+# sees the same rate. The loop must not catch up in bursts after a stall (a window's opening
+# stalls the launching thread), or the windows would see more than the rate (bench/launch_loop.cu,
+# PACE_SLACK_NS). Results: bench/RESULTS.md, "Duty cycle". From the repository root on the device
 # machine:
 #   bash spec/gpu/duty_paced.sh BUILD_DIR     (about 3 min; RATE=20000 RUN_S=60 DUTY=0.1
 #                                              PERIOD_MS=1000 ROUNDS=2)

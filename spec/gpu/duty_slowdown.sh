@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
-# Why did the duty-cycled training loop run slower than the fully traced one? On an
-# H100 (2026-12-05 13:16 UTC) spec/gpu/duty_accuracy.py gave 597 steps/s under
-# top.lua --duty 0.05 --period-ms 10000 with CUPTIMON_DETACH_IDLE=1 (300 s), 792 under the full
-# trace (60 s) and 819 untraced (15 s); on the H200 (2026-12-03, without the detach) 494 against
-# 603. A duty cycle traces 5% of the time, so it should cost less than the full trace, not more.
+# Does the duty-cycled training loop run slower than the fully traced one? A duty cycle traces
+# 5% of the time, so it should cost less than the full trace, not more; separate runs of
+# spec/gpu/duty_accuracy.py can suggest otherwise (bench/RESULTS.md, "Duty cycle").
 # This runs spec/gpu/duty_train.py for RUN_S seconds in four configurations, one after the other:
 # untraced, the full trace (scripts/top.lua), the duty cycle of spec/gpu/duty_slowdown.lua (500 ms
 # in every 10 s, kernels), and the same with CUPTIMON_DETACH_IDLE=1. The loop prints its steps per

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Each duty window's kernel rate on the launch loop, with and without CUPTIMON_DETACH_IDLE=1
-#. On the H100 (2026-12-05) the duty cycle's estimates of the launch loop's kernels
-# were 7 to 11% low without the detach and 20 to 37% low with it: this tells whether the windows
+#: when the duty cycle's estimates of the launch loop's kernels come out low, more so with the
+# detach (bench/RESULTS.md, "Duty cycle"), this tells whether the windows
 # after a re-attach see fewer kernels per traced millisecond (CUPTI recording only some time after
 # its kinds were enabled again), and how long the traced span of records is against traced_ms.
 # From the repository root on the device machine:

@@ -3,10 +3,10 @@
 # the device machine:
 #   bash spec/gpu/exit_tail.sh BUILD_DIR      (about 2.5 min; THREADS=4 SECONDS_LIST="30 60")
 #
-# On the H200 on 2026-12-03, every run of 60 s or more under cuptimon-lua bench/sum_durations.lua
-# left the exit's sync fence unfinished at the 2 s budget's deadline, and exactly the main
-# thread's records (launch_loop's 1,000 warm-up launches) were missing; runs of 8 to 30 s fenced
-# in under 0.7 s and delivered everything. This script runs the same load for each length in
+# A long run under cuptimon-lua bench/sum_durations.lua can leave the exit's sync fence
+# unfinished at the 2 s budget's deadline, with a thread's records (launch_loop's 1,000 warm-up
+# launches) missing, while short runs fence in well under a second (bench/RESULTS.md, "Memory
+# under a long run"). This script runs the same load for each length in
 # SECONDS_LIST with a 60 s exit budget, so nothing is cut, and prints for each run the agent's exit
 # line (the exit's length, the sync fence's and the forced flush's times) and the kernel records
 # against the launches. Logs go to $OUT when set, else to

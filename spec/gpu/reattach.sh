@@ -9,7 +9,7 @@
 #  1. --phases: cycles of untraced, traced (kernels and runtime API), disabled (every kind off,
 #     CUPTI still initialized) and finalized (cuptiFinalize) phases in one process, the launching
 #     thread's CPU per empty launch in each. The duty cycle turns kinds off between its windows,
-#     and on the H200 a launch then stayed about as dear as under the full trace
+#     and a launch then stays about as dear as under the full trace
 #     (spec/gpu/duty_residual.sh): if "finalized" is back near the first "untraced" while
 #     "disabled" is not, the duty cycle should detach CUPTI between windows. Each traced phase
 #     must deliver exactly its launches' kernel records after CUPTI was initialized again, and no

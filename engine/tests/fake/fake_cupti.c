@@ -236,8 +236,9 @@ static atomic_uint_fast64_t knob_backlog_until_ns;
 static atomic_int knob_default_full_only;
 /* fake_set_kernel_backlog: while > 0, kernel records are not written when made but held in
  * `held_k`, and each cuptiActivityFlushAll writes at most this many of them (into the flushing
- * thread's buffer) before it takes the buffers: CUPTI behind on kernel records alone, as on the
- * H200 under sustained launches, where the API and sync records of the same time came on time. */
+ * thread's buffer) before it takes the buffers: CUPTI behind on kernel records alone, as a GPU's
+ * CUPTI can be under sustained launches while the API and sync records of the same time come on
+ * time. */
 static atomic_int knob_kernel_backlog;
 static pthread_mutex_t held_k_mu = PTHREAD_MUTEX_INITIALIZER;
 static uint8_t *held_k;          /* records back to back, guarded by held_k_mu */
@@ -707,7 +708,7 @@ static atomic_int finalize_block_ms;
 void fake_set_finalize_block_ms(int ms) { atomic_store(&finalize_block_ms, ms); }
 
 FAKE_EXPORT CUptiResult CUPTIAPI cuptiFinalize(void) {
-  /* fake_set_finalize_block_ms: CUPTI waiting for the application's threads, as on the H100.
+  /* fake_set_finalize_block_ms: CUPTI waiting for the application's threads, as on a GPU.
    * Every CUPTI call meanwhile counts as one made while finalized. */
   int block = atomic_load(&finalize_block_ms);
   const char *env = getenv("FAKE_CUPTI_FINALIZE_BLOCK_MS");
@@ -778,12 +779,12 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiSubscribe_v2(CUpti_SubscriberHandle *subsc
    * tens of ms), during which the agent's connection to the monitor is open but silent. */
   const char *delay = getenv("FAKE_CUPTI_SUBSCRIBE_DELAY_MS");
   if (delay && atoi(delay) > 0) usleep((useconds_t)atoi(delay) * 1000);
-  /* fake_set_subscribe_delay_ms: an attach as slow as one on an H100 with 16 launching threads. */
+  /* fake_set_subscribe_delay_ms: an attach as slow as one on a GPU with many launching threads. */
   int slow = atomic_load(&subscribe_delay_ms);
   if (slow > 0) usleep((useconds_t)slow * 1000);
-  /* FAKE_CUPTI_RESUBSCRIBE_DELAY_MS: every subscription after the first takes this long. On an
-   * H100 with 16 threads launching, each attach after a detach blocked for as long as they did
-   * (15 s and more), while the first, at the start, returned at once. */
+  /* FAKE_CUPTI_RESUBSCRIBE_DELAY_MS: every subscription after the first takes this long. With
+   * many threads launching, each attach after a detach blocks for as long as they do, while the
+   * first, at the start, returns at once. */
   const char *again = getenv("FAKE_CUPTI_RESUBSCRIBE_DELAY_MS");
   if (again && atoi(again) > 0 && atomic_load(&st.subscribes) > 0)
     usleep((useconds_t)atoi(again) * 1000);

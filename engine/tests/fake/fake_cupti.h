@@ -132,23 +132,22 @@ void fake_set_suppress_sync_records(int on);
 void fake_set_sync_block_ms(int ms);
 
 /* Makes every later cuptiActivityFlushAll block `ms` milliseconds before it flushes, as CUPTI's
- * flush was seen to under a backlog on the H200 (0: no block). fake_cuda_app --flush-block-ms sets
+ * flush can under a backlog (0: no block). fake_cuda_app --flush-block-ms sets
  * it once its workload is done, so that only the exit's flushes block. */
 void fake_set_flush_block_ms(int ms);
 /* With `on`, the block of fake_set_flush_block_ms applies to forced flushes only (fake_cuda_app
- * --forced-flush-block-ms), as at the H200's exit, where the fence completed and CUPTI's forced
- * flush then took seconds. */
+ * --forced-flush-block-ms), as at a GPU's exit after a long run, where the fence can complete and
+ * CUPTI's forced flush then take seconds. */
 void fake_set_flush_block_forced_only(int on);
 /* For the next `ms` milliseconds, cuptiActivityFlushAll (forced or not) returns at once and
- * completes no buffer, as CUPTI does while it is that far behind (on the H200 with 16 launching
- * threads, up to 1.4 s at exit); afterwards flushes work as before (0: no backlog).
+ * completes no buffer, as CUPTI does while it is that far behind (with many launching threads,
+ * more than a second at exit); afterwards flushes work as before (0: no backlog).
  * fake_cuda_app --backlog-ms sets it once its workload is done. */
 void fake_set_backlog_ms(int ms);
 /* With `on`, a default (not forced) cuptiActivityFlushAll returns no partly filled buffer, only
  * the full ones (which are returned as they fill): the records of a thread that has not filled
  * its buffer, the fence's own sync record among them, come back only with a forced flush. That
- * is what CUPTI did on the H200 at the exit of runs of 60 s and more with several launching
- * threads. fake_cuda_app --default-flush-full-only sets it once its workload is done. */
+ * is what CUPTI does at the exit of long runs with several launching threads. fake_cuda_app --default-flush-full-only sets it once its workload is done. */
 void fake_set_default_flush_full_only(int on);
 /* While per_flush > 0, kernel records are held when made and each cuptiActivityFlushAll writes
  * at most per_flush of them before it takes the buffers: CUPTI behind on kernel records alone. */
@@ -157,8 +156,8 @@ void fake_set_kernel_backlog(int per_flush);
  * never set it. */
 int fake_per_thread_attr(void);
 
-/* Makes cuptiFinalize block for `ms` ms before it finalizes (0: it returns at once), as CUPTI did
- * on an H100 while the application's threads kept launching; CUPTI calls made meanwhile count in
+/* Makes cuptiFinalize block for `ms` ms before it finalizes (0: it returns at once), as CUPTI does
+ * while the application's threads keep launching; CUPTI calls made meanwhile count in
  * calls_while_finalized. */
 void fake_set_finalize_block_ms(int ms);
 /* (FAKE_CUPTI_FINALIZE_BLOCK_MS in the environment does the same in a process that cannot call
@@ -166,8 +165,8 @@ void fake_set_finalize_block_ms(int ms);
 /* Makes each cuptiActivityEnable take `us` microseconds before it turns its kind on (0: at once),
  * as enabling a kind takes time on a GPU. */
 void fake_set_enable_delay_us(int us);
-/* Makes each cuptiSubscribe/_v2 take `ms` ms before it subscribes (0: at once), as one attach
- * after cuptiFinalize took 13.6 s on an H100 while 16 threads kept launching. */
+/* Makes each cuptiSubscribe/_v2 take `ms` ms before it subscribes (0: at once), as an attach
+ * after cuptiFinalize can take seconds while many threads keep launching. */
 void fake_set_subscribe_delay_ms(int ms);
 
 /* Simulated CUDA stream captures. Begin and end count captures in progress; with
