@@ -15,10 +15,10 @@
 # OPS=750000 ops (a few seconds of timed loop), DUTY_PERIOD_MS=1000 (windows of 50 and
 # 100 ms, 4 or 5 per run). With the recipes' 10 s period a run would hold one window or none. A
 # shorter torch run (250,000 ops, under 2 s of loop) can print no estimate (no window completed
-# in it), and holds 2 or 3 windows, some of them before the loop begins. The budget (BUDGET_S, default 540) stops starting rounds that would end past it: 10
-# rounds of three configurations (CONFIGS=untraced,duty05d,duty10d) on both workloads take about
-# 7 minutes on a GPU (set WORKLOADS=launch for one workload, or CONFIGS for fewer
-# configurations, to keep a margin).
+# in it), and holds 2 or 3 windows, some of them before the loop begins. The budget (BUDGET_S,
+# default 540) stops starting rounds that would end past it: 10 rounds of three configurations
+# (CONFIGS=untraced,duty05d,duty10d) on both workloads take about 7 minutes on a GPU (set
+# WORKLOADS=launch for one workload, or CONFIGS for fewer configurations, to keep a margin).
 # Output: tables on stdout and in $OUT/overhead.md (OUT defaults to /tmp/cuptimon-duty-overhead),
 # every run in $OUT/overhead_runs.{csv,json}; each duty run's note has its estimate of the
 # kernels launched against the launch loop's own count.

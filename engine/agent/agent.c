@@ -981,11 +981,11 @@ static int apply_selection(const cm_selection *sel) {
 
 /* The lag guard. CUPTI can fall behind the launches for good: over a long run at a high launch
  * rate its own worker thread grows to a whole core, and the records it holds then grow the process
- * without bound (bench/RESULTS.md, "Memory under a long run"). Nothing the agent does downstream of CUPTI bounds
- * that memory: only tracing less does. Every check (a tenth of the limit, 20 ms to 1 s) on which
- * a buffer was decoded since the last, the guard measures how long CUPTI held records back
- * (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it then
- * wrote the record into, for the kind most behind in a buffer, the largest over the buffers
+ * without bound (bench/RESULTS.md, "Memory under a long run"). Nothing the agent does downstream of
+ * CUPTI bounds that memory: only tracing less does. Every check (a tenth of the limit, 20 ms to
+ * 1 s) on which a buffer was decoded since the last, the guard measures how long CUPTI held records
+ * back (cm__engine_take_lag_held_max: from a record's timestamp to CUPTI asking for the buffer it
+ * then wrote the record into, for the kind most behind in a buffer, the largest over the buffers
  * decoded since the last check; a record waiting in a partly filled buffer does not count), and
  * guard.h's policy decides: over CUPTIMON_GUARD_LAG_MS (default 500; 0 turns the guard off) for
  * 3 checks in a row, CUPTI stops writing one group of kinds for the rest of the session (the API

@@ -187,11 +187,12 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
  *
  * cuptiFinalize can block for as long as the application keeps CUPTI busy: with kernel and
  * runtime records traced and then disabled, it may not return until the launching threads stop
- * (bench/RESULTS.md, "Memory under a long run"). So it runs on a helper thread of its own, and the detach waits for it until a
- * deadline only. The helper shares a job with the engine (the last to leave frees it) and touches
- * nothing else: an engine freed meanwhile is never reached. Its driver call's exit callback runs
- * cuptiFinalize there, the call site CUPTI recommends; without that callback it is called
- * directly, which CUPTI allows once the device is synchronized and the buffers flushed. */
+ * (bench/RESULTS.md, "Memory under a long run"). So it runs on a helper thread of its own, and the
+ * detach waits for it until a deadline only. The helper shares a job with the engine (the last to
+ * leave frees it) and touches nothing else: an engine freed meanwhile is never reached. Its driver
+ * call's exit callback runs cuptiFinalize there, the call site CUPTI recommends; without that
+ * callback it is called directly, which CUPTI allows once the device is synchronized and the
+ * buffers flushed. */
 typedef struct cm__fin_job {
   cm__job job;       /* first (job.c) */
   bool in_callback;  /* the helper thread's own: cuptiFinalize ran in the callback, */
@@ -466,8 +467,8 @@ static void *worker_main(void *arg) {
       /* Once the agent's lag guard has suppressed every kind the observers select, CUPTI asks
        * for no buffer to write records into for the rest of the run, so the free ones are given
        * back as they return: CUPTI's partly filled buffers come back once after the guard's last
-       * step, and would otherwise stay in the pool, and in the process, to the end. A session that merely ends keeps its buffers
-       * for the next (test_engine_cycles). */
+       * step, and would otherwise stay in the pool, and in the process, to the end. A session that
+       * merely ends keeps its buffers for the next (test_engine_cycles). */
       if (!cm__engine_enabled(e) && atomic_load_explicit(&e->suppressed, memory_order_relaxed))
         cm__pool_trim(&e->pool, 0);
 
@@ -1287,8 +1288,8 @@ static int detach_locked(cm_engine *e, uint32_t timeout_ms) {
  *
  * Attaching again after a detach can block as well: with many threads launching, an attach can
  * hold the agent's control thread for seconds, and the monitor's flush times out meanwhile
- * (bench/RESULTS.md, "Duty cycle"). So the subscription, CUPTI's first call after cuptiFinalize and the one that
- * initializes it again, runs on a helper thread, and the attach waits for it until
+ * (bench/RESULTS.md, "Duty cycle"). So the subscription, CUPTI's first call after cuptiFinalize and
+ * the one that initializes it again, runs on a helper thread, and the attach waits for it until
  * ATTACH_WAIT_MS only. Past that, the attach is refused (the duty cycle's window is discarded
  * with the reason) and the engine stays detached; the helper goes on, and the next attach takes
  * its subscription once it has returned. The helper touches its job alone: it hands the engine to

@@ -3,8 +3,9 @@
  *
  * CUPTI's per-thread activity buffers are off unless CUPTIMON_CUPTI_PER_THREAD_BUFFERS=1: with
  * them on, CUPTI's flush at exit takes seconds after a long run, and milliseconds with them off
- * (bench/RESULTS.md, "Memory under a long run"). The attribute must be set before the buffer callbacks are registered. The ctest entries
- * run this with the variable unset, set to 1, and set to a bad value (which leaves them off).
+ * (bench/RESULTS.md, "Memory under a long run"). The attribute must be set before the buffer
+ * callbacks are registered. The ctest entries run this with the variable unset, set to 1, and set
+ * to a bad value (which leaves them off).
  */
 #include <stdio.h>
 #include <stdlib.h>

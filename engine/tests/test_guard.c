@@ -91,9 +91,9 @@ int main(void) {
   CMT_EQU(g.limit_ns, 500 * MS);
   CMT_EQU(run(&g, &now, 50, behind, 3, wanted), api);
 
-  /* The buffers CUPTI holds, with the time it held records at 0 (CUPTI behind on completing its buffers): over
-   * the limit of 6 at three checks in a row sheds; fewer each check after the step (the backlog
-   * draining) sheds no more; as many or more does. */
+  /* The buffers CUPTI holds, with the time it held records at 0 (CUPTI behind on completing its
+   * buffers): over the limit of 6 at three checks in a row sheds; fewer each check after the step
+   * (the backlog draining) sheds no more; as many or more does. */
   cm__guard b = {.limit_ns = 500 * MS, .buffers_limit = 6};
   t = 1000;
   const uint64_t bufs[] = {3, 9, 12, 5, 9, 12, 15};

@@ -14,10 +14,10 @@
 #     CUPTI's threads and the main thread keep the program's name, launch_loop), and the kernel
 #     and runtime records delivered so far in its LAG lines. With GAP_AT=T (0: none) tracing
 #     stops for 2 s at T s and starts again (CM_BENCH_GAP_AT_S): does the grown cost start over?
-#     (The ledger has the answer: it did not, and the gap made CUPTI fall further behind.) With SHED_AT=T (0: none) runtime is shed
-#     for good at T s instead (CM_BENCH_SHED_AT_S, a budget: kernels are never toggled): does
-#     CUPTI's worker recover with only kernel records to write? That is the experiment a default
-#     shed needs first.
+#     (The ledger has the answer: it did not, and the gap made CUPTI fall further behind.) With
+#     SHED_AT=T (0: none) runtime is shed for good at T s instead (CM_BENCH_SHED_AT_S, a budget:
+#     kernels are never toggled): does CUPTI's worker recover with only kernel records to write?
+#     That is the experiment a default shed needs first.
 #  2. the floor (gpu/libcupti_floor.so, per-thread buffers off as the engine sets them, no
 #     periodic flush, as the agent has none in this run) under the same load for FLOOR_SECONDS,
 #     sampled the same way, with its lag from a record's end to its buffer's completion.

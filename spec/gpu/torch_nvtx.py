@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""A deterministic PyTorch training loop with NVTX ranges, for the recipe checks of spec/gpu/run_all.sh.
+"""A deterministic PyTorch training loop with NVTX ranges, for the recipe checks of
+spec/gpu/run_all.sh.
 
 Usage: torch_nvtx.py [STEPS] [profiler|key_averages]
 Each step is an NVTX range "step" holding "forward", "backward" and "optimizer" ranges (pushed

@@ -147,7 +147,8 @@ void fake_set_backlog_ms(int ms);
 /* With `on`, a default (not forced) cuptiActivityFlushAll returns no partly filled buffer, only
  * the full ones (which are returned as they fill): the records of a thread that has not filled
  * its buffer, the fence's own sync record among them, come back only with a forced flush. That
- * is what CUPTI does at the exit of long runs with several launching threads. fake_cuda_app --default-flush-full-only sets it once its workload is done. */
+ * is what CUPTI does at the exit of long runs with several launching threads. fake_cuda_app
+ * --default-flush-full-only sets it once its workload is done. */
 void fake_set_default_flush_full_only(int on);
 /* While per_flush > 0, kernel records are held when made and each cuptiActivityFlushAll writes
  * at most per_flush of them before it takes the buffers: CUPTI behind on kernel records alone. */
