@@ -1099,7 +1099,7 @@ describe("recipes", function()
       .. "%s+100%.0%s+%d+%s+1%s.*kernel names",
     ["nvtx.lua"] = "pid 77 %([^)]*%)\nrange%s+ranges%s+ops%s+incl_us%s+excl_us%s+%% gpu\n",
     ["dump.lua"] = "kind%s+rows%s+file\nconcurrent_kernel%s+3000%s",
-    ["memcpy_bw.lua"] = "copy kind%s+count%s+bytes%s+time_us%s+GB/s\nHtoD%s+1500%s+%d+%s+[%d.]+%s+[%d.]+\n"
+    ["memcpy_bw.lua"] = "copy kind%s+count%s+bytes%s+time_us%s+bandwidth\nHtoD%s+1500%s+%d+%s+[%d.]+%s+[%d.]+ [GMK]?B/s\n"
       .. "DtoH%s+1500.*HtoD: size histogram %(bytes%)\n  %[1 KiB, 2 KiB%)%s+%d+ |@+",
     ["timeline.lua"] = "timeline.lua: wrote [^\n]*: 12000 slices %(3000 kernel, 3000 memcpy, 3000 memset, "
       .. "3000 runtime, 0 driver, 0 nvtx%), 0 marks, %d+ flows\n",
