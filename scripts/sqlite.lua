@@ -42,7 +42,8 @@
 -- migrationCause, virtualAddress; sync deviceId when no kernel, copy or memset of the same
 -- context was seen before it; NVTX category, color, payloads and textId; ThreadNames priority;
 -- TARGET_INFO_GPU busLocation, isDiscrete, chipName and the columns of a device whose DEVICE
--- record never came (a replay of a capture without it has only id and name).
+-- record never came (a replay of a capture without it has only id, and the name its HELLO
+-- gives).
 -- cuptimon's own tables (no nsys table starts with CUPTIMON_): CUPTIMON_META (tool, version,
 -- clock, complete: 0 until the run ended cleanly), CUPTIMON_LOSS (per process: received,
 -- produced, dropped and where, incomplete), CUPTIMON_PROCESSES (host, exe, ppid, source),

@@ -36,7 +36,7 @@
 -- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
 --
 -- Example output:
---   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda), device 0
+--   pid 601 (cuptimon_demo_cuda), device 0
 --   Time (%) Total (us) Instances Avg (us) Med (us) P99 (us) Min (us) Max (us) Name
 --       93.3       2863       150     19.1     21.0     30.0      5.2     30.1 cm_demo_matmul<16>
 --        2.5         78        60      1.3      1.0      1.7      1.0      1.7 cm_demo_sgd_update<float>
