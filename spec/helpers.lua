@@ -116,6 +116,16 @@ function M.pairs_of(out, prefix)
   return t
 end
 
+--- The key=value numbers of the first line of `out` that contains `what`, as the loss_report.lua
+--- fixture prints them (the pid left out): { dropped = 0, received = 3000, ... }.
+function M.loss_of(out, what)
+  local line = out:match(what .. "[^\n]*") or ""
+  local t = {}
+  for k, v in line:gmatch("([%w_]+)=(%d+)") do t[k] = tonumber(v) end
+  t.pid = nil
+  return t
+end
+
 --- A new empty temporary directory; returns its path.
 function M.tmpdir()
   local dir = os.tmpname()
