@@ -5,23 +5,10 @@
 -- spec/attach_spec.lua's (two files, so each stays well inside its timeout under TSan).
 -- luacheck: std +busted
 local A = require "attach_helpers"
-local helpers = A.helpers
-local bin = A.bin
-local app = A.app
-local agent = A.agent
-local fake = A.fake
-local fixture = A.fixture
-local exists = A.exists
-local fresh = A.fresh
-local wait_for = A.wait_for
-local read = A.read
-local start_app = A.start_app
-local dormant_window = A.dormant_window
-local stop_app = A.stop_app
-local exact_window = A.exact_window
-local start_monitor = A.start_monitor
-local hold = A.hold
-local monitor_status = A.monitor_status
+local helpers, bin, app, agent, fake, fixture = A.helpers, A.bin, A.app, A.agent, A.fake, A.fixture
+local exists, fresh, wait_for, read, start_app = A.exists, A.fresh, A.wait_for, A.read, A.start_app
+local dormant_window, stop_app, exact_window = A.dormant_window, A.stop_app, A.exact_window
+local start_monitor, hold, monitor_status = A.start_monitor, A.hold, A.monitor_status
 local uv = require "luv"
 
 describe("cuptimon-lua --list and --attach: refusals and reports (dormant agents)", function()

@@ -147,6 +147,14 @@ function M.record(cmd, prefix)
   return rc, out, table.concat(caps, " "), dir, #caps
 end
 
+--- The path of recipe `name` ("top.lua") and of fixture `name` in the source tree.
+function M.script(name) return M.root() .. "/scripts/" .. name end
+function M.fixture(name) return M.root() .. "/spec/fixtures/" .. name end
+
+--- The environment assignment a synthetic agent (wire_gen) needs: no agent library, but a
+--- readable path, which is all the hub's lookup checks.
+M.SYNTH = "CUPTIMON_AGENT=/dev/null "
+
 --- The contents of the file at `path`, or nil when it cannot be read.
 function M.read(path)
   local f = io.open(path, "rb")

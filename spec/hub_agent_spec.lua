@@ -6,14 +6,8 @@
 -- luacheck: std +busted
 local helpers = require "helpers"
 
-local bin = helpers.binary()
-local root = helpers.root()
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-
-local function script(name) return root .. "/scripts/" .. name end
-local function fixture(name) return root .. "/spec/fixtures/" .. name end
+local bin, tmp = helpers.binary(), helpers.tmpdir()
+local script, fixture = helpers.script, helpers.fixture
 local loss_of = helpers.loss_of
 
 describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()

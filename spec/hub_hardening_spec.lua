@@ -5,17 +5,10 @@
 -- luacheck: std +busted
 local helpers = require "helpers"
 
-local bin = helpers.binary()
-local gen = os.getenv("CUPTIMON_WIRE_GEN")
-local root = helpers.root()
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-
-local function script(name) return root .. "/scripts/" .. name end
-local function fixture(name) return root .. "/spec/fixtures/" .. name end
--- The synthetic agent needs no agent library; any readable path satisfies the hub's lookup.
-local synth = "CUPTIMON_AGENT=/dev/null "
+local bin, gen = helpers.binary(), os.getenv("CUPTIMON_WIRE_GEN")
+local tmp = helpers.tmpdir()
+local script, fixture = helpers.script, helpers.fixture
+local synth = helpers.SYNTH
 
 describe("cuptimon-lua hub hardening (synthetic agents)", function()
   if not gen then

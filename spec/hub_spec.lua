@@ -5,15 +5,9 @@
 -- luacheck: std +busted
 local helpers = require "helpers"
 
-local bin = helpers.binary()
-local gen = os.getenv("CUPTIMON_WIRE_GEN")
-local root = helpers.root()
-local tmp = os.tmpname()
-os.remove(tmp)
-os.execute("mkdir -p " .. tmp)
-
-local function script(name) return root .. "/scripts/" .. name end
-local function fixture(name) return root .. "/spec/fixtures/" .. name end
+local bin, gen = helpers.binary(), os.getenv("CUPTIMON_WIRE_GEN")
+local root, tmp = helpers.root(), helpers.tmpdir()
+local script, fixture = helpers.script, helpers.fixture
 -- The capture mutator and re-encoder (spec/capture_tool.c), or nil after pending() when ctest
 -- did not pass it.
 local function need_tool()
@@ -21,8 +15,7 @@ local function need_tool()
   if not tool then pending("CUPTIMON_CAPTURE_TOOL is not set (run through ctest)") end
   return tool
 end
--- The synthetic agent needs no agent library; any readable path satisfies the hub's lookup.
-local synth = "CUPTIMON_AGENT=/dev/null "
+local synth = helpers.SYNTH
 
 describe("cuptimon-lua --replay", function()
   if not gen then
