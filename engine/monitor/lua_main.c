@@ -420,11 +420,13 @@ static int stdout_failed(void) {
   struct stat st;
   struct rlimit rl;
   struct statvfs vfs;
-  if (!e && fstat(STDOUT_FILENO, &st) == 0 && S_ISREG(st.st_mode)) {
-    if (getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        (rlim_t)st.st_size >= rl.rlim_cur)
+  if (!e && fstat(STDOUT_FILENO, &st) == 0) {
+    if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+      e = EPIPE; /* a pipe's write fails only when its reader has gone */
+    else if (S_ISREG(st.st_mode) && getrlimit(RLIMIT_FSIZE, &rl) == 0 &&
+             rl.rlim_cur != RLIM_INFINITY && (rlim_t)st.st_size >= rl.rlim_cur)
       e = EFBIG;
-    else if (fstatvfs(STDOUT_FILENO, &vfs) == 0 && vfs.f_bavail == 0)
+    else if (S_ISREG(st.st_mode) && fstatvfs(STDOUT_FILENO, &vfs) == 0 && vfs.f_bavail == 0)
       e = ENOSPC;
   }
   if (e == EPIPE) return 0;
