@@ -37,7 +37,9 @@
 -- file names first: a CSV opens with the comment line "# clock: CLOCK_REALTIME ns" (pandas:
 -- read_csv(path, comment="#")), a JSONL file with a metadata object. Rows are written per batch,
 -- so memory stays bounded whatever the length of the run. At exit the script prints the rows
--- written per file.
+-- written per file. A write that fails (a full disk, a file-size limit) is reported at once with
+-- the path and the system's reason, the rows that did not reach the file are counted and printed
+-- as "dump.lua: LOST N rows not written: ..." after the table, and the run exits 1.
 --
 -- Example output:
 --   (out/kernel.csv)
@@ -200,14 +202,22 @@ end
 -- 2^53 (every CLOCK_REALTIME timestamp) goes as a string of its exact decimal digits.
 local EXACT = ffi.new("uint64_t", 2 ^ 53)
 
--- kind name -> { file =, path =, rows =, writer = function(b) }
+-- kind name -> { file =, path =, rows =, unwritten =, err = }: rows counts the rows that
+-- reached the file (each batch is flushed after its rows), unwritten those that did not, and err
+-- is the first failure (the file could not be created, or a write failed), reported once.
 local outs = {}
 local left_out = 0 -- kernel rows --filter/--exclude left out
 
 local function open(c)
   local path = prefix .. c.label .. ext
-  local f, err = require("cuptimon.output").open(path, opts.force)
-  if not f then error(("dump.lua: cannot write %s: %s"):format(path, err), 0) end
+  local o = { path = path, rows = 0, unwritten = 0 }
+  local f, err = require("cuptimon.output").open(path, opts.force, false, "dump.lua")
+  if not f then
+    o.err = ("cannot write %s: %s"):format(path, err)
+    cm.report("dump.lua", o.err)
+    return o
+  end
+  o.file = f
   if opts.format == "csv" then
     f:write("# clock: CLOCK_REALTIME ns\n", "process_pid,", table.concat(c.fields, ","), "\n")
   else
@@ -216,7 +226,17 @@ local function open(c)
     f:write(('{"clock":"CLOCK_REALTIME","unit":"ns","kind":%s,"fields":["process_pid",%s]}\n')
       :format(json_string(c.kind.name), table.concat(names, ",")))
   end
-  return { file = f, path = path, rows = 0 }
+  return o
+end
+
+-- Writes a batch's lines and flushes them: they count as written only once they reached the file.
+local function put(o, lines)
+  if o.file and o.file:write(table.concat(lines)) and o.file:flush() then
+    o.rows = o.rows + #lines
+  else
+    o.err = o.err or o.file:failure()
+    o.unwritten = o.unwritten + #lines
+  end
 end
 
 -- What each kind observes: its fields, with `name` standing in for mangled_name (and a kernel
@@ -300,26 +320,32 @@ cm.observe(sel, function(b)
     lines[#lines + 1] = table.concat(cells, ",", 1, #fields + 1) .. (csv and "\n" or "}\n")
     ::next_row::
   end
-  o.file:write(table.concat(lines))
-  o.rows = o.rows + #lines
+  put(o, lines)
 end)
 
 cm.on("exit", function()
   if cm.command_failed() then return end -- the one-line error says it all; no empty files
   local t = tabulate.new { { "kind", width = 20 }, { "rows", "%d", width = 8 },
     { "file", align = "left" } }
+  local failed = {}
   for _, name in ipairs(order) do
-    local o = outs[name]
-    if o then
-      o.file:close()
-    else
-      o = open(chosen[name]) -- an empty file with its header: the kind had no records
-      o.file:close()
+    -- A kind with no records gets an empty file with its header.
+    local o = outs[name] or open(chosen[name])
+    if o.file and not o.file:close() then
+      -- The close flushes the header of a kind with no rows: the file is incomplete anyway.
+      o.err = o.err or o.file:failure()
     end
     t:add(name, o.rows, o.path)
+    if o.err then failed[#failed + 1] = o end
   end
   t:print()
   if left_out > 0 then
     tabulate.note(("%d kernel rows left out by --filter/--exclude"):format(left_out))
+  end
+  -- The rows that did not reach their file, per file, after the table (which counts only the
+  -- rows written); the failure itself was reported when it happened, and fails the run.
+  for _, o in ipairs(failed) do
+    io.stderr:write(("dump.lua: LOST %d rows not written: %s; the file is incomplete\n")
+      :format(o.unwritten, o.err))
   end
 end)

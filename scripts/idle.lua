@@ -30,7 +30,7 @@
 -- that arrived after it.
 --
 -- Example output:
---   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda)
+--   pid 601 (cuptimon_demo_cuda)
 --   device stream     ops     span_us     busy_us  busy%    gaps  max_gap_us
 --        0      7       4        93.2        33.5   35.9       2        29.1
 --        0     13      30      4504.2       387.2    8.6      29       546.4

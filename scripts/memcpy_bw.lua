@@ -11,12 +11,14 @@
 --                 with its copy kind, bucket bounds in bytes (lo_bytes empty for bucket 0, the
 --                 copies of less than one byte) and copies
 --
--- Bandwidth is bytes over the summed duration of the copies of a kind (GB/s = 1e9 bytes/s).
+-- Bandwidth is bytes over the summed duration of the copies of a kind. The table gives it in the
+-- unit that keeps at least two significant digits (GB/s, MB/s, KB/s or B/s: 1e9, 1e6, 1e3 and 1
+-- bytes/s), so a slow kind never reads 0.00; csv and json give the number in GB/s ("GB/s").
 --
 -- Example output:
---   copy kind      count          bytes     time_us     GB/s
---   HtoD              33       16973824       419.7    40.45
---   DtoH              30            120        47.2     0.00
+--   copy kind      count          bytes     time_us     bandwidth
+--   HtoD              33       16973824       419.7    40.45 GB/s
+--   DtoH              30            120        47.2     2.54 MB/s
 --
 --   HtoD: size histogram (bytes)
 --     [64 KiB, 128 KiB)         1 |@                   |
@@ -49,16 +51,28 @@ cm.observe({ memcpy = { "copy_kind", "bytes", "start", "stop" } }, function(b)
   end
 end)
 
+-- A bandwidth of `gbs` GB/s as text, in the largest unit in which it is at least 1.
+local UNITS = { { 1, "GB/s" }, { 1e-3, "MB/s" }, { 1e-6, "KB/s" } }
+local function rate(gbs)
+  for _, u in ipairs(UNITS) do
+    if gbs >= u[1] then return ("%.2f %s"):format(gbs / u[1], u[2]) end
+  end
+  return ("%.2f B/s"):format(gbs * 1e9)
+end
+
 cm.on("exit", function()
   if cm.command_failed() then return end -- the one-line error says it all
   local list = bytes:sorted(nil, "key")
+  local text = tabulate.output() == "text"
   local t = tabulate.new {
     { "copy kind", width = 10 }, { "count", "%d", width = 9 }, { "bytes", "%d", width = 14 },
-    { "time_us", "%.1f", width = 11 }, { "GB/s", "%.2f", width = 8 },
+    { "time_us", "%.1f", width = 11 },
+    text and { "bandwidth", width = 13, align = "right" } or { "GB/s", "%.2f", width = 8 },
   }
   for _, e in ipairs(list) do
     local ns = time:get(e.key)
-    t:add(kind_names[e.key] or tostring(e.key), e.count, e.sum, ns / 1e3, ns > 0 and e.sum / ns or 0)
+    local gbs = ns > 0 and e.sum / ns or 0
+    t:add(kind_names[e.key] or tostring(e.key), e.count, e.sum, ns / 1e3, text and rate(gbs) or gbs)
   end
   t:print()
   if opts.no_hist then return end

@@ -26,7 +26,7 @@
 -- forgotten), and a closed range is forgotten once the newest API call is that far past its end.
 --
 -- Example output:
---   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda)
+--   pid 601 (cuptimon_demo_cuda)
 --   range                ranges    ops    incl_us    excl_us  % gpu
 --   train                     1    423     3609.1        0.0   99.1
 --   train/step               30    423     3609.1     3609.1   99.1

@@ -42,7 +42,8 @@
 -- migrationCause, virtualAddress; sync deviceId when no kernel, copy or memset of the same
 -- context was seen before it; NVTX category, color, payloads and textId; ThreadNames priority;
 -- TARGET_INFO_GPU busLocation, isDiscrete, chipName and the columns of a device whose DEVICE
--- record never came (a replay of a capture without it has only id and name).
+-- record never came (a replay of a capture without it has only id, and the name its HELLO
+-- gives).
 -- cuptimon's own tables (no nsys table starts with CUPTIMON_): CUPTIMON_META (tool, version,
 -- clock, complete: 0 until the run ended cleanly), CUPTIMON_LOSS (per process: received,
 -- produced, dropped and where, incomplete), CUPTIMON_PROCESSES (host, exe, ppid, source),
@@ -79,7 +80,6 @@ local cbid = require "cuptimon.cbid"
 local sqlite = require "cuptimon.sqlite"
 local bit = require "bit"
 local uv = require "luv"
-local ffi = require "ffi"
 
 -- -o is --output (cuptimon.args knows only long options).
 local argv = { [0] = arg[0] }
@@ -341,24 +341,52 @@ if not cm.checking() then
     VALUES (?, ?, ?)]])
 end
 
+-- A write that fails (a full disk, a file-size limit) ends the writing, not the run: the first
+-- failure is reported with SQLite's and the system's reason (and fails the run), the open
+-- transaction is rolled back, so its rows move from `rows` to `lost`, and every later batch is
+-- counted in `lost` unwritten. The database keeps what was committed, with CUPTIMON_META's
+-- complete = 0.
+local broken -- the first failure's message, or nil while every write succeeded
+local pending = {} -- rows key -> rows of the open transaction (lost if it never commits)
+local lost = {} -- rows key or kind name -> records that never reached the database
+local WRITE_FAILED = {} -- raised through a batch's row loop once a write failed
+
+local function broke(err)
+  if broken then return end
+  broken = ("cannot write %s: %s"):format(opts.output, tostring(err))
+  cm.report("sqlite.lua", broken)
+  for k, n in pairs(pending) do
+    rows[k] = rows[k] - n
+    lost[k] = (lost[k] or 0) + n
+  end
+  pending, txn_rows = {}, 0
+  db:exec("ROLLBACK") -- SQLite may have rolled back already; nothing else can be done here
+end
+
 -- Commits the open transaction and starts the next one.
 local function commit()
-  must(db:exec("COMMIT; BEGIN"))
-  txn_rows = 0
+  if broken then return end
+  local ok, err = db:exec("COMMIT")
+  if not ok then return broke(err) end
+  pending, txn_rows = {}, 0
+  ok, err = db:exec("BEGIN")
+  if not ok then return broke(err) end
 end
 
 local function counted(kind, n)
   rows[kind] = rows[kind] + n
+  pending[kind] = (pending[kind] or 0) + n
   txn_rows = txn_rows + n
   if txn_rows >= opts.txn_rows then commit() end
 end
 
--- Steps a bound statement and resets it; a failure (a full disk) ends the script.
+-- Steps a bound statement and resets it; a failure ends the writing (broke) and the batch.
 local function step(h, what)
   if lib.sqlite3_step(h) ~= DONE then
-    local msg = ffi.string(lib.sqlite3_errmsg(db.h))
+    local msg = db:errmsg()
     lib.sqlite3_reset(h)
-    error(("sqlite.lua: writing %s to %s: %s"):format(what, opts.output, msg), 0)
+    broke(("writing %s: %s"):format(what, msg))
+    error(WRITE_FAILED, 0)
   end
   lib.sqlite3_reset(h)
 end
@@ -541,7 +569,14 @@ local function observe(sel, fn)
   local seen = {} -- source -> the seq of the last batch the full observer took
   cm.observe(sel, function(b)
     seen[b.source] = b.seq
-    return fn(b)
+    local ok, err = true, nil
+    if not broken then ok, err = pcall(fn, b) end
+    -- A statement's insert (Stmt:insert, "sqlite: ...") fails as a row loop's step does.
+    if not ok and err ~= WRITE_FAILED and not (type(err) == "string" and err:find("^sqlite: ")) then
+      error(err, 0)
+    end
+    if not ok then broke(err ~= WRITE_FAILED and err or "write failed") end
+    if broken then lost[b.kind] = (lost[b.kind] or 0) + b.n end
   end)
   local probe = kname == "marker" and "timestamp" or kname == "device" and "device" or "start"
   cm.observe({ [kname] = { probe } }, function(b)
@@ -874,17 +909,20 @@ end
 local LOSS = { "received", "produced", "dropped", "dropped_cupti", "dropped_agent",
   "dropped_exit", "lost_wire", "lost_frames", "incomplete", "last_number" }
 
-cm.on("exit", function()
-  if not db then return end
+-- Writes the end of the database: open NVTX ranges, CUPTIMON_LOSS, the GPUs, CUPTIMON_UNWRITTEN,
+-- the indexes and complete = 1. Returns the records lost on the way (the wire's), the records
+-- left unwritten for lack of fields, and those per kind ("kernel 3"). Raises on a failed write.
+local function finish()
+  local function try(ok, err) if not ok then error("sqlite: " .. tostring(err), 0) end return ok end
   -- Ranges never closed: written with a NULL end, as nsys leaves one.
   for _, s in pairs(procs) do
     for _, r in pairs(s.open) do nvtx_row(r) end
     s.open = {}
   end
-  local st = must(db:prepare([[INSERT INTO CUPTIMON_LOSS (globalPid, pid, status, received,
+  local st = try(db:prepare([[INSERT INTO CUPTIMON_LOSS (globalPid, pid, status, received,
     produced, dropped, dropped_cupti, dropped_agent, dropped_exit, lost_wire, lost_frames,
     incomplete, last_number) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)]]))
-  local lost = 0
+  local wire_lost = 0
   local sources = {}
   for _, p in ipairs(cm.sources()) do sources[p.source] = true end
   for source in pairs(procs) do sources[source] = true end
@@ -897,11 +935,11 @@ cm.on("exit", function()
     st:int(1, s.gpid); st:int(2, s.pid); st:text(3, p.status or "running")
     for i, k in ipairs(LOSS) do st:int(i + 3, t[k] or 0) end
     st:insert()
-    lost = lost + (t.dropped or 0)
+    wire_lost = wire_lost + (t.dropped or 0)
   end
   write_gpus()
   local not_written, parts = 0, {}
-  local ust = must(db:prepare("INSERT INTO CUPTIMON_UNWRITTEN (kind, records, reason) VALUES (?, ?, ?)"))
+  local ust = try(db:prepare("INSERT INTO CUPTIMON_UNWRITTEN (kind, records, reason) VALUES (?, ?, ?)"))
   for _, k in ipairs(cm.registry.kind_names()) do
     local n = unwritten[k]
     if n then
@@ -912,11 +950,38 @@ cm.on("exit", function()
       parts[#parts + 1] = ("%s %d"):format(k, n)
     end
   end
-  must(db:exec("COMMIT; BEGIN; " .. INDEXES
+  try(db:exec("COMMIT"))
+  pending = {}
+  try(db:exec("BEGIN; " .. INDEXES
     .. "UPDATE CUPTIMON_META SET value = '1' WHERE name = 'complete'; COMMIT"))
-  must(db:close())
+  return wire_lost, not_written, parts
+end
+
+cm.on("exit", function()
+  if not db then return end
+  local wire_lost, not_written, parts = 0, 0, {}
+  if not broken then
+    local ok, a, b, c = pcall(finish)
+    if ok then wire_lost, not_written, parts = a, b, c
+    else broke(a ~= WRITE_FAILED and a or "write failed") end
+  end
+  db:close()
   local total = 0
   for _, n in pairs(rows) do total = total + n end
+  if broken then
+    -- The failure was reported when it happened (and fails the run); this says what it cost.
+    local n = 0
+    for _, v in pairs(lost) do n = n + v end
+    if n > 0 then
+      io.stderr:write(("sqlite.lua: LOST %d records not written to %s (the failed write above); "
+        .. "it holds the %d rows committed before, and CUPTIMON_META's complete is 0\n")
+        :format(n, opts.output, total))
+    else
+      io.stderr:write(("sqlite.lua: %s is not complete (the failed write above): it holds all %d "
+        .. "rows, but not its indexes, and CUPTIMON_META's complete is 0\n"):format(opts.output, total))
+    end
+    return
+  end
   local incomplete = (cm.stats() or {}).incomplete or 0
   -- After a command that could not start, its one-line error is the run's only output (the file
   -- is a complete, empty database).
@@ -926,15 +991,15 @@ cm.on("exit", function()
       :format(opts.output, total, rows.kernel, rows.runtime, rows.memcpy, rows.memset,
         rows.synchronization, rows.driver, rows.nvtx, rows.pm > 0 and (", %d pm"):format(rows.pm) or "",
         nstrings, nprocs, nprocs == 1 and "" or "es",
-        lost, incomplete > 0 and " (and an unknown number: a process's final counts are missing)" or ""))
+        wire_lost, incomplete > 0 and " (and an unknown number: a process's final counts are missing)" or ""))
   end
   -- os.exit skips the host's own LOST line (a wire loss is named here too, and in CUPTIMON_LOSS).
   if not_written > 0 then
     io.stderr:write(("sqlite.lua: LOST %d records not written to %s (%s): their batches lack "
       .. "fields the tables need, as a capture recorded under a script with a narrower selection "
       .. "does; record with `cuptimon-lua --record FILE -- cmd` (no script) for a whole export%s\n")
-      :format(not_written, opts.output, table.concat(parts, ", "), lost > 0
-        and ("; and %d records were lost on the way (CUPTIMON_LOSS)"):format(lost) or ""))
+      :format(not_written, opts.output, table.concat(parts, ", "), wire_lost > 0
+        and ("; and %d records were lost on the way (CUPTIMON_LOSS)"):format(wire_lost) or ""))
     io.stderr:flush()
     io.stdout:flush()
     os.exit(3)

@@ -51,6 +51,10 @@
 -- records: the trace is written relative to the first record seen, and when an earlier one came
 -- later, the file is rewritten once at exit, shifted (FILE.tmp.PID, then renamed over FILE;
 -- a character device such as /dev/null is not, and its origin is the first record seen).
+-- A write that fails (a full disk, a file-size limit) is reported at once with the path and the
+-- system's reason; the trace is then left as far as it got, not rewritten, the events not
+-- written are counted ("timeline.lua: LOST N of M events ..."), and the
+-- run exits 1.
 --
 -- The trace is streamed: each batch is written out as it arrives, and what is kept in memory is
 -- bounded whatever the length of the run: the API calls and GPU operations still waiting for
@@ -87,18 +91,28 @@ local PID_SPAN = 2 ^ 22  -- above Linux's largest pid: trace pids of a process's
 local SPLIT_DEVICES = 64 -- devices from this ordinal on stay in their process (bounds the split)
 
 -- Readable too: a trace whose origin moved is read back at exit (shift, below).
-local out, err = require("cuptimon.output").open(opts.output, opts.force, true)
+local out, err = require("cuptimon.output").open(opts.output, opts.force, true, "timeline.lua")
 if not out then error("timeline.lua: cannot write the trace: " .. tostring(err), 0) end
 out:setvbuf("full", 1048576)
 out:write('{"displayTimeUnit":"ns","traceEvents":[\n')
 local written = 0
 local counts = { kernel = 0, memcpy = 0, memset = 0, runtime = 0, driver = 0, nvtx = 0,
   marks = 0, flows = 0, counters = 0, filtered = 0 }
+-- The events that reached the file: each batch's events are flushed after it (observe, below),
+-- so a failed write is known at the batch it cut, and what it cost is written - kept.
+local kept = 0
 
 local function emit(s)
   if written > 0 then out:write(",\n") end
   out:write(s)
   written = written + 1
+end
+
+local function observe(sel, fn)
+  return cm.observe(sel, function(b)
+    fn(b)
+    if out:flush() then kept = written end
+  end)
 end
 
 -- A JSON string literal of s.
@@ -279,10 +293,10 @@ local function gpu_fields(...)
   for _, f in ipairs(GPU_FIELDS) do t[#t + 1] = f end
   return t
 end
-cm.observe({ kernel = gpu_fields("name", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
+observe({ kernel = gpu_fields("name", "grid_x", "grid_y", "grid_z", "block_x", "block_y",
   "block_z", "registers", "static_smem", "dynamic_smem") }, gpu_observer("kernel"))
-cm.observe({ memcpy = gpu_fields("copy_kind", "bytes") }, gpu_observer("memcpy"))
-cm.observe({ memset = gpu_fields("bytes") }, gpu_observer("memset"))
+observe({ memcpy = gpu_fields("copy_kind", "bytes") }, gpu_observer("memcpy"))
+observe({ memset = gpu_fields("bytes") }, gpu_observer("memset"))
 
 -- API calls: one X slice each on the thread's track; the flow to GPU work already seen, else the
 -- call waits in the api window for its work.
@@ -326,13 +340,13 @@ local function api_observer(kind)
     end
   end
 end
-cm.observe({ runtime = { "cbid", "start", "stop", "tid", "correlation" } }, api_observer("runtime"))
-cm.observe({ driver = { "cbid", "start", "stop", "tid", "correlation" } }, api_observer("driver"))
+observe({ runtime = { "cbid", "start", "stop", "tid", "correlation" } }, api_observer("runtime"))
+observe({ driver = { "cbid", "start", "stop", "tid", "correlation" } }, api_observer("driver"))
 
 -- NAME records (nvtxNameOsThread): a thread's name, written at once (the latest metadata event
 -- of a track wins in Perfetto and chrome://tracing) and remembered for its track's next naming.
 local OBJECT_THREAD = 2 -- CUPTI_ACTIVITY_OBJECT_THREAD
-cm.observe({ name = { "object_kind", "tid", "name" } }, function(b)
+observe({ name = { "object_kind", "tid", "name" } }, function(b)
   local pr = process(b)
   local kinds, tids = b.object_kind, b.tid
   for j = 0, b.n - 1 do
@@ -350,7 +364,7 @@ end)
 -- NVTX: a start record opens a range (named, on its thread), the end record with the same id
 -- closes it and writes the slice; an instantaneous record is a mark.
 local FLAG_INSTANT, FLAG_START, FLAG_END = 1, 2, 4
-cm.observe({ marker = { "flags", "timestamp", "id", "tid", "name", "domain" } }, function(b)
+observe({ marker = { "flags", "timestamp", "id", "tid", "name", "domain" } }, function(b)
   local pr = process(b)
   local flags, ts, ids, tids = b.flags, b.timestamp, b.id, b.tid
   for j = 0, b.n - 1 do
@@ -393,7 +407,7 @@ if opts.pm_devices ~= "" then
   end
 end
 local function num(v) return v == v and ("%.3f"):format(v) or "0" end
-cm.observe({ pm_sample = "all" }, function(b)
+observe({ pm_sample = "all" }, function(b)
   local pr = process(b)
   local rows = cm.pm_rows(b, PM_METRICS)
   for k = 0, rows.n - 1 do
@@ -483,7 +497,7 @@ end
 
 local function shift_trace(shift, last)
   local tmp = ("%s.tmp.%d"):format(opts.output, require("luv").os_getpid())
-  local f, ferr = require("cuptimon.output").open(tmp, false)
+  local f, ferr = require("cuptimon.output").open(tmp, false, false, "timeline.lua")
   if not f then return nil, ferr end
   -- A chunk is at most 2 CHUNK bytes (a partial line is carried over only when shorter than
   -- CHUNK), and a ts of 10 bytes or more grows to at most 30 (a sign, 24 digits, 4 more): the
@@ -522,7 +536,9 @@ cm.on("exit", function()
   local origin = base and ffi.cast(int64, base)
   local st = lowest and lowest ~= 0 and require("luv").fs_stat(opts.output)
   local shifted = false
-  if st and st.type == "file" then
+  if out:flush() then kept = written end
+  -- A trace that lost bytes is not rewritten: its failure is what the user must see.
+  if st and st.type == "file" and not out:failure() then
     local serr
     shifted, serr = shift_trace(lowest, tail(origin + lowest))
     if not shifted then
@@ -534,6 +550,13 @@ cm.on("exit", function()
   if not shifted then out:write(tail(origin)) end
   out:close()
   if cm.command_failed() then return end -- the one-line error says it all (FILE is an empty trace)
+  if out:failure() then
+    -- The failure was reported when it happened (and fails the run); this says what it cost.
+    io.stderr:write(("timeline.lua: LOST %d of %d events (not written, or cut by the failed write):"
+      .. " %s; the trace is cut short and is not valid JSON\n"):format(written - kept, written,
+      out:failure()))
+    return
+  end
   print(("timeline.lua: wrote %s: %d slices (%d kernel, %d memcpy, %d memset, %d runtime, "
     .. "%d driver, %d nvtx), %d marks, %d flows"):format(opts.output,
     counts.kernel + counts.memcpy + counts.memset + counts.runtime + counts.driver + counts.nvtx,

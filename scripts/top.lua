@@ -36,7 +36,7 @@
 -- time); Med and P99 come from a quantile sketch (cuptimon.agg.sketch, within 1%).
 --
 -- Example output:
---   pid 601 (/work/main/.devbuild/gpu/cuptimon_demo_cuda), device 0
+--   pid 601 (cuptimon_demo_cuda), device 0
 --   Time (%) Total (us) Instances Avg (us) Med (us) P99 (us) Min (us) Max (us) Name
 --       93.3       2863       150     19.1     21.0     30.0      5.2     30.1 cm_demo_matmul<16>
 --        2.5         78        60      1.3      1.0      1.7      1.0      1.7 cm_demo_sgd_update<float>
@@ -182,9 +182,19 @@ local function print_group(key, g, deltas)
   tabulate.note(("%d kernel names, %.0f us of kernel time"):format(g.names:len(), all / 1e3))
 end
 
+-- Processes that connected (or were replayed): without any, "no kernels" would hide that no
+-- CUDA process was traced at all.
+local connected = 0
+cm.on("process_start", function() connected = connected + 1 end)
+
 local function report(deltas)
   local list = sorted_groups()
-  if #list == 0 then tabulate.note("no kernels") end
+  if #list == 0 and connected == 0 and not cm.checking() then
+    tabulate.note("no kernels: no CUDA process connected (the command ran no CUDA code, or the "
+      .. "agent was not loaded into it: a static binary, or CUDA_INJECTION64_PATH cleared)")
+  elseif #list == 0 then
+    tabulate.note("no kernels")
+  end
   for i, e in ipairs(list) do
     if i > 1 then tabulate.note("") end
     print_group(e.key, e.g, deltas)

@@ -19,6 +19,12 @@
  *                                             batches_queued (the BATCH frames of the process
  *                                             before it, as an agent of wire 1.1 counts them).
  *                                             Records, strings and every other field are kept.
+ *   capture_tool relabel IN OUT [--exe PATH] [--device-name NAME]
+ *                                             upgrade, and in each HELLO: the executable (and an
+ *                                             argv[0] equal to it) becomes PATH, and a HELLO
+ *                                             that lists no device gets device 0 named NAME (a
+ *                                             capture's TARGET_INFO_GPU name without DEVICE
+ *                                             records). Records and strings are kept.
  *
  * The mutators are the capture half of the attack clients (docs/reliability.md): the
  * hub specs replay their output and check that damage is counted, printed and fails the run.
@@ -115,8 +121,14 @@ static int bighdr(const char *in, const char *out, long after, uint64_t len) {
   return rc;
 }
 
-/* Prints the capture's facts; with `out`, writes every frame again through the current writer. */
-static int walk(const char *in, const char *out) {
+/* What relabel changes in each HELLO (NULL: keep). */
+typedef struct relabel {
+  const char *exe, *device_name;
+} relabel;
+
+/* Prints the capture's facts; with `out`, writes every frame again through the current writer,
+ * with the HELLO changes of `rl` (NULL for none). */
+static int walk(const char *in, const char *out, const relabel *rl) {
   cm_wire_file *cf;
   char msg[CM_WIRE_ERRMSG_SIZE];
   if (cm_wire_file_open(&cf, in, msg)) return die("%s", msg);
@@ -136,7 +148,25 @@ static int walk(const char *in, const char *out) {
     switch (f.type) {
     case CM_WIRE_HELLO: {
       cm_wire_hello h;
-      if ((wrc = cm_wire_decode_hello(&f, &h)) == 0 && out) wrc = cm_wire_write_hello(&b, &h);
+      if ((wrc = cm_wire_decode_hello(&f, &h)) == 0 && out) {
+        /* A shallow copy carries the changes; h keeps what the decoder owns, for release. */
+        cm_wire_hello w = h;
+        const char *argv0[64];
+        cm_wire_device dev = {.index = 0, .has_uuid = 0, .name = rl ? rl->device_name : NULL};
+        if (rl && rl->exe) {
+          if (h.argc > 0 && h.argc <= 64 && h.exe && !strcmp(h.argv[0], h.exe)) {
+            memcpy(argv0, h.argv, h.argc * sizeof *argv0);
+            argv0[0] = rl->exe;
+            w.argv = argv0;
+          }
+          w.exe = rl->exe;
+        }
+        if (dev.name && h.ndevices == 0) {
+          w.ndevices = 1;
+          w.devices = &dev;
+        }
+        wrc = cm_wire_write_hello(&b, &w);
+      }
       cm_wire_hello_release(&h);
       proc_records = proc_batches = 0;
       break;
@@ -233,13 +263,14 @@ static int walk(const char *in, const char *out) {
 
 int main(int argc, char **argv) {
   const char *usage = "usage: capture_tool info IN | flip IN OUT --seed S [--flips N] | "
-                      "bighdr IN OUT --after K [--len L] | upgrade IN OUT\n";
+                      "bighdr IN OUT --after K [--len L] | upgrade IN OUT | "
+                      "relabel IN OUT [--exe PATH] [--device-name NAME]\n";
   if (argc < 3) {
     fputs(usage, stderr);
     return 2;
   }
   const char *cmd = argv[1];
-  if (!strcmp(cmd, "info")) return walk(argv[2], NULL);
+  if (!strcmp(cmd, "info")) return walk(argv[2], NULL, NULL);
   if (argc < 4) {
     fputs(usage, stderr);
     return 2;
@@ -247,8 +278,11 @@ int main(int argc, char **argv) {
   uint64_t seed = 1, len = (uint64_t)1 << 30;
   long after = 1;
   int flips = 1;
+  relabel rl = {0};
   for (int i = 4; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--seed")) seed = strtoull(argv[i + 1], NULL, 10);
+    else if (!strcmp(argv[i], "--exe")) rl.exe = argv[i + 1];
+    else if (!strcmp(argv[i], "--device-name")) rl.device_name = argv[i + 1];
     else if (!strcmp(argv[i], "--flips")) flips = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--after")) after = atol(argv[i + 1]);
     else if (!strcmp(argv[i], "--len")) len = strtoull(argv[i + 1], NULL, 10);
@@ -259,7 +293,8 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "flip")) return flip(argv[2], argv[3], seed, flips);
   if (!strcmp(cmd, "bighdr")) return bighdr(argv[2], argv[3], after, len);
-  if (!strcmp(cmd, "upgrade")) return walk(argv[2], argv[3]);
+  if (!strcmp(cmd, "upgrade")) return walk(argv[2], argv[3], NULL);
+  if (!strcmp(cmd, "relabel")) return walk(argv[2], argv[3], &rl);
   fputs(usage, stderr);
   return 2;
 }

@@ -32,11 +32,18 @@ end
 
 -- Runs `cmd` (built by make(attempt)) up to 3 times while the app was starved; returns the last
 -- status and output. A run whose app was starved every time fails the test, naming the cause.
+-- Each retry is printed (in ctest's log), so that a pass after retries is not mistaken for a
+-- clean one.
 local function unstarved(make, rate, ms)
   local rc, out
   for attempt = 1, 3 do
     rc, out = helpers.sh(make(attempt))
     if not starved(out, rate, ms) then return rc, out end
+    io.stderr:write(("duty_spec: attempt %d of 3: the app was starved of CPU (launched %s of %d, "
+      .. "steady_ms %s of %d)%s\n"):format(attempt,
+      out:match("fake_cuda_app: [^\n]* launched=(%d+)") or "?", math.floor(rate * ms / 1000),
+      out:match("fake_cuda_app: [^\n]* steady_ms=(%d+)") or "?", ms,
+      attempt < 3 and "; running it again" or ""))
   end
   error("the app was starved of CPU in 3 attempts (is the machine overloaded?):\n" .. out, 2)
 end

@@ -116,6 +116,16 @@ function M.pairs_of(out, prefix)
   return t
 end
 
+--- The key=value numbers of the first line of `out` that contains `what`, as the loss_report.lua
+--- fixture prints them (the pid left out): { dropped = 0, received = 3000, ... }.
+function M.loss_of(out, what)
+  local line = out:match(what .. "[^\n]*") or ""
+  local t = {}
+  for k, v in line:gmatch("([%w_]+)=(%d+)") do t[k] = tonumber(v) end
+  t.pid = nil
+  return t
+end
+
 --- A new empty temporary directory; returns its path.
 function M.tmpdir()
   local dir = os.tmpname()
@@ -136,6 +146,14 @@ function M.record(cmd, prefix)
   for path in out:gmatch("recorded (%S+): ") do caps[#caps + 1] = "--replay " .. path end
   return rc, out, table.concat(caps, " "), dir, #caps
 end
+
+--- The path of recipe `name` ("top.lua") and of fixture `name` in the source tree.
+function M.script(name) return M.root() .. "/scripts/" .. name end
+function M.fixture(name) return M.root() .. "/spec/fixtures/" .. name end
+
+--- The environment assignment a synthetic agent (wire_gen) needs: no agent library, but a
+--- readable path, which is all the hub's lookup checks.
+M.SYNTH = "CUPTIMON_AGENT=/dev/null "
 
 --- The contents of the file at `path`, or nil when it cannot be read.
 function M.read(path)

@@ -40,9 +40,11 @@ describe("a command that cannot start", function()
     assert.matches("^prometheus%.lua: serving http://127%.0%.0%.1:%d+/metrics\n", out)
     assert.are.equal(err, (out:gsub("^prometheus[^\n]*\n", "")))
   end)
-  it("a command that ran is not a failure: top.lua -- true still says there were no kernels", function()
+  it("a command that ran is not a failure: top.lua -- true says no CUDA process connected", function()
     local rc, out = sh(("%s %stop.lua -- true"):format(bin, scripts))
-    assert.are.same({ 0, "no kernels\n" }, { rc, out })
+    assert.are.same({ 0, "no kernels: no CUDA process connected (the command ran no CUDA code, or "
+      .. "the agent was not loaded into it: a static binary, or CUDA_INJECTION64_PATH cleared)\n" },
+      { rc, out })
   end)
   it("a file that is not executable: the error alone, status 126", function()
     local f = assert(io.open(dir .. "/noexec", "w"))

@@ -220,7 +220,12 @@ describe("sqlite.lua on examples/demo.cmcap", function()
       0x1000000, t.globalTid % 0x1000000, t.cuptiThreadId FROM CUPTIMON_THREADS t]]))
     assert.are.same({ { "0" } }, query(db, [[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r
       LEFT JOIN ThreadNames t ON t.globalTid = r.globalTid WHERE t.globalTid IS NULL]]))
-    assert.are.same({ { "0", "0" } }, query(db, "SELECT vmId, id FROM TARGET_INFO_GPU"))
+    -- The demo capture has no DEVICE record: the GPU's name comes from its HELLO.
+    assert.are.same({ { "0", "0", "NVIDIA H200" } }, query(db, "SELECT vmId, id, name FROM TARGET_INFO_GPU"))
+    -- The demo's process is named neutrally, not by a build path of a developer's machine.
+    assert.are.same({ { "cuptimon_demo_cuda", "cuptimon_demo_cuda" } }, query(db,
+      "SELECT p.exe, a.value FROM CUPTIMON_PROCESSES p JOIN CUPTIMON_PROCESS_ARGS a ON "
+      .. "a.globalPid = p.globalPid AND a.position = 0"))
     -- Every kernel's globalPid is its process's.
     assert.are.same({ { "300" } }, query(db, [[SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
       JOIN PROCESSES p ON p.globalPid = k.globalPid]]))

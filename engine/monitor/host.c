@@ -149,8 +149,17 @@ static int msgh(lua_State *L) {
  * the script's "error" hooks when it has any, else prints it on stderr. An error raised while the
  * error hooks run is counted and printed, never handed to the hooks again (no recursion). Never
  * raises. */
+static void take_exit_request(cm_host *h);
+
 static void report(cm_host *h, const char *where) {
   lua_State *L = h->L;
+  /* An exit request (cuptimon.args's, which a recipe raises to stop with a message and a status)
+   * is not an error object: its message is printed as it is and its status becomes the run's,
+   * wherever it was raised (an observer, a hook, a timer), as when the main chunk raises it. */
+  if (is_exit_request(L, -1)) {
+    take_exit_request(h);
+    return;
+  }
   h->errors++;
   const char *msg = lua_tostring(L, -1);
   if (!msg) msg = "(error object is not a string)";
@@ -1017,7 +1026,7 @@ static int core_report(lua_State *L) {
   cm_host *h = core_host(L);
   const char *where = luaL_optstring(L, 2, "script");
   lua_settop(L, 2);
-  if (!lua_isstring(L, 1)) {
+  if (!lua_isstring(L, 1) && !is_exit_request(L, 1)) {
     lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
     lua_replace(L, 1);
   }

@@ -16,12 +16,16 @@
  * one loss line after everything else and exits 3 where it would have exited 0 (--allow-loss
  * keeps the 0): results computed over incomplete data must not pass for complete ones.
  */
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <luajit.h>
@@ -188,9 +192,10 @@ static void usage(FILE *out) {
 "the script's cm.exit()/os.exit() status when it chose one. Without a command: 0 when the loop\n"
 "runs out of work or the replay ends, 1 on a capture that is unreadable, not a capture or\n"
 "yields no frame (a truncated or corrupt one only warns) or a script whose observers saw\n"
-"nothing, 2 on a usage error (the script's too),\n"
+"nothing, 2 on a usage error (the script's too, and a script that cannot be opened),\n"
 "130 after Control-C. Any error of the script, an observer, a timer, a hook (exit hooks\n"
-"included) or a deferred call turns a status of 0 into 1.\n"
+"included) or a deferred call turns a status of 0 into 1, and so does output that could not be\n"
+"written (a full disk, a file-size limit: a recipe's -o file, a capture, the standard output).\n"
 "Lost records: when any record was lost (CUPTI had no buffer, an agent's queue was full or its\n"
 "exit deadline passed, frames never arrived, or a process ended without its final counts),\n"
 "one line \"cuptimon-lua: LOST N of M records (...)\" goes to stderr after all other output,\n"
@@ -380,12 +385,67 @@ static const char *find_recipe(const char *name, char *buf, size_t cap) {
   return buf;
 }
 
+/* A script that cannot be opened is a usage error (status 2), said in one line: a path that is
+ * not there, or a name that is neither a file here nor an installed recipe. Returns 1 when it
+ * printed the error. */
+static int script_missing(const char *given, const char *found) {
+  if (access(found, R_OK) == 0) return 0;
+  int e = errno;
+  if (strchr(given, '/')) {
+    fprintf(stderr, "cuptimon-lua: cannot open the script %s: %s (see --help)\n", given,
+            strerror(e));
+    return 1;
+  }
+  /* A bare name is looked up as an installed recipe, beside the binary. */
+  char exe[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = 0;
+  char *slash = strrchr(exe, '/');
+  if (slash) *slash = 0;
+  fprintf(stderr, "cuptimon-lua: no script %s: it is not a file here, and recipes are found by "
+          "name only in an install (%s/../share/cuptimon/scripts/); in a source tree, name the "
+          "file: scripts/%s%s (see --help)\n", given, slash ? exe : "<prefix>/bin", given,
+          strstr(given, ".lua") ? "" : ".lua");
+  return 1;
+}
+
+/* Whether everything written to stdout reached it; says why not (once) on stderr. A reader that
+ * closed its end of a pipe (EPIPE: `| head`) chose to stop reading, which is not a failure. */
+static int stdout_failed(void) {
+  errno = 0;
+  if (fflush(stdout) == 0 && !ferror(stdout)) return 0;
+  int e = errno;
+  /* The write that failed may have been an earlier one (a print that filled the buffer), whose
+   * errno is gone: a file at the file-size limit, or on a full file system, tells it. */
+  struct stat st;
+  struct rlimit rl;
+  struct statvfs vfs;
+  if (!e && fstat(STDOUT_FILENO, &st) == 0) {
+    if (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))
+      e = EPIPE; /* a pipe's write fails only when its reader has gone */
+    else if (S_ISREG(st.st_mode) && getrlimit(RLIMIT_FSIZE, &rl) == 0 &&
+             rl.rlim_cur != RLIM_INFINITY && (rlim_t)st.st_size >= rl.rlim_cur)
+      e = EFBIG;
+    else if (S_ISREG(st.st_mode) && fstatvfs(STDOUT_FILENO, &vfs) == 0 && vfs.f_bavail == 0)
+      e = ENOSPC;
+  }
+  if (e == EPIPE) return 0;
+  fprintf(stderr, "cuptimon-lua: cannot write the standard output: %s\n",
+          e ? strerror(e) : "a write failed");
+  return 1;
+}
+
 static void close_walk(uv_handle_t *hd, void *arg) {
   (void)arg;
   if (!uv_is_closing(hd)) uv_close(hd, NULL);
 }
 
 int main(int argc, char **argv) {
+  /* A file-size limit (ulimit -f) must fail a write with EFBIG, which is reported and counted
+   * like a full disk, not kill the monitor with SIGXFSZ before it says anything: the command
+   * would run on untraced and the capture or output would end silently. A spawned command gets
+   * the default action back (uv_spawn resets every signal in the child). */
+  signal(SIGXFSZ, SIG_IGN);
   const char *chunks[64];
   int nchunks = 0, check = 0, allow_loss = 0, verbose = 0;
   const char *lua_path = NULL;
@@ -481,7 +541,11 @@ int main(int argc, char **argv) {
     }
   }
   char recipe[PATH_MAX + 64];
-  if (script) script = find_recipe(script, recipe, sizeof recipe);
+  if (script) {
+    const char *given = script;
+    script = find_recipe(script, recipe, sizeof recipe);
+    if (script_missing(given, script)) return EXIT_USAGE;
+  }
   if (req.cmd && req.cmd_argc == 0) {
     fprintf(stderr, "cuptimon-lua: `--` must be followed by a command to run\n");
     return EXIT_USAGE;
@@ -643,7 +707,9 @@ int main(int argc, char **argv) {
   uv_walk(&loop, close_walk, NULL);
   uv_run(&loop, UV_RUN_NOWAIT);
   uv_loop_close(&loop);
-  fflush(stdout);
+  /* Output the user asked for that did not reach stdout (a full disk, a file-size limit behind
+   * `> FILE`) fails the run like any other unwritten output. */
+  if (stdout_failed() && status == 0) status = 1;
   if (lossy) fprintf(stderr, "%s\n", lost);
   return status;
 }

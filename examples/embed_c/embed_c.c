@@ -12,6 +12,7 @@
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuptimon.h"
 
@@ -41,6 +42,12 @@ int main(int argc, char **argv) {
   int rc = cm_engine_new(&e, &cfg);
   if (rc) {
     fprintf(stderr, "embed_c: %s: %s\n", cm_err_name(rc), cm_errmsg());
+    /* Without a GPU (or without CUPTI), the fake CUPTI of a build with tests stands in. */
+    const char *lib = getenv("CUPTIMON_LIBCUPTI");
+    if (!lib || !strstr(lib, "fake_cupti"))
+      fprintf(stderr, "embed_c: without a GPU, run it on the fake CUPTI that a build with tests "
+              "makes: CUPTIMON_LIBCUPTI=build/engine/tests/libfake_cupti.so "
+              "CUPTIMON_LIBCUDA=build/engine/tests/libfake_cupti.so %s [records]\n", argv[0]);
     return 1;
   }
   totals t = {0};

@@ -192,16 +192,17 @@ int main(int argc, char **argv) {
   if (rc) fprintf(stderr, "flush: %s: %s\n", cm_err_name(rc), cm_errmsg());
 
   qsort(s->by_name, 4096, sizeof(agg), cmp_agg);
-  printf("\ntop kernels by total time\n%10s %14s %10s  %s\n", "count", "total_ns", "avg_ns",
+  /* Microseconds, as the recipes' tables give them (scripts/top.lua). */
+  printf("\ntop kernels by total time\n%10s %12s %10s  %s\n", "count", "total_us", "avg_us",
          "name");
   for (int i = 0; i < 4096 && s->by_name[i].count; i++) {
     size_t len = 0;
     const char *nm = cm_string(s->e, s->by_name[i].name, &len);
     char shown[512];
     if (nm) short_name(nm, len, shown, sizeof shown);
-    printf("%10" PRIu64 " %14" PRIu64 " %10.1f  %s\n", s->by_name[i].count,
-           s->by_name[i].total_ns, (double)s->by_name[i].total_ns / (double)s->by_name[i].count,
-           nm ? shown : "?");
+    printf("%10" PRIu64 " %12.0f %10.3f  %s\n", s->by_name[i].count,
+           (double)s->by_name[i].total_ns / 1e3,
+           (double)s->by_name[i].total_ns / 1e3 / (double)s->by_name[i].count, nm ? shown : "?");
   }
 
   cm_stats st;

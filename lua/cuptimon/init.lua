@@ -57,8 +57,10 @@ end
 -- Every failure caught on the Lua side goes to the host's one reporting function (host.c
 -- report): counted, handed to the "error" hooks (or printed when there are none), and making the
 -- exit status non-zero. Failures this module does not catch reach the same function in C.
+-- An exit request (cuptimon.args) goes as it is: the host prints its message and takes its status.
 local function report(where, msg)
-  core.report(tostring(msg), where)
+  local exit_request = type(msg) == "table" and type(rawget(msg, "exit_status")) == "number"
+  core.report(exit_request and msg or tostring(msg), where)
 end
 
 -- Calls every hook of an event; one failing hook does not stop the others.
@@ -467,6 +469,14 @@ function M.command_failed() return core.command_failed() end
 
 --- The number of errors reported so far (the script's, its callbacks' and its hooks').
 function M.errors() return (core.errors()) end
+
+--- Reports a failure the script handled itself (an output it could not write, say) as the host
+--- reports an uncaught one: counted in cm.errors(), which makes a run's status of 0 become 1,
+--- and handed to the "error" hooks, or else printed on stderr as "cuptimon: error in WHERE: MSG".
+function M.report(where, msg)
+  if type(where) ~= "string" then error("cuptimon.report: where must be a string", 2) end
+  report(where, msg)
+end
 
 --- The string `id` of a source's string table (the batch method b:str is the usual way).
 M.string = batch.string

@@ -46,7 +46,13 @@ int sqlite3_column_count(sqlite3_stmt *st);
 int64_t sqlite3_column_int64(sqlite3_stmt *st, int i);
 const unsigned char *sqlite3_column_text(sqlite3_stmt *st, int i);
 int sqlite3_column_bytes(sqlite3_stmt *st, int i);
+int sqlite3_system_errno(sqlite3 *db);
 ]]
+-- libc's, for the system's reason behind an I/O error; another module may have declared them.
+pcall(ffi.cdef, "char *strerror(int errnum);")
+pcall(ffi.cdef, "struct cm_sqlite_rlimit { uint64_t cur, max; }; "
+  .. "int getrlimit(int resource, struct cm_sqlite_rlimit *rlim);")
+local RLIMIT_FSIZE, RLIM_INFINITY = 1, ffi.cast("uint64_t", -1)
 
 local OPEN_READWRITE, OPEN_CREATE, OPEN_NOMUTEX, OPEN_NOFOLLOW = 0x2, 0x4, 0x8000, 0x01000000
 local ROW, DONE = 100, 101
@@ -110,6 +116,23 @@ function M.open(path, create)
   return setmetatable({ h = h, path = path, stmts = {} }, Db)
 end
 
+-- SQLite's message with the system's reason behind it: "disk I/O error" alone hides whether the
+-- disk was full (ENOSPC) or a file-size limit was reached (EFBIG).
+local function why(h, msg, path)
+  local e = lib.sqlite3_system_errno(h)
+  if e ~= 0 then return ("%s (%s)"):format(msg, ffi.string(ffi.C.strerror(e))) end
+  -- SQLite does not keep the errno of a failed write (the rollback that follows changes it): a
+  -- file that reached the file-size limit (EFBIG) is told by its size.
+  local lim = ffi.new("struct cm_sqlite_rlimit")
+  local st = path and require("luv").fs_stat(path)
+  if st and ffi.C.getrlimit(RLIMIT_FSIZE, lim) == 0 and lim.cur ~= RLIM_INFINITY
+    and st.size + 65536 >= lim.cur then
+    return ("%s (%s reached the file-size limit, ulimit -f: %d bytes)"):format(msg, path,
+      tonumber(lim.cur))
+  end
+  return msg
+end
+
 --- Runs constant SQL text (one or more statements, no parameters). Returns true, or nil, err.
 function Db:exec(sql)
   local rc = lib.sqlite3_exec(self.h, sql, nil, nil, err_cell)
@@ -117,10 +140,14 @@ function Db:exec(sql)
     local msg = err_cell[0] ~= nil and ffi.string(err_cell[0]) or ("error " .. rc)
     if err_cell[0] ~= nil then lib.sqlite3_free(err_cell[0]) end
     err_cell[0] = nil
-    return nil, ("%s: %s"):format(sql:match("^%s*(.-)%s*$"):sub(1, 60), msg)
+    return nil, ("%s: %s"):format(sql:match("^%s*(.-)%s*$"):sub(1, 60), why(self.h, msg, self.path))
   end
   return true
 end
+
+--- SQLite's message for the connection's last failure, with the system's reason behind it when
+--- there is one ("disk I/O error (File too large)").
+function Db:errmsg() return why(self.h, ffi.string(lib.sqlite3_errmsg(self.h)), self.path) end
 
 --- Prepares one statement of constant SQL text with ? parameters. Returns it, or nil, err.
 function Db:prepare(sql)
@@ -197,7 +224,7 @@ function Stmt:insert()
   lib.sqlite3_reset(h)
   if rc ~= DONE then
     error(("sqlite: %s: %s"):format(self.sql:match("^%s*(%S+%s+%S+%s+%S+)") or self.sql,
-      ffi.string(lib.sqlite3_errmsg(self.db.h))), 0)
+      self.db:errmsg()), 0)
   end
 end
 

@@ -1234,6 +1234,10 @@ static uint64_t nx(gen *g) { return mix64(g->seed + ++g->n * 0x100000001b3ull); 
 static uint32_t nu(gen *g, uint32_t mod) { return (uint32_t)(nx(g) % mod); }
 static uint32_t n32(gen *g) { return (uint32_t)nx(g); }
 static const char *nname(gen *g) { return gen_names[nx(g) % 8]; }
+/* A kernel's name: the first four are kernels' names, the others are NVTX ranges', an API
+ * call's and a collective's, which a kernel never carries (a "top kernels" table of the fake
+ * lists kernels only). Draws from the stream as nname does. */
+static const char *kname(gen *g) { return gen_names[nx(g) % 4]; }
 
 int fake_stretch_kernel(void *record, const char *name, uint64_t factor) {
   CUpti_ActivityKernel10 *k = record;
@@ -1311,7 +1315,7 @@ size_t fake_gen_record(int kind, uint32_t thread, uint64_t seq, void *out) {
     r.k.localMemoryTotal = n32(&g);
     r.k.correlationId = corr;
     r.k.gridId = (int64_t)(nx(&g) >> 1);
-    r.k.name = nname(&g);
+    r.k.name = kname(&g);
     r.k.queued = start - 1000u - nu(&g, 1000);
     r.k.submitted = start - nu(&g, 1000);
     r.k.launchType = (uint8_t)nu(&g, 4);
