@@ -155,8 +155,8 @@ describe("cuptimon-lua --list and --attach: refusals and reports (dormant agents
     assert.matches("dormant: [^\n]*refusing it [^\n]*; not listening %(the process runs untraced%)", out)
   end)
 
-  -- Issue 19, item 9: a client that connected to <pid>.sock and sent nothing held the only
-  -- listener thread for 10 s; a real --attach meanwhile saw nothing and exited 0.
+  -- A client that connects to <pid>.sock and sends nothing must not hold the agent's one
+  -- listener thread: a real --attach beside it still gets its window with exact counts.
   it("attaches with exact counts while silent peers hold connections to the socket", function()
     local gen = os.getenv("CUPTIMON_WIRE_GEN")
     if not gen then

@@ -1,5 +1,5 @@
 -- spec/attach_spec.lua: dormant agents (CUPTIMON_LISTEN=1), `cuptimon-lua --list` and
--- `--attach` (issue 11), end to end with the real agent and the fake CUDA application.
+-- `--attach`, end to end with the real agent and the fake CUDA application.
 --
 -- Each test gets its own rendezvous directory (XDG_RUNTIME_DIR), so it sees only its own
 -- processes. The app runs with --control: it writes records only when the test (or the

@@ -41,7 +41,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
-  -- Issue 13, item 3: the exit hooks run once the agent's BYE gives the status of exit(), not
+  -- The exit hooks run once the agent's BYE gives the status of exit(), not
   -- after the process is reaped: fake_cuda_app's --teardown-ms stands in for the CUDA teardown
   -- that follows the agent's exit handler (a few hundred ms on a GPU).
   it("runs the exit hooks before the command's teardown ends, with every record (time to a table)", function()
@@ -59,8 +59,8 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("LOST"), out)
   end)
 
-  -- Issue 18, item 3: the exit is bounded whatever CUPTI does. Once the workload is done every
-  -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush did under a backlog on the H200); the
+  -- The exit is bounded whatever CUPTI does. Once the workload is done every
+  -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush can under a backlog on a GPU); the
   -- agent leaves its final flush behind at the budget's deadline, and the monitor reports the
   -- unknown tail: a LOST line and status 3.
   it("exits within the budget when CUPTI's flush blocks at exit, and reports the tail as lost", function()
@@ -71,16 +71,17 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.are.equal(3, rc, out)
     assert.matches("cuptimon%-lua: LOST [^\n]*the records CUPTI still held are unknown", out)
     assert.matches("final flush did not return within the budget", out)
-    -- Whole seconds, generous for a loaded machine: without the bound it took over 20 s.
+    -- Whole seconds, generous for a loaded machine: an unbounded exit takes over 20 s here.
     assert.is_true(took <= 7, ("the run took %d s\n%s"):format(took, out))
   end)
 
-  -- Issue 18: on the H200 under sustained launches CUPTI fell seconds behind on kernel records
-  -- while the API and sync records of the same time came on time; the exit's fence ended at its
-  -- sync record and 3.96 M kernel records never arrived, with no counter showing it. The fake
-  -- holds its kernel records and writes some per flush (--kernel-backlog N): the fence flushes on
-  -- while records from before it arrive, so a backlog the budget can drain arrives whole, and one
-  -- it cannot is an unknown tail (LOST, status 3), never a silent loss.
+  -- Under sustained launches CUPTI can fall seconds behind on kernel records while the API and
+  -- sync records of the same time come on time, so a fence that ended at its sync record would
+  -- lose the held kernel records with no counter showing it (bench/RESULTS.md, "Memory under a
+  -- long run"). The fake holds its kernel records and writes some per flush (--kernel-backlog
+  -- N): the fence flushes on while records from before it arrive, so a backlog the budget can
+  -- drain arrives whole, and one it cannot is an unknown tail (LOST, status 3), never a silent
+  -- loss.
   it("waits for kernel records CUPTI is behind on at exit, and reports them lost when it cannot", function()
     local run = "FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_EXIT_BUDGET_MS=2000 %s %s -- %s --records 6000 "
       .. "--threads 2 --kinds kernel,memcpy --kernel-backlog %d"
@@ -94,15 +95,15 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("CUPTI was still delivering records from before the exit's synchronize", out)
   end)
 
-  -- Issue 18, item 5: CUPTI behind for good (the fake holds kernel records and writes 20 per
+  -- CUPTI behind for good (the fake holds kernel records and writes 20 per
   -- flush) trips the agent's lag guard, which has CUPTI stop writing the API records, then the
   -- kernels. Every record CUPTI had written still reaches the script, nothing is lost, and the
   -- monitor says what was shed and why.
   it("sheds kinds by default when CUPTI falls behind for good, and loses nothing", function()
     -- The kernel records the fake still holds when the guard sheds (about 14,000) reach the
-    -- script through the exit's fence, at 20 per flush: 0.9 s of the fence's 1.8 s in a release
-    -- build, and past it under TSan with another test beside it (CI, 2026-12-05: an unknown
-    -- tail, status 3). The fake's 20 per flush is what makes that drain slow; the exit budget
+    -- script through the exit's fence, at 20 per flush: about half the fence's default budget in
+    -- a release build, and past it under TSan with another test beside it (an unknown tail,
+    -- status 3). The fake's 20 per flush is what makes that drain slow; the exit budget
     -- under a backlog is the case above's. So the guarded run gets a budget of 10 s, which it
     -- uses only as long as the drain needs.
     local run = "FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_EXIT_BUDGET_MS=%d CUPTIMON_GUARD_LAG_MS=%d %s %s "
@@ -136,13 +137,13 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   end)
 
   -- CUPTI behind on completing its buffers (the fake's completion thread waits 400 ms a buffer,
-  -- while the app fills several a second), as on the H200 under sustained load: it holds more
+  -- while the app fills several a second), as on a GPU under sustained load: it holds more
   -- and more buffers while the time it held each record before writing it stays at 0. The guard's
   -- second measure, the buffers CUPTI holds (CUPTIMON_GUARD_BUFFERS), sheds runtime, then kernels;
-  -- every record the fake wrote reaches the script. With 100 ms a buffer, an app slowed by TSan
-  -- and another test beside it filled them no faster than they completed, and nothing was shed
-  -- (CI, 2026-12-05); at 400 ms it sheds even at 150,000 records/s. The buffers held then
-  -- complete at the exit, 400 ms each, so the exit budget is 10 s.
+  -- every record the fake wrote reaches the script. The delay is 400 ms a buffer because at a
+  -- shorter one an app slowed by TSan and another test beside it fills buffers no faster than
+  -- they complete, and nothing would be shed; at 400 ms it sheds even at 150,000 records/s.
+  -- The buffers held then complete at the exit, 400 ms each, so the exit budget is 10 s.
   it("sheds when CUPTI holds too many buffers, and loses nothing", function()
     local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 CUPTIMON_EXIT_BUDGET_MS=10000 "
       .. "CUPTIMON_GUARD_BUFFERS=4 %s %s -- %s --records 1000000 --rate 400000 --threads 1 "
@@ -160,11 +161,11 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   end)
 
   -- Once the guard has shed every kind, CUPTI fills no buffer further, and one that is partly
-  -- filled completes only at a forced flush (on the H200, 9 buffers waited for the exit's fence
-  -- for the last 100 s of a run). The script sets no flush cadence, as bench/sum_durations.lua
+  -- filled completes only at a forced flush, so on a GPU such buffers can wait for the exit's
+  -- fence (bench/RESULTS.md, "Memory under a long run"). The script sets no flush cadence, as bench/sum_durations.lua
   -- does not, and the fake's default flushes return no partly filled buffer; the app then lingers
   -- 2 s. The guard's forced flush after its last step must deliver what CUPTI held at once, long
-  -- before the exit: without it, the last records arrived with the process's exit (quiet_ms 0).
+  -- before the exit, not with the process's exit (which quiet_ms 0 would show).
   it("delivers what CUPTI holds at once when the guard has shed every kind", function()
     local rc, out = helpers.sh(("FAKE_CUPTI_NOW_STAMPS=1 GUARD_FLUSH_MS=0 CUPTIMON_GUARD_BUFFERS=4 "
       .. "CUPTIMON_GUARD_LAG_MS=200 %s %s -- %s --records 3000000 --rate 1000000 --threads 1 "
@@ -199,10 +200,10 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.is_nil(out:find("stopped tracing", 1, true), out)
   end)
 
-  -- Issue 19, item 3: one same-uid process floods the socket with connections that send nothing
+  -- One same-uid process floods the socket with connections that send nothing
   -- while ten CUDA processes start, each silent for 50 ms while CUPTI loads (as on a GPU). The
   -- gate evicts the flooder's own idle connections first, and an agent whose connection was
-  -- closed anyway connects once more: every process is traced. Without that, none of the ten was.
+  -- closed anyway connects once more: every process is traced, none is left out by the flood.
   it("traces every process during a connect flood", function()
     local flood = fixture("connect_flood.py")
     local cmd = ("python3 %s \"$CUPTIMON_SOCKET\" 4 & sleep 0.5; for i in 1 2 3 4 5 6 7 8 9 10; do "
@@ -330,7 +331,7 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.are.equal(table_of(live), table_of(replay))
   end)
 
-  it("reports the command's real exit status in process_exit (issue 9, item 15)", function()
+  it("reports the command's real exit status in process_exit", function()
     local rc, out = helpers.sh(("%s %s -- %s --records 1000 --exit-code 7"):format(bin, fixture("exit_codes.lua"), app))
     assert.are.equal(7, rc, out)
     assert.matches("exit pid=%d+ status=exit exit_code=7\n", out)
@@ -346,5 +347,3 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
     assert.matches("kind%s+records\nconcurrent_kernel%s+8000", out)
   end)
 end)
-
--- Issue 9: the hub's data-loss, hang and access paths, each with a test that failed before.

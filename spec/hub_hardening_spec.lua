@@ -18,7 +18,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
   local count = script("count.lua")
   local function now() return require("luv").hrtime() / 1e6 end
 
-  it("names each capture by the kernel's pid and never shares a file (item 1)", function()
+  it("names each capture by the kernel's pid and never shares a file", function()
     local d = tmp .. "/i1"
     os.execute("mkdir -p " .. d)
     -- Both agents claim pid 4242 in their HELLO; the captures must carry their real pids.
@@ -40,7 +40,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.same({ 3000, 5000 }, counts)
   end)
 
-  it("checks that captures can be created before the command runs (item 1)", function()
+  it("checks that captures can be created before the command runs", function()
     local rc, out = helpers.sh(("%s%s --record %s/no/such/dir/x.%%p.cmcap -- sh -c 'echo COMMAND RAN'")
       :format(synth, bin, tmp))
     assert.are.equal(2, rc, out)
@@ -48,7 +48,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_nil(out:match("COMMAND RAN"), out)
   end)
 
-  it("refuses an existing capture unless --force, creates new ones 0600, never follows a symlink (item 4)", function()
+  it("refuses an existing capture unless --force, creates new ones 0600, never follows a symlink", function()
     local d = tmp .. "/i4"
     os.execute("mkdir -p " .. d .. " && echo keep > " .. d .. "/target")
     -- `exec` keeps the shell's pid, so $$ is the agent's pid: the file is there before it connects.
@@ -76,8 +76,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     f:close()
   end)
 
-  -- Issue 20, item 7: the pid was always inserted, so `--record run.cmcap` could never meet an
-  -- existing run.cmcap and the documented refusal never happened.
+  -- A single process's capture takes the name given, with no pid inserted, so the documented
+  -- refusal of an existing file (without --force) applies to `--record run.cmcap` itself.
   it("writes a single process's capture under the name given, refusing an existing one before the command runs", function()
     local d = tmp .. "/i20"
     os.execute("mkdir -p " .. d)
@@ -100,7 +100,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal("run.cmcap\n", files)
   end)
 
-  it("refuses a FIFO, at start and per process, without hanging (item 8)", function()
+  it("refuses a FIFO, at start and per process, without hanging", function()
     local d = tmp .. "/i8"
     os.execute("mkdir -p " .. d .. " && mkfifo " .. d .. "/fifo")
     local t0 = now()
@@ -115,13 +115,13 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_true(now() - t0 < 15000, "no hang")
   end)
 
-  it("says so when --record saw no CUDA process (item 15)", function()
+  it("says so when --record saw no CUDA process", function()
     local rc, out = helpers.sh(("%s%s --record %s/none.%%p.cmcap -- true"):format(synth, bin, tmp))
     assert.are.equal(0, rc, out)
     assert.matches("no CUDA process connected, so nothing was recorded", out)
   end)
 
-  it("closes idle connections at the handshake deadline (item 9)", function()
+  it("closes idle connections at the handshake deadline", function()
     local rc, out = helpers.sh(("CUPTIMON_HELLO_TIMEOUT_MS=300 %s%s %s -- %s idle 5 --hold-ms 4000")
       :format(synth, bin, count, gen))
     assert.are.equal(0, rc, out)
@@ -129,7 +129,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.matches("sent no valid HELLO within 300 ms", out)
   end)
 
-  it("lets idle connections neither delay the end nor print lines (item 9)", function()
+  it("lets idle connections neither delay the end nor print lines", function()
     local ready = tmp .. "/i9a.ready"
     local cmd = ("sh -c '%s idle 50 --hold-ms 8000 --ready %s >/dev/null 2>&1 & while [ ! -e %s ]; do sleep 0.02; done; exec %s agent --records 2000 --kinds kernel'")
       :format(gen, ready, ready, gen)
@@ -142,7 +142,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_true(took < 4000, ("the run took %d ms"):format(took))
   end)
 
-  it("serves the real agent despite 1100 idle connections (item 9)", function()
+  it("serves the real agent despite 1100 idle connections", function()
     local ready = tmp .. "/i9b.ready"
     -- The monitor gets 256 descriptors; the idle peer raises its own limit.
     local cmd = ("sh -c 'ulimit -Sn 4096; %s idle 1100 --hold-ms 8000 --ready %s >/dev/null 2>&1 & while [ ! -e %s ]; do sleep 0.02; done; exec %s agent --records 5000 --kinds kernel'")
@@ -153,14 +153,14 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_nil(out:match("still connected"), out)
   end)
 
-  it("caps a frame before HELLO and closes with a message (item 12)", function()
+  it("caps a frame before HELLO and closes with a message", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --oversize-hello 1073741824"):format(synth, bin, count, gen))
     assert.are.equal(0, rc, out)
     assert.matches("its HELLO declares 1073741824 bytes, over the cap of 524288 bytes before the handshake", out)
     assert.matches("wire_gen: oversized HELLO closed by the monitor", out)
   end)
 
-  it("caps a frame after HELLO at the wire format's maximum, with a message (item 12)", function()
+  it("caps a frame after HELLO at the wire format's maximum, with a message", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --big-frame 1073741832"):format(synth, bin, count, gen))
     -- The connection is cut before the agent's final counts: the run lost data and says so.
     assert.are.equal(3, rc, out)
@@ -169,8 +169,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.matches("wire_gen: big frame closed by the monitor", out)
   end)
 
-  -- Issue 19, item 8: four authenticated connections with partial big frames took the monitor
-  -- from 4.4 MB to 1.23 GB.
+  -- Partly received frames are bounded over all connections together: four authenticated
+  -- connections that each start a 64 MiB frame must not grow the monitor by their sum.
   it("bounds the partly received frames of all connections together, and the connections per run", function()
     local peak = "-e 'require(\"cuptimon\").on(\"exit\", function() local f = io.open(\"/proc/self/status\"); "
       .. "print(\"VmHWM \" .. f:read(\"*a\"):match(\"VmHWM:%s*(%d+)\")); f:close() end)'"
@@ -196,8 +196,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are_not.equal(0, rc, out)
   end)
 
-  -- Issue 19, item 10: 20,000 unsolicited PM_STATUS frames gave 20,000 error lines (2.3 MB) with
-  -- raw ESC and OSC sequences, and status 1.
+  -- An agent decides nothing about the monitor's output: PM_STATUS frames no request asked for
+  -- give one warning, never a line each, and no byte of them reaches the terminal raw.
   it("ignores PM_STATUS frames no request asked for, with one warning and no escape sequence", function()
     local rc, out = helpers.sh(("%s%s %s -- %s agent --pm-status 20000 --records 1000 --kinds kernel"):format(synth,
       bin, count, gen))
@@ -223,7 +223,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal(40, shown + suppressed, out)
   end)
 
-  -- Issue 19, cosmetic: on ENOSPC the --record summary still said "0 dropped".
+  -- The --record summary counts what the full disk kept out of the capture as dropped.
   it("counts the records --record could not write when the disk is full", function()
     local dir = tmp .. "/full"
     os.execute("rm -rf " .. dir .. " && mkdir -p " .. dir)
@@ -235,7 +235,8 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.same({ 1000, 19000 }, { tonumber(recs), tonumber(dropped) }, out)
   end)
 
-  -- Issue 19, cosmetic: a SIGKILLed monitor left its socket directory behind for good.
+  -- A SIGKILLed monitor cannot remove its socket directory, so the next run removes it, and only
+  -- a directory whose monitor is gone.
   it("removes the socket directory a SIGKILLed monitor left, and only that", function()
     local base = tmp .. "/tmpdir"
     os.execute("rm -rf " .. base .. " && mkdir -p " .. base)
@@ -265,7 +266,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.are.equal("cuptimon-keepme\n", left)
   end)
 
-  it("makes the socket 0600 and takes the pid from the kernel (item 13)", function()
+  it("makes the socket 0600 and takes the pid from the kernel", function()
     local rc, out = helpers.sh(("%s%s %s -- sh -c 'stat -c mode=%%a \"$CUPTIMON_SOCKET\"'"):format(synth, bin, count))
     assert.are.equal(0, rc, out)
     assert.matches("mode=600", out)
@@ -277,7 +278,7 @@ describe("cuptimon-lua hub hardening (synthetic agents)", function()
     assert.is_nil(out:match("start pid=4242"), out)
   end)
 
-  it("answers a handshake while the script is busy (item 7)", function()
+  it("answers a handshake while the script is busy", function()
     local marker = tmp .. "/i7.busy"
     local cmd = ("sh -c '%s agent --records 2000 --kinds kernel & while [ ! -e %s ]; do sleep 0.02; done; %s agent --records 10 --kinds kernel; wait'")
       :format(gen, marker, gen)

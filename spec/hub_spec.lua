@@ -95,8 +95,8 @@ describe("cuptimon-lua --replay", function()
     assert.matches("concurrent_kernel%s+2000\n", out)
   end)
 
-  -- Issue 19, item 4: 60 bit-flipped copies of the demo capture all exited 0, one replaying 258
-  -- of its 1,187 records after skipping 79 KB with no LOST line.
+  -- A damaged capture is never replayed as if whole: every bit-flipped copy of the demo capture
+  -- says what it lost in one LOST line and exits 3, however much of it still replays.
   it("fails every bit-flipped copy of the demo capture with the LOST line and status 3", function()
     local tool = need_tool()
     if not tool then return end
@@ -113,8 +113,8 @@ describe("cuptimon-lua --replay", function()
     end
   end)
 
-  -- Item 5: a 24-byte header with valid checksums declaring 1 GiB, after SCHEMA, made the replay
-  -- stop at "truncated" with none of the records after it replayed.
+  -- A frame header with valid checksums that declares more than the wire format allows is
+  -- skipped as 24 bad bytes, not taken for the capture's end: every frame after it replays.
   it("replays every frame after a crafted header that declares 1 GiB, and reports the 24 bytes", function()
     local tool = need_tool()
     if not tool then return end

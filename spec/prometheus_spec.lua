@@ -332,7 +332,8 @@ describe("prometheus.lua", function()
     assert.is_nil(body:find("[\1-\9\11-\31\127]") or body:find("\0", 1, true))
     parse(body)
     assert.matches('executable="wire\239\191\189gen"', body)
-    -- Item 7: every record names another device, the HELLO lists device 0 only: two labels.
+    -- Every record names another device, the HELLO lists device 0 only: two labels, one for the
+    -- device the HELLO names and `other` for the rest, so a label's values stay bounded.
     local devices = {}
     for d in body:gmatch('executable="wire[^"]*",device="([^"]*)"') do devices[d] = true end
     assert.are.same({ ["0"] = true, other = true }, devices)

@@ -1,9 +1,9 @@
 /*
  * test_gate.c: the hub's handshake gate (engine/monitor/gate.c) alone, without a loop or a host:
  * peer credentials (through a fake credential function), the kernel's pid, the token, the cap on
- * a HELLO before authentication, the handshake deadline and the cap on waiting connections
- *, and that an admitted connection was answered by the gate itself
- * (item 7: nothing on the loop thread runs before the answer).
+ * a HELLO before authentication, the handshake deadline and the cap on waiting connections, and
+ * that an admitted connection was answered by the gate itself: nothing on the loop thread runs
+ * before the answer, so a busy script never delays a handshake.
  */
 #include <errno.h>
 #include <poll.h>
