@@ -40,6 +40,7 @@
  */
 #include <dlfcn.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -59,6 +60,7 @@
 #include "cm_internal.h"
 #include "control.h"
 #include "guard.h"
+#include "repeat.h"
 #include "cuptimon_wire.h"
 #include "listen.h"
 
@@ -93,6 +95,10 @@ enum {
    * activity buffers it holds (24 MiB at the default 4 MiB; a CUPTI that keeps up holds a few,
    * with its per-thread buffers off as the engine sets them). */
   DEFAULT_GUARD_LAG_MS = 500,
+  /* A detach is refused while this many threads call the CUDA runtime at once: CUPTI's next
+   * subscription returned at 4 launching threads and not at 16 (bench/RESULTS.md, "CUPTI
+   * states"). */
+  DEFAULT_DETACH_MAX_THREADS = 8,
   DEFAULT_GUARD_BUFFERS = 6
 };
 
@@ -150,8 +156,15 @@ static struct agent {
   uint32_t npm_wait;
   /* True while the engine runs without its cadences because nothing is traced (cadence_sync). */
   bool cadence_idle;
-  /* CUPTIMON_DETACH_IDLE=1: CUPTI is detached whenever nothing is traced (detach_idle). */
-  bool detach_idle;
+  /* What CUPTI is left in while nothing is traced (detach_idle; STATS cupti_idle_mode): one of
+   * CM_IDLE_*, read by the sender for STATS. Written by the control thread. */
+  _Atomic int idle_mode;
+  /* The selections that enabled kinds since the agent started: CUPTI is detached between windows
+   * only from the second on (detach_idle). Control thread. */
+  uint32_t traced_selects;
+  /* CUPTIMON_DETACH_MAX_THREADS: a detach is refused while this many threads call the CUDA
+   * runtime at once (engine.c, "the finalize helper"); 0 turns the probe off. */
+  uint64_t detach_max_threads;
   uint64_t pm_wait_end;
   int nobs;
   /* The lag guard (guard_tick; control thread only): its policy's state (guard.h; the limit is
@@ -235,17 +248,76 @@ static struct agent {
 
 static const char *level_names[] = {"error", "warn", "info", "debug"};
 
-/* Writes one line to stderr with a single write(2), so lines of several threads (and of several
- * processes sharing the terminal) do not interleave. Thread-safe; never allocates. */
-void alog(int level, const char *fmt, ...) {
-  if (level > A.level) return;
-  char prefix[64];
-  snprintf(prefix, sizeof prefix, "cuptimon-agent[%d]: %s: ", (int)getpid(),
-           level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
+/* A line that can repeat once a window (alog_repeat) is printed once a minute at most, with the
+ * count of the repeats it stands for, and the counts not yet said are printed at the exit
+ * (repeat.h): a duty cycle whose every window fails the same way says so once a minute, not once
+ * a window. Other lines are events, each printed.
+ * CUPTIMON_AGENT_LOG_REPEAT_MS sets the interval (0 prints every line). Guarded by log_mu, a
+ * leaf lock. */
+static pthread_mutex_t log_mu = PTHREAD_MUTEX_INITIALIZER;
+static cm__repeat log_repeat = {.interval_ms = 60000};
+
+static void say_line(const char *prefix, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say_line(const char *prefix, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   cm__stderr_linev(prefix, fmt, ap);
   va_end(ap);
+}
+
+static void say_repeats(void *ud, const char *text, uint64_t n) {
+  say_line(ud, "the line \"%s\" was repeated %" PRIu64 " more times since it was last printed",
+           text, n);
+}
+
+static void alogv(bool repeats, int level, const char *fmt, va_list ap) {
+  if (level > A.level) return;
+  char prefix[64], body[1280];
+  snprintf(prefix, sizeof prefix, "cuptimon-agent[%d]: %s: ", (int)getpid(),
+           level_names[level < 0 ? 0 : level > 3 ? 3 : level]);
+  vsnprintf(body, sizeof body, fmt, ap);
+  if (!repeats) {
+    say_line(prefix, "%s", body);
+    return;
+  }
+  cm__repeat_verdict v;
+  pthread_mutex_lock(&log_mu);
+  cm__repeat_check(&log_repeat, body, cm__mono_ms(), &v);
+  pthread_mutex_unlock(&log_mu);
+  if (v.evicted) say_repeats(prefix, v.evicted_text, v.evicted);
+  if (!v.print) return;
+  if (v.repeats)
+    say_line(prefix, "%s (repeated %" PRIu64 " more times since it was last printed)", body, v.repeats);
+  else
+    say_line(prefix, "%s", body);
+}
+
+/* Writes one line to stderr with a single write(2), so lines of several threads (and of several
+ * processes sharing the terminal) do not interleave. Thread-safe; never allocates. */
+void alog(int level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  alogv(false, level, fmt, ap);
+  va_end(ap);
+}
+
+/* alog for a line that can come once a window, for as long as a run lasts (a refusal that
+ * repeats): its repeats are counted and said once a minute at most (log_repeat). */
+static void alog_repeat(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void alog_repeat(int level, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  alogv(true, level, fmt, ap);
+  va_end(ap);
+}
+
+/* Prints the repeats of every line that were counted and not yet said. Any thread. */
+static void alog_drain_repeats(void) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "cuptimon-agent[%d]: %s: ", (int)getpid(), level_names[CM_LOG_WARN]);
+  pthread_mutex_lock(&log_mu);
+  cm__repeat_drain(&log_repeat, say_repeats, prefix);
+  pthread_mutex_unlock(&log_mu);
 }
 
 /* The engine's log callback: the same stderr line, at the engine's level. */
@@ -577,6 +649,7 @@ static uint32_t stats_items_locked(const cm_stats *stp, cm_wire_kv *kv) {
   KV("cupti_detaches", st.cupti_detaches);
   KV("cupti_detach_ns", st.cupti_detach_ns);
   KV("cupti_attach_ns", st.cupti_attach_ns);
+  KV("cupti_idle_mode", (uint64_t)atomic_load(&A.idle_mode));
   KV("kind_changes", st.kind_changes);
   KV("kind_change_ns", st.kind_change_ns);
   KV("kind_change_max_ns", st.kind_change_max_ns);
@@ -886,33 +959,80 @@ static bool selection_empty(const cm_selection *sel) {
  * detach would leave them calling. */
 static atomic_bool g_nvtx_injected;
 
-/* With CUPTIMON_DETACH_IDLE=1, CUPTI is detached (cm_cupti_detach) each time nothing is traced
- * any more: between a duty cycle's windows, and once a monitor has gone. Once CUPTI has traced,
- * a launch stays dearer with every kind off than before CUPTI attached (docs/agent.md, "Detaching
- * CUPTI while idle"); the next SELECT attaches it again. A refusal is said and changes nothing:
- * CUPTI stays attached, as without the setting, and the next idle period tries again, except
- * where it never can (no cuptiFinalize, PM sampling used, NVTX injected). Control thread. */
-static void detach_idle(void) {
-  if (!A.detach_idle || atomic_load(&A.exiting)) return;
+/* What the agent leaves CUPTI in while nothing is traced (STATS cupti_idle_mode; the monitor's
+ * duty footer names it for each process). */
+enum {
+  CM_IDLE_DETACH = 1,        /* detached (cuptiFinalize) between windows: the default */
+  CM_IDLE_SETTING = 2,       /* attached, as CUPTIMON_DETACH_IDLE=0 asks */
+  CM_IDLE_SLOW_ATTACH = 3,   /* attached for good: attaching again outlasted the attach's wait */
+  CM_IDLE_NVTX = 4,          /* attached for good: NVTX calls enter CUPTI */
+  CM_IDLE_CANNOT = 5,        /* attached for good: no cuptiFinalize, or PM sampling used */
+  CM_IDLE_SLOW_FINALIZE = 6, /* attached for good: a cuptiFinalize outlasted its deadline */
+  CM_IDLE_BUSY = 7,          /* attached for now: too many threads were calling CUDA at once */
+};
+
+/* CUPTI is detached (cm_cupti_detach) each time nothing is traced any more: between a duty
+ * cycle's windows, and once a monitor has gone. Once CUPTI has traced, a launch stays dearer with
+ * every kind off than before CUPTI attached, and only cuptiFinalize gives that back
+ * (bench/RESULTS.md, "CUPTI states"); the next SELECT attaches it again. Two things make a
+ * process stay attached for good instead, at the cost of that residue, so that it is never left
+ * unable to trace: an attach that outlasted its wait (a process whose threads launch without
+ * pause can keep cuptiSubscribe from returning: apply_selection) and a cuptiFinalize that
+ * outlasted its deadline. Nor is CUPTI detached before it has traced once, so that the first
+ * window traces on the subscription made at start-up, when no application thread could hold it.
+ * A refusal is said and changes nothing: the next idle period tries again, except where it never
+ * can (no cuptiFinalize, PM sampling used, NVTX injected). Control thread. */
+static void idle_mode_set(int mode, const char *why) {
+  if (atomic_load(&A.idle_mode) == mode) return;
+  atomic_store(&A.idle_mode, mode);
+  if (mode != CM_IDLE_DETACH && why)
+    alog(CM_LOG_INFO, "CUPTI stays attached while nothing is traced, from now on: %s (a launch "
+                      "costs more between windows; CUPTIMON_DETACH_IDLE in docs/agent.md)", why);
+}
+
+static void detach_idle(bool leaving) {
+  int mode = atomic_load(&A.idle_mode);
+  if (atomic_load(&A.exiting) || !A.eng || cm_cupti_detached(A.eng)) return;
+  if (mode == CM_IDLE_SETTING || mode == CM_IDLE_NVTX || mode == CM_IDLE_CANNOT) return;
+  /* Between windows, the first detach waits for two windows traced on the subscription made at
+   * start-up: should attaching again never return in this process, its estimates still rest on
+   * two windows, enough for an interval. A process that stays attached for good does so only
+   * while a monitor traces it: once the monitor has gone it is detached, as an idle one is. */
+  if (!leaving && ((mode != CM_IDLE_DETACH && mode != CM_IDLE_BUSY) || A.traced_selects < 2)) return;
   if (atomic_load(&g_nvtx_injected)) {
-    alog(CM_LOG_INFO, "CUPTIMON_DETACH_IDLE: NVTX is injected into CUPTI, so CUPTI stays "
-                      "attached while idle");
-    A.detach_idle = false;
+    idle_mode_set(CM_IDLE_NVTX, "NVTX is injected into CUPTI, whose calls a detach would break");
     return;
   }
-  /* A second bounds the flushes: CUPTI that is still delivering then is behind, and stays. */
+  /* A second bounds the flushes: CUPTI that is still delivering then is behind, and stays. When
+   * the monitor has gone, the probe of the threads is skipped: no window needs CUPTI back soon,
+   * and a monitor that comes later waits for its subscription as long as it takes. */
+  if (leaving) cm__engine_set_detach_max_threads(A.eng, 0);
   int rc = cm_cupti_detach(A.eng, 1000);
-  if (rc == 0) return;
+  if (leaving) cm__engine_set_detach_max_threads(A.eng, (int)A.detach_max_threads);
+  if (rc == 0) {
+    if (mode == CM_IDLE_BUSY) atomic_store(&A.idle_mode, CM_IDLE_DETACH);
+    return;
+  }
   if (rc == CM_ETIMEDOUT && cm__engine_finalizing(A.eng)) {
     /* cuptiFinalize blocks (CUPTI waits for the application's threads): it goes on in its own
-     * thread, and the selections that need CUPTI fail, and say why, until it returns. */
-    alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE: %s", cm_errmsg());
+     * thread, and the selections that need CUPTI fail, and say why, until it returns; after
+     * that CUPTI attaches again and stays. */
+    alog(CM_LOG_WARN, "detaching CUPTI while idle: %s", cm_errmsg());
+    if (!leaving) idle_mode_set(CM_IDLE_SLOW_FINALIZE, "cuptiFinalize did not return by its deadline");
     return;
   }
-  bool never = rc == CM_ENOSYS;
-  alog(never ? CM_LOG_WARN : CM_LOG_INFO, "CUPTIMON_DETACH_IDLE: CUPTI stays attached%s: %s",
-       never ? " from now on" : " for now", cm_errmsg());
-  if (never) A.detach_idle = false;
+  if (rc == CM_ENOSYS) {
+    idle_mode_set(CM_IDLE_CANNOT, cm_errmsg());
+    return;
+  }
+  if (rc == CM_EBUSY && cm__engine_probe_busy_threads(A.eng) > 0) {
+    /* Too many threads call CUDA for CUPTI to attach again: attached for this period, and the
+     * next idle period probes again. */
+    atomic_store(&A.idle_mode, CM_IDLE_BUSY);
+    alog_repeat(CM_LOG_INFO, "detaching CUPTI while idle: %s", cm_errmsg());
+    return;
+  }
+  alog_repeat(CM_LOG_INFO, "detaching CUPTI while idle: CUPTI stays attached for now: %s", cm_errmsg());
 }
 
 /* While nothing is traced (no observer, no PM consumer: a duty cycle between its windows, or a
@@ -929,7 +1049,7 @@ static void cadence_sync(void) {
   if (cm_configure(A.eng, &c) == 0) A.cadence_idle = idle;
   if (idle) {
     cm__engine_trim(A.eng);
-    detach_idle();
+    detach_idle(false);
   }
 }
 
@@ -946,11 +1066,17 @@ static int apply_selection(const cm_selection *sel) {
     uint32_t id = 0;
     rc = cm_observe(A.eng, sel, on_batch, NULL, &id);
     if (rc) {
-      alog(CM_LOG_ERROR, "cannot apply the selection: %s: %s (the previous one stays)",
-           cm_err_name(rc), cm_errmsg());
+      alog_repeat(CM_LOG_ERROR, "cannot apply the selection: %s: %s (the previous one stays)",
+                  cm_err_name(rc), cm_errmsg());
       INC(selects_failed, 1);
+      /* An attach that outlasted its wait: this process's threads can hold cuptiSubscribe, so
+       * once it has returned CUPTI is not detached again. */
+      if (rc == CM_EAGAIN && A.eng && cm_cupti_detached(A.eng) &&
+          atomic_load(&A.idle_mode) == CM_IDLE_DETACH)
+        idle_mode_set(CM_IDLE_SLOW_ATTACH, "attaching CUPTI again took longer than its wait");
       return rc;
     }
+    A.traced_selects++;
     A.obs_ids[0] = id;
     A.nobs = 1;
     atomic_store(&A.tracing, true);
@@ -1055,10 +1181,14 @@ static void guard_tick(void) {
   push_stats(); /* the monitor learns it now, not at the next batch */
 }
 
+/* The monitor has gone: nothing is traced, and CUPTI is detached whatever the duty cycle's rules
+ * kept (detach_idle), so that the process pays nothing for the monitor that left. */
 static void tracing_off(void) {
-  if (A.nobs == 0) return;
-  apply_selection(NULL);
-  alog(CM_LOG_INFO, "tracing is off");
+  if (A.nobs > 0) {
+    apply_selection(NULL);
+    alog(CM_LOG_INFO, "tracing is off");
+  }
+  detach_idle(true);
 }
 
 /* ---- the control frames' effects (control.c applies the frames) ----------------------------- */
@@ -1610,6 +1740,7 @@ static void agent_exit_work(int exit_code) {
   cm_stats st;
   memset(&st, 0, sizeof st);
   cm_stats_get(A.eng, &st);
+  alog_drain_repeats();
   int lvl = GET(batches_dropped) || st.records_dropped || cl ? CM_LOG_WARN : CM_LOG_INFO;
   alog(lvl,
        "exit: %llu batches (%llu records) sent, %llu batches dropped: %llu records by the agent "
@@ -1807,6 +1938,7 @@ static int start_engine(uint32_t deliver_ms, char *why, size_t cap) {
     return rc;
   }
   cm_set_log(A.eng, engine_log, NULL);
+  cm__engine_set_detach_max_threads(A.eng, (int)A.detach_max_threads);
   return 0;
 }
 
@@ -1824,6 +1956,9 @@ static void agent_init(void) {
   if (!init_level())
     alog(CM_LOG_WARN, "CUPTIMON_AGENT_LOG=%s is not one of error|warn|info|debug; using warn",
          getenv("CUPTIMON_AGENT_LOG"));
+  const char *rep = getenv("CUPTIMON_AGENT_LOG_REPEAT_MS");
+  log_repeat.interval_ms =
+      rep && strcmp(rep, "0") == 0 ? 0 : env_u64("CUPTIMON_AGENT_LOG_REPEAT_MS", 60000, 86400000);
   const char *sock = getenv("CUPTIMON_SOCKET");
   const char *cap = getenv("CUPTIMON_CAPTURE");
   const char *token = getenv("CUPTIMON_TOKEN");
@@ -1849,9 +1984,14 @@ static void agent_init(void) {
   A.guard.limit_ns =
       guard_off ? 0 : env_u64("CUPTIMON_GUARD_LAG_MS", DEFAULT_GUARD_LAG_MS, 86400000) * 1000000;
   const char *det = getenv("CUPTIMON_DETACH_IDLE");
-  A.detach_idle = det && strcmp(det, "1") == 0;
+  atomic_store(&A.idle_mode, det && strcmp(det, "0") == 0 ? CM_IDLE_SETTING : CM_IDLE_DETACH);
+  const char *dmt = getenv("CUPTIMON_DETACH_MAX_THREADS");
+  A.detach_max_threads = dmt && strcmp(dmt, "0") == 0
+                             ? 0
+                             : env_u64("CUPTIMON_DETACH_MAX_THREADS", DEFAULT_DETACH_MAX_THREADS, 4096);
   if (det && *det && strcmp(det, "0") != 0 && strcmp(det, "1") != 0)
-    alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE=%s is neither 0 nor 1: CUPTI stays attached while idle", det);
+    alog(CM_LOG_WARN, "CUPTIMON_DETACH_IDLE=%s is neither 0 nor 1: CUPTI is detached while idle, "
+                      "the default", det);
   const char *gbuf = getenv("CUPTIMON_GUARD_BUFFERS");
   A.guard.buffers_limit = gbuf && strcmp(gbuf, "0") == 0
                               ? 0
@@ -2087,8 +2227,9 @@ bool cm__agent_session_end(uint64_t deadline) {
   if (A.fd >= 0) close(A.fd);
   A.fd = -1;
   /* Every kind off (a no-op when the control thread did it already), then the pool's free
-   * buffers go and the dormant configuration (no cadence) comes back. */
+   * buffers go, CUPTI is detached, and the dormant configuration (no cadence) comes back. */
   if (A.nobs) apply_selection(NULL);
+  detach_idle(true);
   if (A.eng) {
     if (cm_configure(A.eng, &A.idle_cfg) == 0) A.cfg = A.idle_cfg;
     cm__engine_trim(A.eng);

@@ -589,6 +589,12 @@ uint64_t cm__engine_cupti_buffers(cm_engine *e);
 /* Whether a detach's cuptiFinalize outlived its deadline and still runs (nothing may call CUPTI
  * until it returns; cm_cupti_detach). Any thread. */
 bool cm__engine_finalizing(cm_engine *e);
+/* A detach first probes the threads that call the runtime and refuses to finalize when `n` or
+ * more do (0: no probe; engine.c, "the finalize helper"). Any thread, before or between detaches. */
+void cm__engine_set_detach_max_threads(cm_engine *e, int n);
+/* The threads the last detach's probe counted when it refused the detach; 0 when the last detach
+ * was not refused by the probe. Any thread. */
+int cm__engine_probe_busy_threads(cm_engine *e);
 /* CLOCK_REALTIME just before the engine last called cuptiActivityEnable to enable a kind that was
  * off (0 before the first). A call that enables kinds can hold the application's launching
  * threads while it runs, and the work they were held from then runs traced: the agent stamps a

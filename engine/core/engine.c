@@ -30,6 +30,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -192,7 +193,38 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
  * leave frees it) and touches nothing else: an engine freed meanwhile is never reached. Its driver
  * call's exit callback runs cuptiFinalize there, the call site CUPTI recommends; without that
  * callback it is called directly, which CUPTI allows once the device is synchronized and the
- * buffers flushed. */
+ * buffers flushed.
+ *
+ * Before that, the helper offers the finalize to the application's own threads, as PyTorch's
+ * profiler does: with the runtime API's callbacks enabled, the first application thread that
+ * leaves a runtime call runs cuptiFinalize in its exit callback, at the call site CUPTI
+ * recommends, where it took 1.5 ms on an H100 against up to 11 ms from another thread while four
+ * threads launched (bench/RESULTS.md, "CUPTI states"). For FIN_PROBE_MS first the callbacks only
+ * count the threads that call the runtime: when FIN_MAX_THREADS or more do, the detach is
+ * refused, because CUPTI's next subscription would not return while so many threads call it (it
+ * did not, at 16 launching threads, until they stopped), and a process detached then could not
+ * be traced again. When no application thread calls the runtime within FIN_APP_WAIT_MS (an idle
+ * process), the helper withdraws the offer and finalizes itself. The offer and the probe are
+ * process-wide statics, since an application thread may still read them after the job has gone:
+ * only the thread whose compare-and-swap takes the offer touches the job, and the helper waits
+ * for it before it leaves. */
+enum { FIN_PROBE_MS = 20, FIN_APP_WAIT_MS = 100, FIN_PROBE_TIDS = 32 };
+enum { APP_OFF, APP_PROBING, APP_OFFERED, APP_DONE };
+static _Atomic int g_app_state;                  /* APP_*: what the callbacks do */
+static _Atomic(struct cm__fin_job *) g_app_offer; /* the job an application thread may take */
+static _Atomic uint32_t g_app_tids[FIN_PROBE_TIDS]; /* the threads seen while probing */
+static _Atomic int g_app_ntids;                  /* how many of them (may pass FIN_PROBE_TIDS) */
+/* The runtime calls that begin or end a stream capture: the finalize is not taken at their exit,
+ * where a capture may have just begun. */
+static bool capture_cbid(CUpti_CallbackId cbid) {
+  return cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_v10000 ||
+         cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCapture_ptsz_v10000 ||
+         cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCaptureToGraph_v12030 ||
+         cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamBeginCaptureToGraph_ptsz_v12030 ||
+         cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_v10000 ||
+         cbid == CUPTI_RUNTIME_TRACE_CBID_cudaStreamEndCapture_ptsz_v10000;
+}
+
 typedef struct cm__fin_job {
   cm__job job;       /* first (job.c) */
   bool in_callback;  /* the helper thread's own: cuptiFinalize ran in the callback, */
@@ -202,6 +234,10 @@ typedef struct cm__fin_job {
   CUptiResult(CUPTIAPI *Finalize)(void);
   CUptiResult(CUPTIAPI *EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain,
                                         CUpti_CallbackId);
+  CUptiResult(CUPTIAPI *EnableDomain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
+  int max_threads;   /* the probe's refusal threshold (0: no offer, no probe) */
+  int busy_threads;  /* the helper's own: >0 when the probe refused the finalize */
+  bool on_app;       /* the helper's own: an application thread ran cuptiFinalize */
   int (*cuDriverGetVersion)(int *version);
   CUpti_SubscriberHandle sub;
 } cm__fin_job;
@@ -220,8 +256,84 @@ static bool fin_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, con
   return true;
 }
 
+/* An application thread's runtime callback while the helper probes or offers the finalize:
+ * counts the thread, or takes the offer and finalizes. Returns true when it finalized. */
+static bool fin_app_callback(CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void *data) {
+  if (domain != CUPTI_CB_DOMAIN_RUNTIME_API || t_fin_job) return false;
+  int st = atomic_load_explicit(&g_app_state, memory_order_acquire);
+  if (st == APP_PROBING) {
+    static _Thread_local uint32_t tid;
+    if (!tid) tid = (uint32_t)syscall(SYS_gettid);
+    int n = atomic_load(&g_app_ntids);
+    for (int i = 0; i < n && i < FIN_PROBE_TIDS; i++)
+      if (atomic_load(&g_app_tids[i]) == tid) return false;
+    int slot = atomic_fetch_add(&g_app_ntids, 1);
+    if (slot < FIN_PROBE_TIDS) atomic_store(&g_app_tids[slot], tid);
+    return false;
+  }
+  if (st != APP_OFFERED || !data || ((const CUpti_CallbackData *)data)->callbackSite != CUPTI_API_EXIT ||
+      capture_cbid(cbid))
+    return false;
+  cm__fin_job *j = atomic_load(&g_app_offer);
+  if (!j || !atomic_compare_exchange_strong(&g_app_offer, &j, NULL)) return false;
+  /* The offer is this thread's: the helper waits for APP_DONE before it reads the job again. */
+  j->cb_rc = j->Finalize();
+  j->on_app = true;
+  atomic_store_explicit(&g_app_state, APP_DONE, memory_order_release);
+  return true;
+}
+
+/* Offers the finalize to the application's threads (see above). Returns 1 when one of them
+ * finalized, 0 when none took the offer in time (the helper finalizes), -1 when the probe found
+ * too many threads calling the runtime (j->busy_threads; nothing finalized). Helper thread. */
+static int fin_offer(cm__fin_job *j) {
+  if (!j->max_threads || !j->EnableDomain ||
+      j->EnableDomain(1, j->sub, CUPTI_CB_DOMAIN_RUNTIME_API) != CUPTI_SUCCESS)
+    return 0;
+  atomic_store(&g_app_ntids, 0);
+  for (int i = 0; i < FIN_PROBE_TIDS; i++) atomic_store(&g_app_tids[i], 0);
+  atomic_store_explicit(&g_app_state, APP_PROBING, memory_order_release);
+  struct timespec ts = {0, FIN_PROBE_MS * 1000000L};
+  nanosleep(&ts, NULL);
+  int n = atomic_load(&g_app_ntids);
+  if (n >= j->max_threads) {
+    atomic_store(&g_app_state, APP_OFF);
+    j->EnableDomain(0, j->sub, CUPTI_CB_DOMAIN_RUNTIME_API);
+    j->busy_threads = n;
+    return -1;
+  }
+  atomic_store(&g_app_offer, j);
+  atomic_store_explicit(&g_app_state, APP_OFFERED, memory_order_release);
+  uint64_t end = cm__mono_ms() + FIN_APP_WAIT_MS;
+  struct timespec tick = {0, 200000L};
+  while (atomic_load_explicit(&g_app_state, memory_order_acquire) != APP_DONE && cm__mono_ms() < end)
+    nanosleep(&tick, NULL);
+  cm__fin_job *mine = j;
+  if (atomic_load(&g_app_state) != APP_DONE &&
+      atomic_compare_exchange_strong(&g_app_offer, &mine, NULL)) {
+    /* Withdrawn before any thread took it. */
+    atomic_store(&g_app_state, APP_OFF);
+    j->EnableDomain(0, j->sub, CUPTI_CB_DOMAIN_RUNTIME_API);
+    return 0;
+  }
+  /* Taken: its cuptiFinalize may take as long as CUPTI likes; the detach's waiter has its own
+   * deadline. */
+  while (atomic_load_explicit(&g_app_state, memory_order_acquire) != APP_DONE) nanosleep(&tick, NULL);
+  atomic_store(&g_app_state, APP_OFF);
+  return 1;
+}
+
 static void *fin_main(void *arg) {
   cm__fin_job *j = arg;
+  int offered = fin_offer(j);
+  if (offered != 0) {
+    /* Finalized by an application thread (its result in cb_rc), or refused by the probe. */
+    j->rc = offered > 0 ? j->cb_rc : CUPTI_SUCCESS;
+    j->end_ns = cm__realtime_ns();
+    cm__job_finish(&j->job);
+    cm__job_release(&j->job);
+    return NULL;
+  }
   t_fin_job = j;
   if (j->cuDriverGetVersion &&
       j->EnableCallback(1, j->sub, CUPTI_CB_DOMAIN_DRIVER_API,
@@ -243,6 +355,8 @@ static void CUPTIAPI on_subscriber_callback(void *ud, CUpti_CallbackDomain domai
    * It touches only its job, never the engine, and is not counted in flight: cuptiFinalize may
    * block for as long as CUPTI likes (fin_main). */
   if (fin_callback(domain, cbid, data)) return;
+  /* An application thread counted by the finalize's probe, or the one that takes its offer. */
+  if (fin_app_callback(domain, cbid, data)) return;
   /* `ud` is the engine, but it is used only once the in-flight count says it is still alive. */
   cm_engine *e = callback_enter();
   if (e && e == ud) {
@@ -313,6 +427,14 @@ uint64_t cm__engine_enabled(cm_engine *e) {
 }
 
 bool cm__engine_finalizing(cm_engine *e) { return atomic_load(&e->finalizing); }
+
+void cm__engine_set_detach_max_threads(cm_engine *e, int n) {
+  pthread_mutex_lock(&e->api_mu);
+  e->detach_max_threads = n < 0 ? 0 : n;
+  pthread_mutex_unlock(&e->api_mu);
+}
+
+int cm__engine_probe_busy_threads(cm_engine *e) { return atomic_load(&e->probe_busy_threads); }
 
 uint64_t cm__engine_enable_start_ns(cm_engine *e) { return LOAD(e, enable_start_ns); }
 
@@ -1075,7 +1197,7 @@ int cm_flush(cm_engine *e, int mode, uint32_t timeout_ms) {
 /* Starts cuptiFinalize on its helper thread (above) and waits for it until `deadline`. Returns 1
  * when it returned (*rc its result), 0 when it still runs (e->fin_job keeps it; fin_settle learns
  * its end), or -1 when no helper could start (*rc an error). Called with api_mu held. */
-static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc) {
+static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc, int *busy, bool *on_app) {
   cm__fin_job *j = calloc(1, sizeof *j);
   if (!j) {
     *rc = CUPTI_ERROR_OUT_OF_MEMORY;
@@ -1084,6 +1206,8 @@ static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc) {
   j->start_ns = cm__realtime_ns();
   j->Finalize = e->cupti.Finalize;
   j->EnableCallback = e->cupti.EnableCallback;
+  j->EnableDomain = e->cupti.EnableDomain;
+  j->max_threads = e->detach_max_threads;
   j->cuDriverGetVersion = e->cupti.cuDriverGetVersion;
   j->sub = e->sub;
   if (cm__job_start(&j->job, fin_main)) {
@@ -1097,6 +1221,8 @@ static int finalize_bounded(cm_engine *e, uint64_t deadline, CUptiResult *rc) {
     return 0;
   }
   *rc = j->rc;
+  *busy = j->busy_threads;
+  *on_app = j->on_app;
   cm__job_release(&j->job);
   return 1;
 }
@@ -1253,7 +1379,20 @@ static int drain_and_finalize(cm_engine *e, uint64_t deadline) {
   /* cuptiFinalize gets at least FIN_MIN_MS, whatever the flushes left of the deadline. */
   uint64_t now = cm__mono_ms();
   CUptiResult r = CUPTI_SUCCESS;
-  int got = finalize_bounded(e, deadline > now + FIN_MIN_MS ? deadline : now + FIN_MIN_MS, &r);
+  int app_threads = 0;
+  bool on_app = false;
+  int got = finalize_bounded(e, deadline > now + FIN_MIN_MS ? deadline : now + FIN_MIN_MS, &r,
+                             &app_threads, &on_app);
+  atomic_store(&e->probe_busy_threads, app_threads);
+  if (got == 1 && app_threads > 0) {
+    detach_abandoned(e);
+    return cm__seterr(CM_EBUSY, "%d threads called the CUDA runtime within %d ms: CUPTI stays "
+                                "attached, since attaching it again would not return while so "
+                                "many threads call it", app_threads, FIN_PROBE_MS);
+  }
+  if (got == 1 && r == CUPTI_SUCCESS)
+    cm__engine_log(e, CM_LOG_DEBUG, "cuptiFinalize ran on %s", on_app ? "an application thread, "
+                   "at the exit of its runtime call" : "the finalize helper");
   if (got == 0)
     return cm__seterr(CM_ETIMEDOUT, "cuptiFinalize did not return by the deadline (CUPTI can "
                                     "wait for the application's threads to leave it): it goes on "

@@ -125,6 +125,12 @@ struct cm_engine {
    * `detaching` stays set, so that nothing calls CUPTI until it has returned. */
   struct cm__fin_job *fin_job;
   atomic_bool finalizing;
+  /* The detach's probe (engine.c, "the finalize helper"): refuse a finalize when this many
+   * application threads call the runtime within its time (0: no probe, and no application thread
+   * finalizes); and what the last probe that refused counted (0 when the last detach was not
+   * refused by it). api_mu; the count read atomically. */
+  int detach_max_threads;
+  atomic_int probe_busy_threads;
   /* A cuptiSubscribe of an attach that did not return by its deadline and runs on in its helper
    * thread (engine.c, "the attach helper"): api_mu. `detached` stays set meanwhile, so nothing
    * calls CUPTI; the next attach takes its subscription once it has returned. */

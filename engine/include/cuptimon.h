@@ -397,6 +397,14 @@ typedef struct cm_stats {
   uint64_t kind_changes;
   uint64_t kind_change_ns;
   uint64_t kind_change_max_ns;
+  /* What the agent leaves CUPTI in while nothing is traced, as its last STATS said: 0 unknown
+   * (the in-process engine, a capture of an older agent), 1 detached (cuptiFinalize) between
+   * windows, 2 attached as CUPTIMON_DETACH_IDLE=0 asks, and attached for good because 3
+   * attaching again outlasted its wait, 4 NVTX calls enter CUPTI, 5 the libcupti has no
+   * cuptiFinalize or PM sampling initialized CUPTI's profiler, 6 a cuptiFinalize outlasted its
+   * deadline, 7 too many threads were calling CUDA at once for CUPTI to attach again (the
+   * largest over sources for a sum). */
+  uint64_t cupti_idle_mode;
 } cm_stats;
 
 /* Copies the engine's counters. Thread-safe; observers may call it. */

@@ -545,6 +545,7 @@ static void add_stats(cm_stats *sum, const cm_stats *one) {
   MAX_(guard_lag_ns);
   MAX_(lag_held_ns);
   MAX_(kind_change_max_ns);
+  MAX_(cupti_idle_mode);
 #undef MAX_
   sum->guard_shed = keep.guard_shed | one->guard_shed;
 }

@@ -341,6 +341,7 @@ static const struct {
     {"kind_changes", offsetof(cm_stats, kind_changes)},
     {"kind_change_ns", offsetof(cm_stats, kind_change_ns)},
     {"kind_change_max_ns", offsetof(cm_stats, kind_change_max_ns)},
+    {"cupti_idle_mode", offsetof(cm_stats, cupti_idle_mode)},
 };
 
 static int ws_stats(cm_source *s, cm_stats *out) {

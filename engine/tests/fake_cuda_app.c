@@ -63,7 +63,10 @@
  * (a phase change). With --poisson-seed S (not 0) the launches are a Poisson process instead:
  * the gaps are exponential with mean 1/R, drawn from a generator seeded with S, so that the counts
  * of the windows spread as a real workload's do (the true rate is still launched / steady_ms).
- * With --hidden-kernel NAME each launch of steady_kernel that finds kernel
+ * Each launch is wrapped in a runtime call (its API callbacks fire, as a real launch's do), and
+ * --busy-threads N adds N threads that make a runtime call every 200 us for the whole run, so
+ * that N + 1 threads call the runtime at once. With --hidden-kernel NAME each launch of
+ * steady_kernel that finds kernel
  * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
  * line reports the launches and records written, and kernel_segments / memcpy_segments: the
  * records written in each run of launches that found the kind traced, in order, which are the
@@ -85,6 +88,7 @@
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -244,7 +248,7 @@ static void usage(void) {
                   "[--device D] [--pause-ms P] [--no-comm]\n"
                   "       fake_cuda_app --steady-ms D [--kernel-rate R] [--kernel-us U] "
                   "[--copy-every K] [--copy-bytes B] [--phase-ms P] [--phase-factor F] "
-                  "[--poisson-seed S] [--hidden-kernel NAME]\n"
+                  "[--poisson-seed S] [--hidden-kernel NAME] [--busy-threads N]\n"
                   "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
 }
@@ -304,11 +308,31 @@ static void sleep_until(double t_s) {
   if (t_s > now) usleep((useconds_t)((t_s - now) * 1e6));
 }
 
+/* CUPTI's runtime callback ids (cupti_runtime_cbid.h) of the calls the steady workload makes:
+ * cudaStreamQuery_v3020 and cudaLaunchKernel_v7000. */
+enum { CBID_cudaStreamQuery = 132, CBID_cudaLaunchKernel = 211 };
+
+/* The --busy-threads threads: runtime calls without work until `steady_stop`. */
+static atomic_int steady_stop;
+static void *busy_main(void *arg) {
+  (void)arg;
+  while (!atomic_load(&steady_stop)) {
+    fake_runtime_call(CBID_cudaStreamQuery);
+    usleep(200);
+  }
+  return NULL;
+}
+
 /* The --steady-ms workload (see the header). Returns the process's exit status. */
 static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int copy_every,
                       uint64_t copy_bytes, double phase_ms, double phase_factor,
-                      uint64_t poisson_seed, const char *hidden, int linger_ms, int exit_code) {
+                      uint64_t poisson_seed, const char *hidden, int linger_ms, int exit_code,
+                      int busy_threads) {
   static segments ks, cs;
+  pthread_t busy[64];
+  if (busy_threads > 64) busy_threads = 64;
+  for (int i = 0; i < busy_threads; i++)
+    if (pthread_create(&busy[i], NULL, busy_main, NULL) != 0) busy_threads = i;
   uint64_t rng = poisson_seed;
   uint64_t buf[32], launched = 0, kernels = 0, copies = 0, dropped = 0, hidden_launched = 0,
                     hidden_written = 0;
@@ -322,6 +346,7 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
     uint32_t corr = (uint32_t)(launched + 1);
     int rc = fake_emit(buf, fake_make_kernel(buf, "steady_kernel", 0, 7, s0, s0 + kernel_us * 1000,
                                              corr), 0);
+    fake_runtime_call(CBID_cudaLaunchKernel);
     launched++;
     if (rc == 1) dropped++;
     kernels += rc == 0;
@@ -360,18 +385,20 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
     double now = mono_s();
     if (now - t > 0.02) t = now;
   }
+  atomic_store(&steady_stop, 1);
+  for (int i = 0; i < busy_threads; i++) pthread_join(busy[i], NULL);
   fake_get_stats(&fs);
   printf("fake_cuda_app: pid=%d init=%d steady_ms=%.0f launched=%llu concurrent_kernel=%llu "
          "memcpy=%llu dropped=%llu hidden_launched=%llu hidden_written=%llu flushes_off=%llu "
          "finalize=%llu finalize_in_callback=%llu finalize_lost=%llu finalize_buffers=%llu "
-         "calls_finalized=%llu subscribes=%llu",
+         "calls_finalized=%llu subscribes=%llu finalize_in_runtime=%llu",
          (int)getpid(), init, (mono_s() - t0) * 1e3, (unsigned long long)launched,
          (unsigned long long)kernels, (unsigned long long)copies, (unsigned long long)dropped,
          (unsigned long long)hidden_launched, (unsigned long long)hidden_written,
          (unsigned long long)flushes_off, (unsigned long long)fs.finalize_calls,
          (unsigned long long)fs.finalize_in_callback, (unsigned long long)fs.finalize_lost_records,
          (unsigned long long)fs.finalize_held_buffers, (unsigned long long)fs.calls_while_finalized,
-         (unsigned long long)fs.subscribes);
+         (unsigned long long)fs.subscribes, (unsigned long long)fs.finalize_in_runtime);
   seg_print("kernel", &ks);
   seg_print("memcpy", &cs);
   printf("\n");
@@ -384,6 +411,7 @@ int main(int argc, char **argv) {
   uint64_t records = 1000;
   double rate = 0;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
+  int busy_threads = 0;
   int flush_block_ms = 0;
   int backlog_ms = 0, kernel_backlog = 0;
   bool full_only = false;
@@ -490,6 +518,8 @@ int main(int argc, char **argv) {
       poisson_seed = strtoull(v, NULL, 10);
     } else if (strcmp(a, "--phase-factor") == 0) {
       phase_factor = strtod(v, NULL);
+    } else if (strcmp(a, "--busy-threads") == 0) {
+      busy_threads = atoi(v);
     } else if (strcmp(a, "--hidden-kernel") == 0) {
       hidden = v;
     } else if (strcmp(a, "--device") == 0) {
@@ -544,7 +574,7 @@ int main(int argc, char **argv) {
   if (steady_ms > 0) {
     if (kernel_rate <= 0 || phase_factor <= 0 || copy_every < 0) usage();
     return run_steady(init, steady_ms, kernel_rate, kernel_us, copy_every, copy_bytes, phase_ms,
-                      phase_factor, poisson_seed, hidden, linger_ms, exit_code);
+                      phase_factor, poisson_seed, hidden, linger_ms, exit_code, busy_threads);
   }
 
   if (steps > 0) {

@@ -121,6 +121,7 @@ typedef struct cm_stats {
   uint64_t kind_changes;
   uint64_t kind_change_ns;
   uint64_t kind_change_max_ns;
+  uint64_t cupti_idle_mode;
 } cm_stats;
 
 typedef struct cm_session_info {

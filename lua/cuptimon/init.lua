@@ -378,7 +378,7 @@ local stat_names = {
   "strings", "lag_cupti_ns", "lag_decode_ns", "lag_decode_peak_ns", "decode_wait_ns",
   "lag_recv_ns", "lag_recv_peak_ns", "backlog_records", "send_wait_ns", "send_wait_peak_ns",
   "lag_held_ns", "cupti_detaches", "cupti_detach_ns", "cupti_attach_ns", "kind_changes",
-  "kind_change_ns", "kind_change_max_ns",
+  "kind_change_ns", "kind_change_max_ns", "cupti_idle_mode",
 }
 
 --- The counters of one source, or of every source of the run summed (source omitted or 0; the
@@ -399,7 +399,9 @@ local stat_names = {
 --- writing because CUPTI fell more than CUPTIMON_GUARD_LAG_MS behind; docs/agent.md) with
 --- guard_lag_s (CUPTI's lag when it last did). cupti_detaches, cupti_detach_ns and
 --- cupti_attach_ns: how often the agent detached CUPTI while nothing was traced
---- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed.
+--- (CUPTIMON_DETACH_IDLE), and the time detaching and attaching again took, summed;
+--- cupti_idle_mode, what the agent leaves CUPTI in while nothing is traced (1 detached, 2 and up
+--- attached, for the reason cm.idle_mode_text gives; 0 unknown).
 --- kind_changes, kind_change_ns and kind_change_max_ns: how often the kinds enabled in CUPTI
 --- changed (a window's or duty window's opening and closing, an observer's kinds, the lag guard's
 --- sheds), and the time CUPTI's enable and disable calls took, summed and the longest (the
@@ -430,6 +432,26 @@ function M.stats(source)
   end
   M._budget_stats(t, source)
   return t
+end
+
+local idle_modes = {
+  [1] = "detached between windows",
+  [2] = "stayed attached between windows: CUPTIMON_DETACH_IDLE=0",
+  [3] = "stayed attached between windows: attaching CUPTI again after a detach outlasted its "
+    .. "wait (the process's threads held CUPTI), so it is not detached again",
+  [4] = "stayed attached between windows: NVTX calls enter CUPTI, which a detach would break",
+  [5] = "stayed attached between windows: this libcupti cannot detach (no cuptiFinalize, or PM "
+    .. "sampling used its profiler)",
+  [6] = "stayed attached between windows: a cuptiFinalize outlasted its deadline",
+  [7] = "stayed attached between windows: too many of its threads called CUDA at once for CUPTI "
+    .. "to attach again after a detach",
+}
+
+--- What a process's CUPTI did while nothing was traced, as a sentence fragment ("detached
+--- between windows", "stayed attached between windows: REASON"), from cm.stats(source)'s
+--- cupti_idle_mode; nil when unknown (0).
+function M.idle_mode_text(mode)
+  return idle_modes[mode]
 end
 
 --- The attached sources: { { source=, pid=, kind=, host=, exe=, argv=, devices= }, ... }.

@@ -175,35 +175,55 @@ function S:footer()
       .. "longest %.1f ms"):format(all.kind_changes, all.kind_change_ns / 1e6,
       all.kind_change_max_ns / 1e6)
   end
-  -- Agents run with CUPTIMON_DETACH_IDLE=1 detach CUPTI between windows (docs/agent.md).
+  -- Agents detach CUPTI between windows unless a process cannot afford it (docs/agent.md,
+  -- "Detaching CUPTI while idle"): each process that stayed attached says why, since a launch
+  -- costs more there between windows.
   if all and (all.cupti_detaches or 0) > 0 then
     lines[#lines + 1] = ("CUPTI detached %d times between windows (CUPTIMON_DETACH_IDLE): %.1f ms "
       .. "detaching and %.1f ms attaching again, in all"):format(all.cupti_detaches,
       all.cupti_detach_ns / 1e6, all.cupti_attach_ns / 1e6)
   end
+  for _, source in ipairs(self.duty.order) do
+    local ps = cm.stats(source)
+    local mode = ps and ps.cupti_idle_mode or 0
+    if mode >= 2 then
+      lines[#lines + 1] = ("note: pid %d: CUPTI %s"):format(st.processes[source].pid,
+        cm.idle_mode_text(mode) or ("in mode " .. mode))
+    end
+  end
   return lines
 end
 
---- When windows were discarded and none completed, the run estimated nothing: the message that
---- says so, with the last reason (the recipes report it as an error, so a status of 0 becomes 1);
---- else nil. With many launching threads and CUPTIMON_DETACH_IDLE=1, CUPTI's attach may not
---- return while the threads launch, and then every window is refused. A run that lost
---- records has the LOST line and status 3 already, and a run too short for a window is not a
---- failure.
+--- When a process's windows were all discarded, the duty cycle estimated nothing for it: the
+--- message that says so, naming it, with the last reason (the recipes report it as an error, so
+--- a status of 0 becomes 1); else nil. A process whose threads keep CUPTI from attaching after a
+--- detach has its windows refused until it can. A run that lost records has the LOST line and
+--- status 3 already, and a process that ended before any window is not a failure.
 function S:nothing_estimated()
   local st = self.duty:stats()
-  if st.windows > 0 or st.discarded == 0 then return nil end
   local all = cm.stats()
   if all and (all.dropped or 0) > 0 then return nil end
-  local reason
+  -- A process without an estimate is a failure unless no window of it was ever due: one whose
+  -- every window was discarded names itself, with the last reason.
+  local blind = {}
   for _, source in ipairs(self.duty.order) do
-    reason = st.processes[source].discard_reason or reason
+    local p = st.processes[source]
+    if p.windows == 0 and p.discarded > 0 then blind[#blind + 1] = p end
   end
+  if #blind == 0 then return nil end
+  local reason = blind[#blind].discard_reason
   -- A window the agent refused carries the engine's error code only; the agent's log line (on
   -- the command's stderr) has its message.
-  return ("the duty cycle estimated nothing: none of its %d windows completed (the last was "
-    .. "discarded: %s)%s"):format(st.discarded, reason or "?",
-    tostring(reason):find("^E%u+:") and "; the agent's error lines say why" or "")
+  local tail = tostring(reason):find("^E%u+:") and "; the agent's error lines say why" or ""
+  if st.windows == 0 then
+    return ("the duty cycle estimated nothing: none of its %d windows completed (the last was "
+      .. "discarded: %s)%s"):format(st.discarded, reason or "?", tail)
+  end
+  local pids = {}
+  for i, p in ipairs(blind) do pids[i] = tostring(p.pid) end
+  return ("the duty cycle estimated nothing for pid %s: none of %s windows completed (the "
+    .. "last was discarded: %s)%s"):format(table.concat(pids, ", "),
+    #blind == 1 and "its " .. blind[1].discarded or "their", reason or "?", tail)
 end
 
 ---------------------------------------------------------------------------------------------------

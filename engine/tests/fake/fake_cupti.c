@@ -268,6 +268,7 @@ static struct {
   atomic_uint_fast64_t enable_calls[64], disable_calls[64];
   atomic_uint_fast64_t subscribes, unsubscribes, finalize_calls;
   atomic_uint_fast64_t finalize_in_callback, finalize_lost_records, finalize_held_buffers;
+  atomic_uint_fast64_t finalize_in_runtime;
   atomic_uint_fast64_t calls_while_finalized;
   atomic_uint_fast64_t syncs_during_capture, captures_invalidated, capture_mode_exchanges;
   atomic_int latency_timestamps, cuda_event_device_timestamps, timestamp_callback_registrations;
@@ -276,6 +277,7 @@ static struct {
 static _Thread_local fthread *t_self;
 /* Subscriber callbacks the calling thread is inside of (fake_fire_callback). */
 static _Thread_local int t_in_callback;
+static _Thread_local int t_callback_domain; /* the domain of the callback running on this thread */
 /* Set by cuptiFinalize, cleared by the next cuptiSubscribe: every CUPTI call in between (which
  * would initialize the real CUPTI again, the cost a detach is meant to shed) is counted. */
 static atomic_int finalized;
@@ -719,6 +721,7 @@ FAKE_EXPORT CUptiResult CUPTIAPI cuptiFinalize(void) {
   }
   BUMP(st.finalize_calls);
   if (t_in_callback) BUMP(st.finalize_in_callback);
+  if (t_in_callback && t_callback_domain == CUPTI_CB_DOMAIN_RUNTIME_API) BUMP(st.finalize_in_runtime);
   for (int k = 0; k < FAKE_NKINDS; k++) atomic_store(&kind_on[k], 0);
   unsigned old = atomic_fetch_add(&emit_phase, 1) & 1;
   while (atomic_load(&emit_inflight[old]) != 0) sched_yield();
@@ -884,7 +887,10 @@ int fake_fire_callback(int domain, uint32_t cbid, const void *cbdata) {
   pthread_mutex_unlock(&ctl.lock);
   if (!on) return 0;
   t_in_callback++;
+  int outer = t_callback_domain;
+  t_callback_domain = domain;
   f(ud, (CUpti_CallbackDomain)domain, (CUpti_CallbackId)cbid, cbdata);
+  t_callback_domain = outer;
   t_in_callback--;
   return 1;
 }
@@ -1830,6 +1836,7 @@ void fake_get_stats(fake_stats *out) {
   out->unsubscribes = atomic_load(&st.unsubscribes);
   out->finalize_calls = atomic_load(&st.finalize_calls);
   out->finalize_in_callback = atomic_load(&st.finalize_in_callback);
+  out->finalize_in_runtime = atomic_load(&st.finalize_in_runtime);
   out->finalize_lost_records = atomic_load(&st.finalize_lost_records);
   out->finalize_held_buffers = atomic_load(&st.finalize_held_buffers);
   out->calls_while_finalized = atomic_load(&st.calls_while_finalized);
@@ -1940,6 +1947,17 @@ uint32_t fake_callback_enable_calls(int domain, uint32_t cbid, int enable) {
       cbid >= FAKE_CB_COUNTED)
     return 0;
   return atomic_load(&cb_enable_calls[enable ? 1 : 0][domain][cbid]);
+}
+
+void fake_runtime_call(uint32_t cbid) {
+  CUpti_CallbackData cd;
+  memset(&cd, 0, sizeof cd);
+  cd.callbackSite = CUPTI_API_ENTER;
+  cd.functionName = "cudaRuntimeCall";
+  cd.correlationId = atomic_fetch_add(&fake_next_correlation, 1);
+  fake_fire_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &cd);
+  cd.callbackSite = CUPTI_API_EXIT;
+  fake_fire_callback(CUPTI_CB_DOMAIN_RUNTIME_API, cbid, &cd);
 }
 
 uint32_t fake_launch_kernel(uint32_t cbid, const char *name) {

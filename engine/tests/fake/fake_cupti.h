@@ -98,6 +98,7 @@ typedef struct fake_stats {
   uint64_t unsubscribes;
   uint64_t finalize_calls;        /* 0 unless the engine detaches (cm_cupti_detach) */
   uint64_t finalize_in_callback;  /* of those, made inside a subscriber callback */
+  uint64_t finalize_in_runtime;   /* of those, inside a runtime API callback: an application thread's */
   uint64_t finalize_lost_records; /* records the fake still held at a finalize: must stay 0 */
   uint64_t finalize_held_buffers; /* buffers it still held then (the client's memory, lost) */
   uint64_t calls_while_finalized; /* CUPTI calls between a finalize and the next subscribe */
@@ -210,6 +211,11 @@ uint32_t fake_callback_enable_calls(int domain, uint32_t cbid, int enable);
  * record named `name` (a string that must outlive the engine's decoding) with the same
  * correlation id; then fires the API exit callback. Returns the correlation id (> 0). */
 uint32_t fake_launch_kernel(uint32_t cbid, const char *name);
+
+/* Simulates the API enter and exit of one runtime call `cbid` on the calling thread, firing its
+ * RUNTIME callback at both when it is enabled, and writes no record: what an application's
+ * thread does around the work it launches (the agent's detach probes and finalizes there). */
+void fake_runtime_call(uint32_t cbid);
 
 /* ---- PM sampling (fake_pm.c) ------------------------------------------------------------------ */
 
