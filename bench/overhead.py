@@ -51,8 +51,10 @@ CONFIGS = [
     ("dormant", "agent injected, dormant (CUPTIMON_LISTEN=1)", ("launch", "torch")),
     ("duty05", "cuptimon live, scripts/count.lua --duty 0.05 --kinds kernel", ("launch", "torch")),
     ("duty10", "cuptimon live, scripts/count.lua --duty 0.1 --kinds kernel", ("launch", "torch")),
-    ("duty05d", "duty05 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows)", ("launch", "torch")),
-    ("duty10d", "duty10 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows)", ("launch", "torch")),
+    ("duty05d", "duty05 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows, the default)", ("launch", "torch")),
+    ("duty10d", "duty10 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows, the default)", ("launch", "torch")),
+    ("duty05a", "duty05 with CUPTIMON_DETACH_IDLE=0 (CUPTI attached between windows)", ("launch", "torch")),
+    ("duty10a", "duty10 with CUPTIMON_DETACH_IDLE=0 (CUPTI attached between windows)", ("launch", "torch")),
     ("prof_cuda", "torch.profiler, CUDA activities", ("torch",)),
     ("prof_cpu_cuda", "torch.profiler, CPU + CUDA activities", ("torch",)),
 ]
@@ -68,8 +70,10 @@ RECORDED = re.compile(r"recorded (\S+): .* (\d+) records, (\d+) dropped")
 ESTIMATED = re.compile(r"^estimated concurrent_kernel (\d+) ± (\S+) \(95%, (\d+) windows\)", re.M)
 # The duty configurations' period (DUTY_PERIOD_MS): a run must hold many periods, so it is
 # shorter than the recipes' default of 10 s; bench/duty_overhead.sh sets it with long runs.
-# The configurations ending in "d" detach CUPTI between windows (CUPTIMON_DETACH_IDLE=1).
-DUTY = {"duty05": "0.05", "duty10": "0.1", "duty05d": "0.05", "duty10d": "0.1"}
+# The configurations ending in "d" detach CUPTI between windows (CUPTIMON_DETACH_IDLE=1, as the
+# default does), those ending in "a" keep it attached (CUPTIMON_DETACH_IDLE=0).
+DUTY = {"duty05": "0.05", "duty10": "0.1", "duty05d": "0.05", "duty10d": "0.1", "duty05a": "0.05",
+        "duty10a": "0.1"}
 
 
 class Setup:
@@ -122,6 +126,8 @@ class Setup:
         if config in DUTY:
             if config.endswith("d"):
                 env["CUPTIMON_DETACH_IDLE"] = "1"
+            elif config.endswith("a"):
+                env["CUPTIMON_DETACH_IDLE"] = "0"
             return [self.lua, os.path.join(ROOT, "scripts", "count.lua"), "--duty", DUTY[config],
                     "--period-ms", os.environ.get("DUTY_PERIOD_MS", "1000"), "--kinds", "kernel",
                     "--"] + self.workload(wl), env
@@ -244,6 +250,7 @@ def cell(s, scale=1.0, ratio=False):
 FLOOR_OF = {"untraced": "floor_k", "floor_kr": "floor_k", "cm_count": "floor_kr",
             "cm_top": "floor_k", "cm_record": "floor_kr", "dormant": "untraced",
             "duty05": "untraced", "duty10": "untraced", "duty05d": "untraced", "duty10d": "untraced",
+            "duty05a": "untraced", "duty10a": "untraced",
             "prof_cuda": "floor_kr", "prof_cpu_cuda": "floor_kr"}
 SHORT = {"untraced": "untraced", "floor_k": "floor (k)", "floor_kr": "floor (k+rt)",
          "prof_cuda": "torch.profiler CUDA"}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Does a training job go back to its dormant speed once a monitor has attached and left? From the
+# repository root on the device machine:
+#   bash spec/gpu/attach_leave.sh BUILD_DIR     (DORMANT_S=60 ATTACH_S=60 AFTER_S=60 PERIOD_MS=2000)
+# spec/gpu/duty_train.py runs with the agent dormant (CUPTIMON_LISTEN=1) for DORMANT_S seconds;
+# then `cuptimon-lua --attach PID scripts/prometheus.lua --duty 0.05` (PERIOD_MS) joins it for
+# ATTACH_S seconds and is scraped every 15 s; then the monitor leaves and the loop runs AFTER_S
+# seconds more. The loop prints its steps per second once a second; the summary gives, per phase,
+# the median of those one-second rates with a bootstrap 95% interval and its ratio to the dormant
+# phase (the first 5 s of each phase left out), the process's resident set at each phase's end,
+# and the exporter's estimates. Logs go to $OUT when set, else to /tmp/cuptimon-attach-leave.
+# Exit status 0 when every phase ran and the exporter answered, 1 otherwise.
+set -u
+B=$(cd "${1:-build}" && pwd)
+LOG=${OUT:-/tmp/cuptimon-attach-leave}
+mkdir -p "$LOG"
+cd "$(dirname "$0")/../.."
+unset CUPTIMON_LIBCUPTI CUPTIMON_LIBCUDA
+D=${DORMANT_S:-60}; A=${ATTACH_S:-60}; F=${AFTER_S:-60}; P=${PERIOD_MS:-2000}
+status=0
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-$(mktemp -d)}
+DUTY_TRAIN_PROGRESS=1 CUDA_INJECTION64_PATH=$B/libcuptimon-agent.so CUPTIMON_LISTEN=1 \
+  python3 spec/gpu/duty_train.py $((D + A + F)) > "$LOG/train.txt" 2> "$LOG/train.err" &
+pid=$!
+rss() { awk '/VmRSS/ {print $2 / 1024 " MiB"}' /proc/$pid/status 2>/dev/null; }
+sleep "$D"
+t_attach=$(date +%s.%N)
+echo "dormant phase over: rss $(rss)" | tee "$LOG/phases.txt"
+timeout $((A + 60)) "$B/cuptimon-lua" --duration "$A" --attach "$pid" scripts/prometheus.lua \
+  --listen 127.0.0.1:19464 --duty 0.05 --period-ms "$P" > "$LOG/monitor.txt" 2>&1 &
+mon=$!
+for i in $(seq 1 $((A / 15))); do
+  sleep 15
+  curl -s --max-time 5 http://127.0.0.1:19464/metrics > "$LOG/scrape_$i.txt" || echo "scrape $i failed" | tee -a "$LOG/phases.txt"
+done
+wait "$mon"; mrc=$?
+t_leave=$(date +%s.%N)
+echo "attached phase over (monitor exit $mrc): rss $(rss)" | tee -a "$LOG/phases.txt"
+[ "$mrc" = 0 ] || status=1
+wait "$pid"; trc=$?
+echo "train exit $trc" | tee -a "$LOG/phases.txt"
+[ "$trc" = 0 ] || status=1
+last=$(ls "$LOG"/scrape_*.txt 2>/dev/null | tail -n 1)
+[ -n "$last" ] && grep -E "^cuptimon_(estimated_kernel_gpu_seconds_per_second|duty|cupti)" "$last" | sort -t' ' -k2 -gr | head -n 8
+python3 - "$LOG/train.txt" "$t_attach" "$t_leave" <<'PY' || status=1
+import sys
+sys.path.insert(0, "bench")
+import benchstats
+path, ta, tl = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+pts = []
+for line in open(path):
+    if line.startswith("PROGRESS"):
+        f = line.split()
+        pts.append((float(f[2]), float(f[4])))
+if not pts:
+    print("attach_leave: no PROGRESS lines"); sys.exit(1)
+t0 = pts[0][0]
+phases = {"dormant": [r for t, r in pts if t0 + 5 <= t < ta],
+          "attached": [r for t, r in pts if ta + 5 <= t < tl],
+          "after": [r for t, r in pts if t >= tl + 5]}
+base = benchstats.median(phases["dormant"]) if phases["dormant"] else None
+for name, xs in phases.items():
+    if len(xs) < 3:
+        print("%-9s too few seconds (%d)" % (name, len(xs))); continue
+    s = benchstats.summary(xs)
+    ratio = benchstats.summary([x / base for x in xs]) if base else None
+    print("%-9s steps/s median %.1f [%.1f, %.1f] over %d s; of dormant %.3f [%.3f, %.3f]" % (
+        name, s["median"], s["lo"], s["hi"], s["n"], ratio["median"], ratio["lo"], ratio["hi"]))
+PY
+echo "attach_leave: $([ $status = 0 ] && echo DONE || echo FAIL) (logs in $LOG)"
+exit $status
