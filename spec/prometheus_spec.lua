@@ -172,7 +172,7 @@ local function sum(f, where)
 end
 
 describe("prometheus.lua", function()
-  -- The script's ffi.cdef of http-parser's structs (plain words for the bitfields) must match the
+  -- cuptimon.httpreq's ffi.cdef of http-parser's structs (plain words for the bitfields) must match the
   -- C compiler's layout, printed by spec/http_parser_layout.c.
   it("declares http-parser's structs with the C compiler's layout", function()
     local ffi = require "ffi"
@@ -184,7 +184,7 @@ describe("prometheus.lua", function()
       c[k] = tonumber(v)
     end
     pipe:close()
-    local f = assert(io.open(script))
+    local f = assert(io.open(root .. "/lua/cuptimon/httpreq.lua"))
     local text = f:read("*a")
     f:close()
     local cdef = assert(text:match("local HTTP_PARSER_CDEF = %[%[(.-)%]%]"), "no HTTP_PARSER_CDEF")
