@@ -12,43 +12,13 @@ local bin = helpers.binary()
 local root = helpers.root()
 local gen = os.getenv("CUPTIMON_WIRE_GEN")
 local demo = root .. "/examples/demo.cmcap"
-local script = root .. "/scripts/prometheus.lua"
 
--- Starts the exporter on `captures` with extra `argv`; returns { port =, proc =, log = fn,
--- stop = fn -> exit status }. The process is killed by stop(), which finally() calls.
+-- Starts the exporter (spec/exporter.lua); its stop() runs in finally().
 local function start(captures, argv)
-  local a = {}
-  for _, c in ipairs(captures) do a[#a + 1] = "--replay"; a[#a + 1] = c end
-  a[#a + 1] = script
-  a[#a + 1] = "--port"
-  a[#a + 1] = "0"
-  a[#a + 1] = "--linger"
-  a[#a + 1] = "-1"
-  for _, v in ipairs(argv or {}) do a[#a + 1] = v end
-  local err = uv.new_pipe(false)
-  local log, status = {}, nil
-  local e = { }
-  local proc = uv.spawn(bin, { args = a, stdio = { nil, nil, err } }, function(code, signal)
-    status = signal ~= 0 and 128 + signal or code
-  end)
-  assert(proc, "cannot start cuptimon-lua")
-  err:read_start(function(_, chunk) if chunk then log[#log + 1] = chunk end end)
-  e.log = function() return table.concat(log) end
-  helpers.run_until(function()
-    return e.log():match("the run ended") ~= nil or status ~= nil
-  end, 60000)
-  e.port = tonumber(e.log():match("serving http://127%.0%.0%.1:(%d+)/metrics"))
-  e.stop = function()
-    if status == nil then proc:kill("sigterm") end
-    -- Generous: under ThreadSanitizer on a loaded 2-core machine the exit alone takes seconds.
-    helpers.run_until(function() return status ~= nil end, 60000)
-    if not err:is_closing() then err:close() end
-    if not proc:is_closing() then proc:close() end
-    return status
-  end
+  local e = require("exporter").start(captures, argv)
   finally(e.stop)
   assert.is_truthy(e.port, e.log())
-  assert.is_nil(status, e.log())
+  assert.is_nil(e.exited(), e.log())
   return e
 end
 

@@ -14,8 +14,8 @@
 --   basic_auth_users: user name -> bcrypt hash ($2y$, $2b$, $2a$)
 -- Refused as not supported: tls_server_config's cert and key (inline PEM), client_allowed_sans,
 -- and any key the toolkit does not define. Relative file names are relative to the file's own
--- directory, as the toolkit reads them. A tls_server_config with neither a certificate nor a key
--- nor a client CA means plain HTTP, as the toolkit has it; one with only part of them is refused.
+-- directory, as the toolkit reads them. An empty tls_server_config means plain HTTP, as the
+-- toolkit has it; one with any key needs cert_file and key_file (so no setting in it goes unused).
 --
 --   local cfg, err = webconfig.load(path)
 --   -- cfg.tls: nil or { cert_file, key_file, client_ca_file, client_auth (number),
@@ -94,9 +94,9 @@ function M.check(doc, path)
         return bad("tls_server_config." .. k, "unknown key; the valid keys are " .. names(TLS_KEYS))
       end
     end
-    if t.cert_file or t.key_file or t.client_ca_file or t.client_auth_type then
-      if not t.cert_file then return bad("tls_server_config.cert_file", "missing (key_file needs it)") end
-      if not t.key_file then return bad("tls_server_config.key_file", "missing (cert_file needs it)") end
+    if next(t[yaml.PRESENT]) ~= nil then
+      if not t.cert_file then return bad("tls_server_config.cert_file", "missing (TLS needs a certificate)") end
+      if not t.key_file then return bad("tls_server_config.key_file", "missing (TLS needs the certificate's key)") end
       local tls, err = {}
       tls.cert_file, err = file("tls_server_config.cert_file", t.cert_file)
       if not tls.cert_file then return nil, err end
