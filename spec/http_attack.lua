@@ -9,6 +9,7 @@
 --   local attack = require("http_attack").flood(port, 500, "idle", { reconnect_ms = 100 })
 --   ... scrape ...
 --   local st = attack.stop()   -- { opened =, closed_by_server =, open = }
+--   local answered, worst, st = require("http_attack").scrape_under_flood(port, 500, "idle", scrape)
 local uv = require "luv"
 
 local M = {}
@@ -92,6 +93,25 @@ function M.flood(port, n, mode, o)
       return stats()
     end,
   }
+end
+
+--- Floods `port` with `n` clients of `mode` (drip_ms 50, reconnect_ms 100), lets them fill every
+--- slot, then calls scrape() (-> true when it was answered with the metrics) every 100 ms, 30
+--- times. Returns how many were answered, the slowest scrape in ms and the flood's stats.
+function M.scrape_under_flood(port, n, mode, scrape)
+  local helpers = require "helpers"
+  local attack = M.flood(port, n, mode, { drip_ms = 50, reconnect_ms = 100 })
+  helpers.run_until(function() return attack.stats().opened >= n end, 10000)
+  local answered, worst = 0, 0
+  for _ = 1, 30 do
+    local t0 = uv.now()
+    local ok = scrape()
+    uv.update_time()
+    worst = math.max(worst, uv.now() - t0)
+    if ok then answered = answered + 1 end
+    helpers.run_until(function() return uv.now() >= t0 + 100 end, 200)
+  end
+  return answered, worst, attack.stop()
 end
 
 return M

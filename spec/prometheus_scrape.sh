@@ -94,33 +94,19 @@ if [ "$mode" = tls ]; then
   # The test-only password of spec/fixtures/tls/web-tls-auth.yml, and a wrong one.
   printf '%s' prometheus-test-password >"$tmp/password"
   printf '%s' not-the-password >"$tmp/wrong"
-  tls="tls_config:
-      ca_file: $src/spec/fixtures/tls/ca.pem"
-  cat >"$tmp/prometheus.yml" <<YML
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: cuptimon
-    scheme: https
-    $tls
-    basic_auth:
-      username: prometheus
-      password_file: $tmp/password
-    static_configs:
-      - targets: ["127.0.0.1:$eport"]
-  - job_name: cuptimon_wrong_password
-    scheme: https
-    $tls
-    basic_auth:
-      username: prometheus
-      password_file: $tmp/wrong
-    static_configs:
-      - targets: ["127.0.0.1:$eport"]
-  - job_name: cuptimon_plain_http
-    static_configs:
-      - targets: ["127.0.0.1:$eport"]
-YML
+  # job NAME PASSWORD_FILE: a scrape job over TLS (the test CA) with basic auth.
+  job() {
+    printf '  - job_name: %s\n    scheme: https\n    tls_config:\n      ca_file: %s\n' "$1" \
+      "$src/spec/fixtures/tls/ca.pem"
+    printf '    basic_auth:\n      username: prometheus\n      password_file: %s\n' "$2"
+    printf '    static_configs:\n      - targets: ["127.0.0.1:%s"]\n' "$eport"
+  }
+  {
+    printf 'global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n'
+    job cuptimon "$tmp/password"
+    job cuptimon_wrong_password "$tmp/wrong"
+    printf '  - job_name: cuptimon_plain_http\n    static_configs:\n      - targets: ["127.0.0.1:%s"]\n' "$eport"
+  } >"$tmp/prometheus.yml"
   promtool check config "$tmp/prometheus.yml" >/dev/null || fail "promtool check config on the TLS scrape configuration"
 fi
 

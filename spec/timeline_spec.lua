@@ -318,11 +318,7 @@ end)
 -- Issue 19, item 12: timeline.lua -o and dump.lua -o followed symlinks (another user's link in
 -- /tmp made root overwrite root-owned files). They now create outputs as --record does.
 describe("outputs of timeline.lua and dump.lua", function()
-  local function write(path, text)
-    local f = assert(io.open(path, "wb"))
-    f:write(text)
-    f:close()
-  end
+  local write = helpers.write
 
   it("never write through a symlink, nor replace a file without --force, nor open a FIFO", function()
     local dir = tmp .. "/outs"

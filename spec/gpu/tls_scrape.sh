@@ -86,30 +86,17 @@ echo "exporter: $(grep -E '^prometheus.lua: (serving|TLS)' "$LOG/exporter.log" |
 # 3. Prometheus, on a free port, scraping with the right and a wrong password.
 printf '%s' prometheus-test-password >"$RT/password"
 printf '%s' not-the-password >"$RT/wrong"
-cat >"$RT/prometheus.yml" <<YML
-global:
-  scrape_interval: 1s
-  scrape_timeout: 1s
-scrape_configs:
-  - job_name: cuptimon
-    scheme: https
-    tls_config:
-      ca_file: $FX/ca.pem
-    basic_auth:
-      username: prometheus
-      password_file: $RT/password
-    static_configs:
-      - targets: ["127.0.0.1:$eport"]
-  - job_name: cuptimon_wrong_password
-    scheme: https
-    tls_config:
-      ca_file: $FX/ca.pem
-    basic_auth:
-      username: prometheus
-      password_file: $RT/wrong
-    static_configs:
-      - targets: ["127.0.0.1:$eport"]
-YML
+# job NAME PASSWORD_FILE: a scrape job over TLS (the test CA) with basic auth.
+job() {
+  printf '  - job_name: %s\n    scheme: https\n    tls_config:\n      ca_file: %s\n' "$1" "$FX/ca.pem"
+  printf '    basic_auth:\n      username: prometheus\n      password_file: %s\n' "$2"
+  printf '    static_configs:\n      - targets: ["127.0.0.1:%s"]\n' "$eport"
+}
+{
+  printf 'global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n'
+  job cuptimon "$RT/password"
+  job cuptimon_wrong_password "$RT/wrong"
+} >"$RT/prometheus.yml"
 pport=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 "$PROM" --config.file="$RT/prometheus.yml" --storage.tsdb.path="$RT/data" \
   --web.listen-address="127.0.0.1:$pport" >"$LOG/prometheus.log" 2>&1 &
