@@ -88,6 +88,33 @@ describe("prometheus.lua --web-config", function()
       .. "unsupported protocol%)[^\n]*plain HTTP on the TLS port 1", e.log())
   end)
 
+  -- A bcrypt check costs the loop tens of milliseconds, so only 8 new credentials are checked a
+  -- second: a burst of guesses gets 429s beyond that, while the scraper's credentials, checked
+  -- once, are still answered at once.
+  it("bounds password checks a second, and keeps answering the credentials it checked", function()
+    if not curl_or_pending() then return end
+    local e = start({ "--web-config", F .. "/web-tls-auth.yml" })
+    local good = { "-u", "prometheus:" .. PASSWORD }
+    assert.are.equal(200, select(2, https(e.port, "/metrics", good)))
+    local a = { "-s", "--max-time", "20", "--parallel", "--parallel-max", "40", "--cacert", F .. "/ca.pem",
+      "-o", "/dev/null", "-w", "%{http_code}\n" }
+    for i = 1, 40 do a[#a + 1] = ("https://prometheus:guess%d@127.0.0.1:%d/"):format(i, e.port) end
+    local t0 = uv.now()
+    local rc, out = exporter.curl(a)
+    uv.update_time()
+    local seconds = math.ceil((uv.now() - t0) / 1000) + 1
+    assert.are.equal(0, rc, out)
+    local codes = {}
+    for c in out:gmatch("(%d+)\n") do codes[c] = (codes[c] or 0) + 1 end
+    assert.are.equal(40, (codes["401"] or 0) + (codes["429"] or 0), out)
+    assert.is_true((codes["401"] or 0) <= 8 * seconds, out)
+    assert.is_true((codes["429"] or 0) > 0, out)
+    assert.are.equal(200, select(2, https(e.port, "/metrics", good)))
+    local _, _, body = https(e.port, "/metrics", good)
+    assert.are.equal(codes["429"], metric(body, "cuptimon_exporter_refused_requests_total", "auth_throttled"))
+    assert.are.equal(0, e.stop())
+  end)
+
   it("requires a client certificate its CA signed, and adds the configured headers", function()
     if not curl_or_pending() then return end
     local e = start({ "--web-config", F .. "/web-mtls.yml" })

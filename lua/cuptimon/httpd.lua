@@ -17,8 +17,9 @@
 -- the counts since the last line: a wrong password, a missing client certificate, plain HTTP on
 -- the TLS port, a failed handshake, an eviction. A password check (bcrypt, cuptimon.passwd) costs
 -- tens of milliseconds on the loop: credentials that were checked are remembered (at most
--- AUTH_CACHE of them), so a scraper costs one check per run, and at most AUTH_CHECKS_PER_S new
--- ones are checked a second; beyond that a request is answered 429 without a check. SIGHUP reads
+-- AUTH_CACHE that matched and AUTH_CACHE that did not), so a scraper costs one check per run,
+-- and at most AUTH_CHECKS_PER_S new ones are checked a second; beyond that a request is answered
+-- 429 without a check. SIGHUP reads
 -- the web configuration again: a file that loads replaces the TLS settings, users and headers for
 -- the next connections; one that does not is reported and the running settings stay.
 --
@@ -37,7 +38,7 @@ local MAX_NEW = 448             -- more, still new (a burst of accepts; NEW_MS, 
 local NEW_MS = 50               -- a client this young may not have sent its request yet
 local MAX_TLS_IN = 65536        -- ciphertext bytes a TLS client may send before its request is whole
 local LOG_EVERY_MS = 10000      -- refusal log lines
-local AUTH_CACHE = 256          -- credentials remembered, matching or not
+local AUTH_CACHE = 256          -- credentials remembered, of those that matched and of the others
 local AUTH_CHECKS_PER_S = 8     -- password checks (bcrypt) a second beyond the remembered ones
 
 local REASONS = { [200] = "OK", [400] = "Bad Request", [401] = "Unauthorized", [404] = "Not Found",
@@ -147,8 +148,10 @@ function M.serve(o)
   log_timer = uv.new_timer()
   log_timer:unref()
 
-  -- Remembered credentials: "user:password" -> true (matched) or false; cleared whole when full.
-  local known, nknown = {}, 0
+  -- Remembered credentials, "user:password" -> true: those that matched and those that did not,
+  -- apart, each cleared whole when full. Wrong guesses therefore never push out the scraper's
+  -- credentials, which stay free of the per-second check budget however long a guessing lasts.
+  local good, ngood, bad, nbad = {}, 0, {}, 0
   local checks_second, checks_in_second = -1, 0
   -- Returns nil when the request may go on, else the status to answer (401 or 429).
   local function authorize(fields)
@@ -161,7 +164,7 @@ function M.serve(o)
       refuse("no_credentials")
       return 401
     end
-    local ok = known[cred]
+    local ok = good[cred] or (bad[cred] and false)
     if ok == nil then
       local hash = cfg.users[user]
       local second = math.floor(uv.now() / 1000)
@@ -174,8 +177,13 @@ function M.serve(o)
       -- An unknown user costs a check too (against another user's hash), so the time taken
       -- does not say whether the user exists.
       ok = passwd.check(pass, hash or select(2, next(cfg.users))) == true and hash ~= nil
-      if nknown >= AUTH_CACHE then known, nknown = {}, 0 end
-      known[cred], nknown = ok, nknown + 1
+      if ok then
+        if ngood >= AUTH_CACHE then good, ngood = {}, 0 end
+        good[cred], ngood = true, ngood + 1
+      else
+        if nbad >= AUTH_CACHE then bad, nbad = {}, 0 end
+        bad[cred], nbad = true, nbad + 1
+      end
     end
     if not ok then
       refuse("wrong_password", ("user %q"):format(user:sub(1, 64)))
@@ -405,7 +413,7 @@ function M.serve(o)
     end
     if tls_server then tls_server:free() end
     cfg, tls_server = c, ts
-    known, nknown = {}, 0
+    good, ngood, bad, nbad = {}, 0, {}, 0
     log(("reloaded %s: %s"):format(o.web_config, srv.describe()))
     return true
   end
