@@ -171,6 +171,17 @@ describe("prometheus.lua --web-config", function()
     assert.matches("cannot read the web configuration: .*none%.yml: No such file", out)
   end)
 
+  it("warns when it serves beyond loopback without a web configuration", function()
+    local cmd = "%s --replay %s %s/scripts/prometheus.lua --listen 0.0.0.0:0 --linger 0 %s"
+    local rc, out = helpers.sh(cmd:format(helpers.binary(), demo, root, ""))
+    assert.are.equal(0, rc, out)
+    assert.matches("prometheus%.lua: warning: serving 0%.0%.0%.0:0 without %-%-web%-config: anyone who reaches", out)
+    rc, out = helpers.sh(cmd:format(helpers.binary(), demo, root, "--web-config " .. F .. "/web-tls-auth.yml"))
+    assert.are.equal(0, rc, out)
+    assert.is_nil(out:match("warning"), out)
+    assert.matches("serving https://0%.0%.0%.0:%d+/metrics", out)
+  end)
+
   it("reloads the file on SIGHUP, and keeps the running settings when the new file is refused", function()
     if not curl_or_pending() then return end
     local passwd = require "cuptimon.passwd"
