@@ -1,7 +1,7 @@
 -- prometheus.lua: GPU activity as Prometheus metrics, served over HTTP at /metrics.
 --
--- Usage: cuptimon-lua scripts/prometheus.lua [--listen HOST:PORT] [--port N] [--top-kernels K]
---          [--linger MS] [--pm-devices LIST] [--pm-interval-us N] -- cmd args...
+-- Usage: cuptimon-lua scripts/prometheus.lua [--listen HOST:PORT] [--port N] [--web-config FILE]
+--          [--top-kernels K] [--linger MS] [--pm-devices LIST] [--pm-interval-us N] -- cmd args...
 --        cuptimon-lua --replay run.cmcap scripts/prometheus.lua --linger 30000
 --
 -- Arguments:
@@ -9,6 +9,8 @@
 --                       picks a free port). The bound address is printed on stderr:
 --                       "prometheus.lua: serving http://127.0.0.1:9464/metrics"
 --   --port N            the port, overriding --listen's
+--   --web-config FILE   serve over TLS and/or with basic auth as FILE says (below); SIGHUP
+--                       reloads it
 --   --top-kernels K     how many kernel names get their own "kernel" label (default 20); the
 --                       others are summed under kernel="other"
 --   --linger MS         once the run has ended (the command exited, the captures are read), keep
@@ -74,21 +76,27 @@
 -- so no counter ever goes backwards and at most K + 1 kernel values exist per process and
 -- device, however long the run. A kernel literally named "other" is counted under "other".
 --
--- HTTP. Requests are parsed by Debian's http-parser (libhttp-parser-dev: nodejs/http-parser
--- 2.9.4, the parser Node.js used for years, small, fuzzed and still patched by Debian for
--- security), linked statically into cuptimon-lua and called through ffi.C; its successor llhttp
--- is not among Debian's stable C libraries. On top of it the script checks: HTTP/1.0 or 1.1,
--- header names RFC 9112 tokens, no obsolete line folding, no control characters, request line and
--- header fields within 8 KiB (else 431 and the connection closes), Host required on HTTP/1.1, no
--- request body (Content-Length other than 0 or Transfer-Encoding: 400). GET /metrics and GET / are
--- answered; other targets get 404, other methods http-parser knows 405 (one it does not know is
--- malformed), anything malformed 400. Every response
--- closes its connection; a connection that has not sent its whole request head within 5 s is
--- closed. At most 64 connections that have had time to send their request are kept: a new client
--- takes the place of the oldest one whose request is still incomplete (idle or slowloris clients;
--- TCP has no uid check, so any local user can open them), and up to 448 more may wait through
--- their first 50 ms, so a scraper gets in and is answered while hundreds of such clients keep
--- coming back (spec/prometheus_spec.lua, with spec/http_attack.lua).
+-- HTTP (lua/cuptimon/httpd.lua). GET /metrics and GET / are answered, strictly: requests are
+-- parsed by Debian's http-parser and judged against RFC 9112 (cuptimon.httpreq: 400, 405, 404,
+-- 431 past 8 KiB of head); every response closes its connection. A connection that has not sent
+-- its whole request head within 5 s of its accept is closed, TLS handshake included; at most 64
+-- connections that have had time to send their request are kept, a new client taking the place
+-- of the oldest incomplete one, and up to 448 more may wait through their first 50 ms, so a
+-- scraper gets in while hundreds of idle or slowloris clients keep coming back
+-- (spec/prometheus_spec.lua, with spec/http_attack.lua, plain and over TLS).
+--   cuptimon_exporter_refused_requests_total{reason}   requests refused: wrong_password,
+--                       no_credentials, auth_throttled, tls_handshake, client_cert,
+--                       plain_http_on_tls, tls_too_large, evicted, timed_out
+--
+-- TLS and basic auth. --web-config FILE takes the file node_exporter takes with
+-- --web.config.file (the Prometheus exporter toolkit's format): tls_server_config (cert_file,
+-- key_file, client_auth_type, client_ca_file, min_version TLS12 or TLS13, cipher_suites,
+-- curve_preferences), http_server_config (headers), basic_auth_users (bcrypt hashes). A key it
+-- cannot honour is refused at start, naming it (docs/monitor.md, "Serving over TLS"). SIGHUP
+-- reads the file again. Serving on an address other than loopback without it is warned about.
+--   cuptimon-lua --attach all scripts/prometheus.lua --listen 0.0.0.0:9464 --web-config wc.yml
+--   prometheus.lua: serving https://0.0.0.0:9464/metrics
+--   prometheus.lua: TLS, client certificates: NoClientCert, basic auth: 1 user
 --
 -- Example output (curl http://127.0.0.1:9464/metrics on examples/demo.cmcap, abridged):
 --   # HELP cuptimon_kernel_launches_total Kernels run.
@@ -105,6 +113,7 @@
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local pm = require "cuptimon.pm"
+local httpd = require "cuptimon.httpd"
 local uv = require "luv"
 
 local opts = args.parse(arg, args.with_duty {
@@ -115,13 +124,11 @@ local opts = args.parse(arg, args.with_duty {
     integer = true },
   pm_devices = { "", "devices to sample GPU utilization on with PM sampling (default none)" },
   pm_interval_us = { 100000, "PM sampling interval in microseconds", min = 20, integer = true },
+  web_config = { "", "serve TLS and basic auth as this web configuration file says (the Prometheus "
+    .. "exporter toolkit's format; SIGHUP reloads it)" },
 })
+local srv -- the HTTP server (cuptimon.httpd), started once the metrics are defined
 
-local MAX_HEAD = 8192          -- bytes of request line and headers
-local REQUEST_TIMEOUT_MS = 5000  -- to a complete request head, from the accept
-local MAX_CLIENTS = 64          -- connections that have had a loop turn to send their request
-local MAX_NEW = 448             -- more, still new (a burst of accepts; NEW_MS, two loop turns)
-local NEW_MS = 50               -- a client this young may not have sent its request yet
 local MAX_PENDING_NAMES = 1024 -- undecided kernel names that force a decision before a scrape
 
 local host, port = opts.listen:match("^%[([^%]]+)%]:(%d+)$")
@@ -506,270 +513,43 @@ local function render()
     end
   end
   render_pm(w, family)
+  if srv then
+    family("cuptimon_exporter_refused_requests_total", "counter",
+      "Requests the exporter refused or dropped, per reason (wrong password, TLS handshake...).")
+    local st = srv.stats()
+    for _, reason in ipairs(httpd.REFUSALS) do
+      w(('cuptimon_exporter_refused_requests_total{reason="%s"} %.0f\n'):format(reason, st[reason] or 0))
+    end
+  end
   return table.concat(out)
 end
 
 ---------------------------------------------------------------------------------------------------
--- HTTP
+-- HTTP (cuptimon.httpd: the limits, TLS and basic auth)
 
-local REASONS = { [200] = "OK", [400] = "Bad Request", [404] = "Not Found",
-  [405] = "Method Not Allowed", [431] = "Request Header Fields Too Large" }
-local TOKEN = "^[!#$%%&'*+%.^_`|~%w%-]+$"
-
--- http-parser 2.9.4 (http_parser.h), bound through ffi.C: cuptimon-lua links libhttp_parser.a
--- whole. LuaJIT's cdef takes no copy of the header's bitfields as they are laid out, so the two
--- bitfield words are plain uint32_t here: `method` is bits 16-23 and `http_errno` bits 24-30 of
--- `_word2` (x86-64 GCC layout). spec/prometheus_spec.lua compares this cdef's size and offsets
--- and these shifts with the C compiler's (spec/http_parser_layout.c). Enums are int.
-local HTTP_PARSER_CDEF = [[
-typedef struct http_parser {
-  uint32_t _word1;         /* type:2 flags:8 state:7 header_state:7 index:5 and 3 flags */
-  uint32_t nread;
-  uint64_t content_length;
-  unsigned short http_major;
-  unsigned short http_minor;
-  uint32_t _word2;         /* status_code:16 method:8 http_errno:7 upgrade:1 */
-  void *data;
-} http_parser;
-typedef int (*http_data_cb)(http_parser *, const char *at, size_t length);
-typedef int (*http_cb)(http_parser *);
-typedef struct http_parser_settings {
-  http_cb on_message_begin;
-  http_data_cb on_url;
-  http_data_cb on_status;
-  http_data_cb on_header_field;
-  http_data_cb on_header_value;
-  http_cb on_headers_complete;
-  http_data_cb on_body;
-  http_cb on_message_complete;
-  http_cb on_chunk_header;
-  http_cb on_chunk_complete;
-} http_parser_settings;
-unsigned long http_parser_version(void);
-void http_parser_init(http_parser *parser, int type);
-size_t http_parser_execute(http_parser *parser, const http_parser_settings *settings,
-  const char *data, size_t len);
-int http_should_keep_alive(const http_parser *parser);
-const char *http_method_str(int m);
-const char *http_errno_name(int err);
-]]
-local METHOD_SHIFT, ERRNO_SHIFT = 16, 24
-local HTTP_REQUEST = 0
-local ffi = require "ffi"
-local bit = require "bit"
-ffi.cdef(HTTP_PARSER_CDEF)
-local C = ffi.C
-do
-  local v = tonumber(C.http_parser_version())
-  if bit.rshift(v, 16) ~= 2 or bit.band(bit.rshift(v, 8), 0xff) < 9 then
-    error(("prometheus.lua: http-parser 2.9 or later 2.x expected, found %d.%d.%d"):format(
-      bit.rshift(v, 16), bit.band(bit.rshift(v, 8), 0xff), bit.band(v, 0xff)))
-  end
+if opts.web_config == "" and not host:match("^127%.") and host ~= "::1" and host ~= "localhost"
+  and not cm.checking() then
+  io.stderr:write(("prometheus.lua: warning: serving %s without --web-config: anyone who reaches "
+    .. "the port reads every traced process's kernels, paths and pids in clear text, unauthenticated "
+    .. "(examples/systemd/web-config.yml shows TLS and basic auth)\n"):format(opts.listen))
 end
-
--- The request being parsed: http_parser_execute runs the callbacks synchronously, so they fill
--- the table `cur` that feed() sets around the call. Header fields arrive in pieces; a field after
--- a value starts a new one. All pieces together are bounded by MAX_HEAD (feed() gives the parser
--- no more), so no bound is needed here.
-local cur
-local function piece(list, at, len) list[#list + 1] = ffi.string(at, len) end
-local function on_url(_, at, len) piece(cur.url, at, len); return 0 end
-local function on_header_field(_, at, len)
-  local h = cur.headers
-  if cur.in_value or #h == 0 then
-    h[#h + 1] = { name = {}, value = {} }
-    cur.in_value = false
-  end
-  piece(h[#h].name, at, len)
-  return 0
-end
-local function on_header_value(_, at, len)
-  local h = cur.headers
-  cur.in_value = true
-  piece(h[#h].value, at, len)
-  return 0
-end
-local function on_headers_complete(p)
-  cur.method = ffi.string(C.http_method_str(bit.band(bit.rshift(p._word2, METHOD_SHIFT), 0xff)))
-  cur.major, cur.minor = p.http_major, p.http_minor
-  return 1 -- no body: any would make the request a 400 anyway
-end
-local function on_message_complete()
-  cur.complete = true
-  return 1 -- one request per connection: stop here (pipelined bytes after it are not parsed)
-end
--- Created once: LuaJIT has a limited number of callback slots.
-local settings = ffi.new("http_parser_settings")
-settings.on_url = ffi.cast("http_data_cb", on_url)
-settings.on_header_field = ffi.cast("http_data_cb", on_header_field)
-settings.on_header_value = ffi.cast("http_data_cb", on_header_value)
-settings.on_headers_complete = ffi.cast("http_cb", on_headers_complete)
-settings.on_message_complete = ffi.cast("http_cb", on_message_complete)
-
-local function new_request()
-  local p = ffi.new("http_parser")
-  C.http_parser_init(p, HTTP_REQUEST)
-  return { parser = p, url = {}, headers = {}, in_value = false, fed = 0, raw = {} }
-end
-
--- Feeds `chunk` to the request's parser, at most up to MAX_HEAD bytes in all. Returns nil while
--- the request is incomplete, else the status to answer ("complete" when the request is whole and
--- valid as HTTP, for answer() to judge).
-local function feed(r, chunk)
-  local room = MAX_HEAD - r.fed
-  if #chunk > room then chunk = chunk:sub(1, room) end
-  r.fed = r.fed + #chunk
-  r.raw[#r.raw + 1] = chunk
-  cur = r
-  local n = C.http_parser_execute(r.parser, settings, chunk, #chunk)
-  cur = nil
-  if r.complete then return "complete" end
-  local errno = bit.band(bit.rshift(r.parser._word2, ERRNO_SHIFT), 0x7f)
-  if errno ~= 0 or n ~= #chunk then
-    r.error = ffi.string(C.http_errno_name(errno))
-    return 400
-  end
-  if r.fed >= MAX_HEAD then return 431 end
-  return nil
-end
--- The callbacks must not be entered from JIT-compiled code.
-jit.off(feed)
-
--- Judges a request http-parser has read whole: HTTP/1.0 or 1.1, header names tokens, values free
--- of control characters, no obsolete line folding (http-parser accepts it; RFC 9112 forbids it in
--- requests), Host required on 1.1 and not repeated, no body. Returns the status to answer and,
--- for 200, the body and its content type.
-local function answer(r)
-  if r.major ~= 1 or r.minor > 1 then return 400 end
-  if table.concat(r.raw):find("\n[ \t]") then return 400 end
-  local fields = {}
-  for _, h in ipairs(r.headers) do
-    local name, value = table.concat(h.name), table.concat(h.value):match("^[ \t]*(.-)[ \t]*$")
-    if not name:match(TOKEN) or value:find("[%z\1-\8\10-\31\127]") then return 400 end
-    name = name:lower()
-    if fields[name] and (name == "host" or name == "content-length") then return 400 end
-    fields[name] = value
-  end
-  if r.minor == 1 and not fields.host then return 400 end
-  if fields["transfer-encoding"] or (fields["content-length"] and fields["content-length"] ~= "0") then
-    return 400
-  end
-  local target = table.concat(r.url)
-  if target:sub(1, 1) ~= "/" then return 400 end
-  if r.method ~= "GET" then return 405 end
-  local path = target:match("^[^?#]*")
-  if path == "/metrics" then return 200, render(), "text/plain; version=0.0.4; charset=utf-8" end
-  if path == "/" then
-    return 200, "cuptimon Prometheus exporter: the metrics are at /metrics\n", "text/plain; charset=utf-8"
-  end
-  return 404
-end
-
-local server = uv.new_tcp()
-local clients = {} -- tcp handle -> { close = fn, serial = accept order, answered = bool }
-local nclients, serial = 0, 0
-local stopped = false
-
--- Loop turns, counted before each poll: a client accepted in this turn or the one before may not
--- have had its bytes read yet (libuv accepts a whole burst before it reads), nor one accepted less
--- than NEW_MS ago (its own process may be busy), so neither is evicted.
-local turn = 0
-local turns = uv.new_prepare()
-turns:start(function() turn = turn + 1 end)
-turns:unref()
--- A client that closes before its answer is written must not kill the exporter with SIGPIPE (a
--- replay does not ignore it the way a live run does): the write just fails and the client goes.
-local sigpipe = uv.new_signal()
-sigpipe:start("sigpipe", function() end)
-sigpipe:unref()
-
-local function stop()
-  if stopped then return end
-  stopped = true
-  if not server:is_closing() then server:close() end
-  if not turns:is_closing() then turns:close() end
-  if not sigpipe:is_closing() then sigpipe:close() end
-  local list = {}
-  for _, cl in pairs(clients) do list[#list + 1] = cl.close end
-  for _, close in ipairs(list) do close() end
-end
-
--- Makes room for a new client when all slots are taken: closes the oldest client whose request
--- is still incomplete and that has had a loop turn to send it. Returns false when there is none
--- (every slot is answering, or new): the new client then takes one of MAX_NEW further slots, or
--- is refused when those are full too.
-local function evict_oldest_incomplete()
-  local oldest
-  for _, cl in pairs(clients) do
-    if not cl.answered and cl.turn < turn - 1 and uv.now() - cl.since >= NEW_MS
-      and (not oldest or cl.serial < oldest.serial) then
-      oldest = cl
-    end
-  end
-  if not oldest then return false end
-  oldest.close()
-  return true
-end
-
-local function serve(c)
-  local timer = uv.new_timer()
-  local request = new_request()
-  local function close()
-    if clients[c] == nil then return end
-    clients[c] = nil
-    nclients = nclients - 1
-    if not timer:is_closing() then timer:close() end
-    if not c:is_closing() then c:close() end
-  end
-  serial = serial + 1
-  local cl = { close = close, serial = serial, answered = false, turn = turn, since = uv.now() }
-  clients[c] = cl
-  nclients = nclients + 1
-  timer:start(REQUEST_TIMEOUT_MS, 0, close)
-  local function respond(status, body, ctype)
-    cl.answered = true
-    c:read_stop()
-    body = body or (REASONS[status] .. "\n")
-    local head = { ("HTTP/1.1 %d %s"):format(status, REASONS[status]),
-      "Content-Type: " .. (ctype or "text/plain; charset=utf-8"),
-      "Content-Length: " .. #body, "Connection: close" }
-    if status == 405 then head[#head + 1] = "Allow: GET" end
-    c:write(table.concat(head, "\r\n") .. "\r\n\r\n" .. body, function() close() end)
-  end
-  c:read_start(function(err, chunk)
-    if cl.answered then return end
-    if err or not chunk then return close() end
-    local got = feed(request, chunk)
-    if got == nil then return end
-    if got ~= "complete" then return respond(got) end
-    local ok, status, body, ctype = xpcall(answer, debug.traceback, request)
-    if not ok then
-      close()
-      error(status, 0)
-    end
-    respond(status, body, ctype)
-  end)
-end
-
-local ok, err = server:bind(host, port)
-if ok then ok, err = server:listen(1024, function(lerr)
-  if lerr or stopped then return end
-  local c = uv.new_tcp()
-  if not server:accept(c) or (nclients >= MAX_CLIENTS and not evict_oldest_incomplete()
-                                and nclients >= MAX_CLIENTS + MAX_NEW) then
-    c:close()
-    return
-  end
-  serve(c)
-end) end
-if not ok then
-  io.stderr:write(("prometheus.lua: cannot serve on %s port %d: %s\n"):format(host, port, tostring(err)))
-  if not server:is_closing() then server:close() end
+local err
+srv, err = httpd.serve {
+  host = host, port = port, name = "prometheus.lua",
+  web_config = opts.web_config ~= "" and opts.web_config or nil,
+  routes = {
+    ["/metrics"] = function() return render(), "text/plain; version=0.0.4; charset=utf-8" end,
+    ["/"] = function()
+      return "cuptimon Prometheus exporter: the metrics are at /metrics\n", "text/plain; charset=utf-8"
+    end,
+  },
+}
+if not srv then
+  io.stderr:write(("prometheus.lua: %s\n"):format(err))
   cm.exit(1)
 elseif not cm.checking() then
-  local addr = server:getsockname()
-  local shown = addr.family == "inet6" and "[" .. addr.ip .. "]" or addr.ip
-  io.stderr:write(("prometheus.lua: serving http://%s:%d/metrics\n"):format(shown, addr.port))
+  io.stderr:write(("prometheus.lua: serving %s://%s:%d/metrics\n"):format(srv.scheme, srv.host, srv.port))
+  if opts.web_config ~= "" then io.stderr:write(("prometheus.lua: %s\n"):format(srv.describe())) end
 end
 
 -- The host ends its loop when the command has exited or the captures are read; the final flush
@@ -781,7 +561,9 @@ cm.on("exit", function()
     linger = 0
     for _, p in pairs(procs) do if p.kind == "replay" then linger = -1 end end
   end
-  if stopped or linger == 0 then return stop() end
+  if not srv then return end
+  local stop = srv.stop
+  if srv.stopped() or linger == 0 then return stop() end
   io.stderr:write(linger > 0 and ("prometheus.lua: the run ended; serving the final metrics for %d ms\n"):format(linger)
     or "prometheus.lua: the run ended; serving the final metrics until Control-C\n")
   local handles = {}
@@ -795,7 +577,7 @@ cm.on("exit", function()
     t:start(linger, 0, stop)
     handles[#handles + 1] = t
   end
-  while not stopped or nclients > 0 do uv.run("once") end
+  while not srv.stopped() or srv.clients() > 0 do uv.run("once") end
   for _, h in ipairs(handles) do if not h:is_closing() then h:close() end end
   uv.run("nowait")
 end)

@@ -190,6 +190,13 @@ function M.http(port, request)
   return status, head, body
 end
 
+--- Writes `text` to the file at `path` (created or truncated).
+function M.write(path, text)
+  local f = assert(io.open(path, "wb"))
+  f:write(text)
+  f:close()
+end
+
 --- The repository's root directory.
 function M.root()
   return os.getenv("CUPTIMON_SOURCE_DIR") or "."

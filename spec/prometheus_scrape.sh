@@ -9,6 +9,11 @@
 # process started here is killed on every exit path. Bounded: about 10 s, at most 50 s.
 # Without prometheus the test is skipped (status 77), unless CI=true: then it fails.
 #
+# spec/prometheus_scrape.sh LUA_BIN SOURCE_DIR tls: the demo's replay served over TLS with basic
+# auth (--web-config spec/fixtures/tls/web-tls-auth.yml, test-only certificates): Prometheus
+# scrapes it with the test CA and the right password (up == 1 and the demo's numbers), with a
+# wrong password (up == 0) and over plain HTTP (up == 0); the exporter counts the refusals.
+#
 # spec/prometheus_scrape.sh LUA_BIN SOURCE_DIR duty: the same with the exporter's duty cycle
 # (--duty 0.25 --period-ms 400) over fake_cuda_app --steady-ms (CUPTIMON_FAKE_APP and the fake
 # CUPTI from the environment, as ctest sets them): /metrics passes `promtool check metrics`, and
@@ -53,6 +58,10 @@ if [ "$mode" = duty ]; then
   "$lua" "$src/scripts/prometheus.lua" --port 0 --linger 0 --duty 0.25 --period-ms 400 --seed 3 \
     -- "$CUPTIMON_FAKE_APP" --steady-ms 30000 --kernel-rate 2000 \
     >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
+elif [ "$mode" = tls ]; then
+  "$lua" --replay "$src/examples/demo.cmcap" "$src/scripts/prometheus.lua" --port 0 --linger -1 \
+    --web-config "$src/spec/fixtures/tls/web-tls-auth.yml" \
+    >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
 else
   "$lua" --replay "$src/examples/demo.cmcap" "$src/scripts/prometheus.lua" --port 0 --linger -1 \
     >"$tmp/exporter.out" 2>"$tmp/exporter.log" &
@@ -60,7 +69,7 @@ fi
 exporter=$!
 eport=""
 while [ -z "$eport" ]; do
-  eport=$(sed -n 's|^prometheus.lua: serving http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$tmp/exporter.log")
+  eport=$(sed -n 's|^prometheus.lua: serving https*://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$tmp/exporter.log")
   [ -n "$eport" ] && break
   kill -0 "$exporter" 2>/dev/null || fail "the exporter exited before serving"
   [ "$(date +%s)" -lt "$deadline" ] || fail "the exporter did not say its port"
@@ -81,6 +90,25 @@ scrape_configs:
     static_configs:
       - targets: ["127.0.0.1:$eport"]
 YML
+if [ "$mode" = tls ]; then
+  # The test-only password of spec/fixtures/tls/web-tls-auth.yml, and a wrong one.
+  printf '%s' prometheus-test-password >"$tmp/password"
+  printf '%s' not-the-password >"$tmp/wrong"
+  # job NAME PASSWORD_FILE: a scrape job over TLS (the test CA) with basic auth.
+  job() {
+    printf '  - job_name: %s\n    scheme: https\n    tls_config:\n      ca_file: %s\n' "$1" \
+      "$src/spec/fixtures/tls/ca.pem"
+    printf '    basic_auth:\n      username: prometheus\n      password_file: %s\n' "$2"
+    printf '    static_configs:\n      - targets: ["127.0.0.1:%s"]\n' "$eport"
+  }
+  {
+    printf 'global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\nscrape_configs:\n'
+    job cuptimon "$tmp/password"
+    job cuptimon_wrong_password "$tmp/wrong"
+    printf '  - job_name: cuptimon_plain_http\n    static_configs:\n      - targets: ["127.0.0.1:%s"]\n' "$eport"
+  } >"$tmp/prometheus.yml"
+  promtool check config "$tmp/prometheus.yml" >/dev/null || fail "promtool check config on the TLS scrape configuration"
+fi
 
 pport=""
 for attempt in 1 2 3; do
@@ -139,6 +167,30 @@ if [ "$mode" = duty ]; then
   echo "prometheus scraped the duty-cycled exporter in $(( $(date +%s) - start )) s"
   exit 0
 fi
+if [ "$mode" = tls ]; then
+  for job in cuptimon_wrong_password cuptimon_plain_http; do
+    while [ "$(query "up{job=\"$job\"}")" = "" ]; do
+      [ "$(date +%s)" -lt "$deadline" ] || fail "prometheus never tried job $job"
+      sleep 0.5
+    done
+  done
+  check 'up{job="cuptimon"}' 1
+  check 'up{job="cuptimon_wrong_password"}' 0
+  check 'up{job="cuptimon_plain_http"}' 0
+  # The refusals reach Prometheus with the right job's next scrape after them.
+  for reason in wrong_password plain_http_on_tls; do
+    q="cuptimon_exporter_refused_requests_total{reason=\"$reason\"} > bool 0"
+    while [ "$(query "$q")" != 1 ]; do
+      [ "$(date +%s)" -lt "$deadline" ] || fail "$q = '$(query "$q")', expected 1"
+      sleep 0.5
+    done
+    echo "ok: $q"
+  done
+  # The first refusal is logged at once (the others with the next line, 10 s later at most).
+  grep -q "prometheus.lua: refused \(wrong user or password\|plain HTTP on the TLS port\)" \
+    "$tmp/exporter.log" || fail "the refusal was not logged"
+  echo "ok: the refusals were counted and logged"
+fi
 check 'sum(cuptimon_kernel_launches_total)' 300
 check 'cuptimon_kernel_launches_total{kernel="cm_demo_matmul<16>"}' 150
 check 'count(cuptimon_kernel_launches_total)' 5
@@ -148,4 +200,4 @@ check 'cuptimon_records_total{kind="concurrent_kernel",pid="601",executable="cup
 check 'sum(cuptimon_records_dropped_total)' 0
 check 'sum(cuptimon_memcpy_bytes_total)' 20119672
 check 'count(cuptimon_kernel_launches_total{host="vm",device="0"})' 5
-echo "prometheus scraped the exporter in $(( $(date +%s) - start )) s"
+echo "prometheus scraped the exporter ($mode) in $(( $(date +%s) - start )) s"

@@ -5,50 +5,19 @@
 -- le="+Inf" equal to _count) before the values are compared with count.lua's figures. Also the
 -- HTTP answers (404, 405, 400, 431), the bounded kernel label, and one series set per process.
 -- luacheck: std +busted
-local uv = require "luv"
 local helpers = require "helpers"
 
 local bin = helpers.binary()
 local root = helpers.root()
 local gen = os.getenv("CUPTIMON_WIRE_GEN")
 local demo = root .. "/examples/demo.cmcap"
-local script = root .. "/scripts/prometheus.lua"
 
--- Starts the exporter on `captures` with extra `argv`; returns { port =, proc =, log = fn,
--- stop = fn -> exit status }. The process is killed by stop(), which finally() calls.
+-- Starts the exporter (spec/exporter.lua); its stop() runs in finally().
 local function start(captures, argv)
-  local a = {}
-  for _, c in ipairs(captures) do a[#a + 1] = "--replay"; a[#a + 1] = c end
-  a[#a + 1] = script
-  a[#a + 1] = "--port"
-  a[#a + 1] = "0"
-  a[#a + 1] = "--linger"
-  a[#a + 1] = "-1"
-  for _, v in ipairs(argv or {}) do a[#a + 1] = v end
-  local err = uv.new_pipe(false)
-  local log, status = {}, nil
-  local e = { }
-  local proc = uv.spawn(bin, { args = a, stdio = { nil, nil, err } }, function(code, signal)
-    status = signal ~= 0 and 128 + signal or code
-  end)
-  assert(proc, "cannot start cuptimon-lua")
-  err:read_start(function(_, chunk) if chunk then log[#log + 1] = chunk end end)
-  e.log = function() return table.concat(log) end
-  helpers.run_until(function()
-    return e.log():match("the run ended") ~= nil or status ~= nil
-  end, 60000)
-  e.port = tonumber(e.log():match("serving http://127%.0%.0%.1:(%d+)/metrics"))
-  e.stop = function()
-    if status == nil then proc:kill("sigterm") end
-    -- Generous: under ThreadSanitizer on a loaded 2-core machine the exit alone takes seconds.
-    helpers.run_until(function() return status ~= nil end, 60000)
-    if not err:is_closing() then err:close() end
-    if not proc:is_closing() then proc:close() end
-    return status
-  end
+  local e = require("exporter").start(captures, argv)
   finally(e.stop)
   assert.is_truthy(e.port, e.log())
-  assert.is_nil(status, e.log())
+  assert.is_nil(e.exited(), e.log())
   return e
 end
 
@@ -172,7 +141,7 @@ local function sum(f, where)
 end
 
 describe("prometheus.lua", function()
-  -- The script's ffi.cdef of http-parser's structs (plain words for the bitfields) must match the
+  -- cuptimon.httpreq's ffi.cdef of http-parser's structs (plain words for the bitfields) must match the
   -- C compiler's layout, printed by spec/http_parser_layout.c.
   it("declares http-parser's structs with the C compiler's layout", function()
     local ffi = require "ffi"
@@ -184,7 +153,7 @@ describe("prometheus.lua", function()
       c[k] = tonumber(v)
     end
     pipe:close()
-    local f = assert(io.open(script))
+    local f = assert(io.open(root .. "/lua/cuptimon/httpreq.lua"))
     local text = f:read("*a")
     f:close()
     local cdef = assert(text:match("local HTTP_PARSER_CDEF = %[%[(.-)%]%]"), "no HTTP_PARSER_CDEF")
@@ -295,19 +264,10 @@ describe("prometheus.lua", function()
   for _, mode in ipairs({ "idle", "slowloris" }) do
     it("answers a scrape every 100 ms while 500 " .. mode .. " clients hold connections", function()
       local e = start({ demo })
-      local attack = require("http_attack").flood(e.port, 500, mode, { drip_ms = 50, reconnect_ms = 100 })
-      -- Let the flood fill every slot first.
-      helpers.run_until(function() return attack.stats().opened >= 500 end, 10000)
-      local answered, worst = 0, 0
-      for _ = 1, 30 do
-        local t0 = uv.now()
-        local st, _, body = get(e.port, "/metrics")
-        uv.update_time()
-        worst = math.max(worst, uv.now() - t0)
-        if st == 200 and body:match("cuptimon_kernel_launches_total") then answered = answered + 1 end
-        helpers.run_until(function() return uv.now() >= t0 + 100 end, 200)
-      end
-      local st = attack.stop()
+      local answered, worst, st = require("http_attack").scrape_under_flood(e.port, 500, mode, function()
+        local code, _, body = get(e.port, "/metrics")
+        return code == 200 and body:match("cuptimon_kernel_launches_total") ~= nil
+      end)
       assert.are.equal(30, answered, ("worst scrape %d ms; attack %d opened, %d closed by the server")
         :format(worst, st.opened, st.closed_by_server))
       assert.is_true(st.closed_by_server > 0, "the server never evicted an attacker")

@@ -318,11 +318,7 @@ end)
 -- timeline.lua -o and dump.lua -o never follow a symlink (another user's link in /tmp would make
 -- root overwrite root-owned files): they create outputs as --record does.
 describe("outputs of timeline.lua and dump.lua", function()
-  local function write(path, text)
-    local f = assert(io.open(path, "wb"))
-    f:write(text)
-    f:close()
-  end
+  local write = helpers.write
 
   it("never write through a symlink, nor replace a file without --force, nor open a FIFO", function()
     local dir = tmp .. "/outs"
