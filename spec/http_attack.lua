@@ -1,4 +1,4 @@
--- spec/http_attack.lua: a hostile HTTP client for the specs of scripts/prometheus.lua
+-- spec/http_attack.lua: a hostile HTTP client for the specs of scripts/prometheus.lua:
 -- it keeps N TCP connections open to the exporter, each either idle (it sends nothing:
 -- on a TLS port, no ClientHello), a slowloris (one byte of a never-ending request head every
 -- DRIP_MS) or a TLS slowloris (one byte every DRIP_MS of a TLS handshake record that announces
