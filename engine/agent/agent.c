@@ -99,6 +99,8 @@ enum {
    * subscription returned at 4 launching threads and not at 16 (bench/RESULTS.md, "CUPTI
    * states"). */
   DEFAULT_DETACH_MAX_THREADS = 8,
+  /* How long a detach refused for now is retried once the monitor has gone. */
+  LEAVE_RETRY_MS = 3000,
   DEFAULT_GUARD_BUFFERS = 6
 };
 
@@ -978,10 +980,13 @@ enum {
  * process stay attached for good instead, at the cost of that residue, so that it is never left
  * unable to trace: an attach that outlasted its wait (a process whose threads launch without
  * pause can keep cuptiSubscribe from returning: apply_selection) and a cuptiFinalize that
- * outlasted its deadline. Nor is CUPTI detached before it has traced once, so that the first
- * window traces on the subscription made at start-up, when no application thread could hold it.
- * A refusal is said and changes nothing: the next idle period tries again, except where it never
- * can (no cuptiFinalize, PM sampling used, NVTX injected). Control thread. */
+ * outlasted its deadline. Nor is CUPTI detached before two windows have traced on the
+ * subscription made at start-up, when no application thread could hold it. A refusal between
+ * windows is said and changes nothing: the next idle period tries again, except where it never
+ * can (no cuptiFinalize, PM sampling used, NVTX injected). Once the monitor has gone there is no
+ * next idle period, so a refusal for now (CUPTI still delivering, a buffer it holds, a graph
+ * capture in progress) is retried for LEAVE_RETRY_MS, and one that outlasts that is said as a
+ * warning. Control thread, or the listener's between sessions. */
 static void idle_mode_set(int mode, const char *why) {
   if (atomic_load(&A.idle_mode) == mode) return;
   atomic_store(&A.idle_mode, mode);
@@ -1008,7 +1013,17 @@ static void detach_idle(bool leaving) {
    * and a monitor that comes later waits for its subscription as long as it takes. */
   if (leaving) cm__engine_set_detach_max_threads(A.eng, 0);
   int rc = cm_cupti_detach(A.eng, 1000);
+  for (uint64_t end = cm__mono_ms() + LEAVE_RETRY_MS;
+       leaving && (rc == CM_EAGAIN || rc == CM_EBUSY) && !atomic_load(&A.exiting) &&
+       cm__mono_ms() < end;) {
+    struct timespec pause = {0, 100 * 1000000L};
+    nanosleep(&pause, NULL);
+    rc = cm_cupti_detach(A.eng, 1000);
+  }
   if (leaving) cm__engine_set_detach_max_threads(A.eng, (int)A.detach_max_threads);
+  if (leaving && rc != 0 && rc != CM_ETIMEDOUT && rc != CM_ENOSYS)
+    alog(CM_LOG_WARN, "CUPTI stays attached after the monitor left (a launch costs more until a "
+                      "monitor comes and goes again): %s", cm_errmsg());
   if (rc == 0) {
     if (mode == CM_IDLE_BUSY) atomic_store(&A.idle_mode, CM_IDLE_DETACH);
     return;
