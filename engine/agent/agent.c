@@ -95,9 +95,9 @@ enum {
    * activity buffers it holds (24 MiB at the default 4 MiB; a CUPTI that keeps up holds a few,
    * with its per-thread buffers off as the engine sets them). */
   DEFAULT_GUARD_LAG_MS = 500,
-  /* A detach is refused while this many threads call the CUDA runtime at once: CUPTI's next
-   * subscription returned at 4 launching threads and not at 16 (bench/RESULTS.md, "CUPTI
-   * states"). */
+  /* A detach is refused while this many threads call the CUDA runtime at once: between the
+   * thread counts at which CUPTI's next subscription returned and at which it did not
+   * (bench/RESULTS.md, "CUPTI states"). */
   DEFAULT_DETACH_MAX_THREADS = 8,
   /* How long a detach refused for now is retried once the monitor has gone. */
   LEAVE_RETRY_MS = 3000,

@@ -198,12 +198,11 @@ static void CUPTIAPI on_buffer_complete(CUcontext ctx, uint32_t stream, uint8_t 
  * Before that, the helper offers the finalize to the application's own threads, as PyTorch's
  * profiler does: with the runtime API's callbacks enabled, the first application thread that
  * leaves a runtime call runs cuptiFinalize in its exit callback, at the call site CUPTI
- * recommends, where it took 1.5 ms on an H100 against up to 11 ms from another thread while four
- * threads launched (bench/RESULTS.md, "CUPTI states"). For FIN_PROBE_MS first the callbacks only
- * count the threads that call the runtime: when FIN_MAX_THREADS or more do, the detach is
- * refused, because CUPTI's next subscription would not return while so many threads call it (it
- * did not, at 16 launching threads, until they stopped), and a process detached then could not
- * be traced again. When no application thread calls the runtime within FIN_APP_WAIT_MS (an idle
+ * recommends, where it is quicker than from another thread while the application launches
+ * (bench/RESULTS.md, "CUPTI states"). For FIN_PROBE_MS first the callbacks only count the threads
+ * that call the runtime: when the engine's detach_max_threads or more do, the detach is refused,
+ * because CUPTI's next subscription does not return while many threads call it (the same
+ * section), and a process detached then could not be traced again. When no application thread calls the runtime within FIN_APP_WAIT_MS (an idle
  * process), the helper withdraws the offer and finalizes itself. The offer and the probe are
  * process-wide statics, since an application thread may still read them after the job has gone:
  * only the thread whose compare-and-swap takes the offer touches the job, and the helper waits
