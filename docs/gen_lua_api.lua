@@ -20,30 +20,35 @@ local out = {}
 local function w(s) out[#out + 1] = s or "" end
 
 -- The documented definitions of a module: { { name =, args =, doc = }, ... } in file order.
--- `names` maps a definition's prefix ("M.", "Batch:") to the prefix shown ("cm.", "b:"); a
--- prefix it does not name is left out (internal).
-local function documented(file, names)
-  local f = assert(io.open(src .. file, "r"))
-  local list, doc = {}, {}
-  for line in f:lines() do
-    local d = line:match("^%-%-%- ?(.*)$")
-    if d then
-      doc[#doc + 1] = d
-    else
-      if #doc > 0 then
-        local prefix, name, params = line:match("^function ([%w_]+[.:])([%w_]+)%((.-)%)")
-        if not prefix then
-          prefix, name = line:match("^([%w_]+%.)([%w_]+) = ")
+-- `files` is its file, or a list of files read one after the other. `names` maps a definition's
+-- prefix ("M.", "Batch:") to the prefix shown ("cm.", "b:"); a prefix it does not name is left
+-- out (internal).
+local function documented(files, names)
+  if type(files) == "string" then files = { files } end
+  local list = {}
+  for _, file in ipairs(files) do
+    local f = assert(io.open(src .. file, "r"))
+    local doc = {}
+    for line in f:lines() do
+      local d = line:match("^%-%-%- ?(.*)$")
+      if d then
+        doc[#doc + 1] = d
+      else
+        if #doc > 0 then
+          local prefix, name, params = line:match("^function ([%w_]+[.:])([%w_]+)%((.-)%)")
+          if not prefix then
+            prefix, name = line:match("^([%w_]+%.)([%w_]+) = ")
+          end
+          local shown = prefix and names[prefix]
+          if shown then
+            list[#list + 1] = { name = shown .. name, args = params, doc = table.concat(doc, " ") }
+          end
         end
-        local shown = prefix and names[prefix]
-        if shown then
-          list[#list + 1] = { name = shown .. name, args = params, doc = table.concat(doc, " ") }
-        end
+        doc = {}
       end
-      doc = {}
     end
+    f:close()
   end
-  f:close()
   return list
 end
 
@@ -77,11 +82,16 @@ w("[PM sampling](#pm-sampling-cuptimonpm),")
 w("[enums](#enum-names-cuptimonenums), [kinds and fields](#kinds-and-fields).")
 w()
 
+-- cuptimon: init.lua, then the parts it re-exports in the order it lists them (the reference
+-- documents them in that order).
+local cuptimon = { "init.lua", "corr.lua", "apicb.lua", "window.lua", "budget.lua", "lag.lua",
+  "duty.lua" }
+
 section("cuptimon", '`local cm = require "cuptimon"`. Misuse (an unknown kind or field, a wrong '
   .. 'type) raises an error naming the valid choices; a failure at run time returns `nil, '
-  .. '"ENAME: detail", "ENAME"`.', documented("init.lua", { ["M."] = "cm." }))
+  .. '"ENAME: detail", "ENAME"`.', documented(cuptimon, { ["M."] = "cm." }))
 section("Handles", "What cm.observe, cm.window, cm.budget and cm.on_api return.",
-  documented("init.lua", { ["Observer:"] = "observer:", ["Window:"] = "window:",
+  documented(cuptimon, { ["Observer:"] = "observer:", ["Window:"] = "window:",
     ["Budget:"] = "budget:", ["ApiHandle:"] = "api:" }))
 section("The batch", "An observer's argument `b`: `b.n` records, `b.kind` (the kind's name), "
   .. "`b.kind_id`, `b.source`, `b.seq`, and one typed column per selected field (`b.start[i]`, "

@@ -35,6 +35,7 @@
 local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
+local nvtx = require "cuptimon.nvtx"
 local bit = require "bit"
 
 local opts = args.parse(arg, args.with_output(args.with_filter({
@@ -46,8 +47,7 @@ args.output(opts, "nvtx.lua")
 local kernels = args.filter(opts, "nvtx.lua")
 local horizon = opts.horizon_ms * 1e6
 
-local START, END = 2, 4 -- CUPTI_ACTIVITY_FLAG_MARKER_START, _END
-local THREAD = 2        -- CUPTI_ACTIVITY_OBJECT_THREAD
+local START, END, THREAD = nvtx.START, nvtx.END, nvtx.THREAD
 
 -- source id -> per-process state
 local procs = {}
@@ -58,8 +58,8 @@ local function proc(b)
     s = {
       title = cm.process_title(p),
       pid = p and p.pid or 0,
-      open = {},      -- marker id -> { name =, tid =, start = }, a range not yet ended
-      ended = {},     -- marker id -> end time, an END seen before its START
+      ranges = nvtx.pairing(), -- marker id -> { name =, path =, tid =, start = }, a range
+                               -- not yet ended, or its end time when its END came first
       closed = {},    -- tid -> list of { name =, start =, stop = }
       api = {},       -- correlation id -> { tid, start }, waiting for its GPU work
       gpu = {},       -- correlation id -> summed duration, waiting for its API record
@@ -78,7 +78,7 @@ end
 -- The innermost range open on thread tid at time t, or nil.
 local function enclosing(s, tid, t)
   local best
-  for _, r in pairs(s.open) do
+  for _, r in pairs(s.ranges.open) do
     if r.tid == tid and r.start <= t and (not best or r.start > best.start) then best = r end
   end
   return best
@@ -103,7 +103,7 @@ local function attribute(s, tid, t, dur)
     end
   end
   for _, r in ipairs(s.closed[tid] or {}) do consider(r, r.stop) end
-  for _, r in pairs(s.open) do if r.tid == tid then consider(r, nil) end end
+  for _, r in pairs(s.ranges.open) do if r.tid == tid then consider(r, nil) end end
   if not inner then
     inner = "(no range)"
     names[inner] = true
@@ -167,24 +167,18 @@ cm.observe({ marker = { "flags", "timestamp", "id", "object_kind", "tid", "name"
       local parent = enclosing(s, r.tid, t)
       r.path = parent and parent.path .. "/" .. r.name or r.name
       stat(s, r.path).ranges = stat(s, r.path).ranges + 1
-      local stop = s.ended[mid]
+      local stop = s.ranges:start(mid, r)
       if stop then
-        s.ended[mid] = nil
         r.stop = stop
         s.closed[r.tid] = s.closed[r.tid] or {}
         table.insert(s.closed[r.tid], r)
-      else
-        s.open[mid] = r
       end
     elseif bit.band(f, END) ~= 0 then
-      local r = s.open[mid]
+      local r = s.ranges:stop(mid, t)
       if r then
-        s.open[mid] = nil
         r.stop = t
         s.closed[r.tid] = s.closed[r.tid] or {}
         table.insert(s.closed[r.tid], r)
-      else
-        s.ended[mid] = t
       end
     end
     if t > s.marker_seen then s.marker_seen = t end

@@ -55,6 +55,7 @@ local cm = require "cuptimon"
 local agg = require "cuptimon.agg"
 local args = require "cuptimon.args"
 local tabulate = require "cuptimon.table"
+local nvtx = require "cuptimon.nvtx"
 local bit = require "bit"
 local ffi = require "ffi"
 
@@ -76,7 +77,7 @@ local function say(line)
 end
 local LAG = 2         -- steps every rank must have begun beyond one before it is judged
 local MAX_PENDING = 65536 -- unmatched collectives (and range ends, credits) kept per rank at most
-local START, END = 2, 4   -- CUPTI_ACTIVITY_FLAG_MARKER_START, _END
+local START, END = nvtx.START, nvtx.END
 
 local int64 = ffi.typeof("int64_t")
 -- Nanoseconds from timestamp `base` to timestamp `t` (both uint64), negative when t is earlier.
@@ -99,8 +100,8 @@ local function rank_of(b, t0)
   r = { source = b.source, pid = p.pid or 0, rank = tonumber(env.RANK),
     local_rank = tonumber(env.LOCAL_RANK), world = tonumber(env.WORLD_SIZE),
     local_world = tonumber(env.LOCAL_WORLD_SIZE) or tonumber(env.WORLD_SIZE), base = t0,
-    devices = {}, steps = {}, open = {}, ended = {}, begun = 0, done = 0,
-    nended = 0, dur = agg.sketch(), last = nil, cover = nil, busy = 0, span_lo = nil,
+    devices = {}, steps = {}, ranges = nvtx.pairing { pending = MAX_PENDING }, begun = 0, done = 0,
+    dur = agg.sketch(), last = nil, cover = nil, busy = 0, span_lo = nil,
     span_hi = nil, comm = 0, wait = 0, ncoll = 0, credits = {}, streak = 0, streak_from = 0,
     flagged = 0, kernels = 0, matched_t = nil }
   ranks[b.source] = r
@@ -146,26 +147,14 @@ local function on_marker(b)
       if name == opts.step then
         local k = r.begun + 1
         step_begin(r, k, t)
-        local stop = r.ended[mid]
-        if stop then
-          r.ended[mid] = nil
-          step_end(r, k, stop)
-        else
-          r.open[mid] = k
-        end
+        local stop = r.ranges:start(mid, k)
+        if stop then step_end(r, k, stop) end
       end
     elseif bit.band(f, END) ~= 0 then
-      local k = r.open[mid]
-      if k then
-        r.open[mid] = nil
-        step_end(r, k, t)
-      else
-        -- An end before its start (the threads' buffers arrive in any order), or the end of a
-        -- range of another name: kept until a start claims it, at most MAX_PENDING of them.
-        if r.nended >= MAX_PENDING then r.ended, r.nended = {}, 0 end
-        r.ended[mid] = t
-        r.nended = r.nended + 1
-      end
+      -- An end before its start (the threads' buffers arrive in any order), or the end of a
+      -- range of another name: kept until a start claims it, at most MAX_PENDING of them.
+      local k = r.ranges:stop(mid, t)
+      if k then step_end(r, k, t) end
     end
   end
 end

@@ -78,6 +78,7 @@ local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
 local sqlite = require "cuptimon.sqlite"
+local nvtx = require "cuptimon.nvtx"
 local bit = require "bit"
 local uv = require "luv"
 
@@ -503,7 +504,7 @@ local function proc_of(source)
   end
   local pid = p.pid or 0
   s = { source = source, pid = pid, host = h, gpid = global_pid(h, pid), tids = {}, ntids = 0,
-    knames = {}, ctxdev = {}, domains = { [""] = 0 }, ndomains = 0, open = {}, ended = {} }
+    knames = {}, ctxdev = {}, domains = { [""] = 0 }, ndomains = 0, ranges = nvtx.pairing() }
   procs[source] = s
   nprocs = nprocs + 1
   if db then
@@ -832,8 +833,7 @@ end)
 ---------------------------------------------------------------------------------------------------
 -- NVTX
 
-local INSTANT, START, END = 1, 2, 4 -- CUPTI_ACTIVITY_FLAG_MARKER_*
-local THREAD = 2                     -- CUPTI_ACTIVITY_OBJECT_THREAD
+local INSTANT, START, END, THREAD = nvtx.INSTANT, nvtx.START, nvtx.END, nvtx.THREAD
 local PUSHPOP, STARTEND, MARK, DOMAIN = 59, 60, 34, 75
 
 -- The domainId of domain name `dom` in process s (0: the default domain); a new named domain
@@ -879,21 +879,19 @@ observe({ marker = { "flags", "timestamp", "id", "object_kind", "tid", "name", "
         domain = domain_id(s, b:str("domain", i), t, g) }
       if r.type == MARK then
         nvtx_row(r)
-      elseif s.ended[mid] then
-        r.stop, r.end_gtid = s.ended[mid][1], s.ended[mid][2]
-        s.ended[mid] = nil
-        nvtx_row(r)
       else
-        s.open[mid] = r
+        local stop, end_gtid = s.ranges:start(mid, r)
+        if stop then
+          r.stop, r.end_gtid = stop, end_gtid
+          nvtx_row(r)
+        end
       end
     elseif bit.band(f, END) ~= 0 then
-      local r = s.open[mid]
+      -- When the END comes first (another batch), its time and thread wait for its START.
+      local r = s.ranges:stop(mid, t, g)
       if r then
-        s.open[mid] = nil
         r.stop, r.end_gtid = t, g
         nvtx_row(r)
-      else
-        s.ended[mid] = { t, g } -- the END came first (another batch): its START is still to come
       end
     end
   end
@@ -916,8 +914,7 @@ local function finish()
   local function try(ok, err) if not ok then error("sqlite: " .. tostring(err), 0) end return ok end
   -- Ranges never closed: written with a NULL end, as nsys leaves one.
   for _, s in pairs(procs) do
-    for _, r in pairs(s.open) do nvtx_row(r) end
-    s.open = {}
+    for _, r in pairs(s.ranges:take_open()) do nvtx_row(r) end
   end
   local st = try(db:prepare([[INSERT INTO CUPTIMON_LOSS (globalPid, pid, status, received,
     produced, dropped, dropped_cupti, dropped_agent, dropped_exit, lost_wire, lost_frames,

@@ -71,6 +71,7 @@ local cm = require "cuptimon"
 local args = require "cuptimon.args"
 local cbid = require "cuptimon.cbid"
 local pm = require "cuptimon.pm"
+local nvtx = require "cuptimon.nvtx"
 local ffi = require "ffi"
 
 local opts = args.parse(arg, args.with_filter({
@@ -195,10 +196,12 @@ local function process(b)
   local p = b:process() or {}
   local exe = p.exe and p.exe:match("([^/]*)$") or "process"
   local rank = p.env and p.env.RANK
-  pr = { pid = p.pid or 0, api = window(WINDOW), gpu = window(WINDOW), ranges = window(WINDOW),
+  pr = { pid = p.pid or 0, api = window(WINDOW), gpu = window(WINDOW),
+    ranges = nvtx.pairing { cap = WINDOW, pending = 0 },
     exe = exe, devices = {}, thread_names = window(NAMED) }
-  -- ranges: id -> start ns, and a table { tid, name, domain }; devices: device -> trace pid;
-  -- thread_names: tid -> the name its latest NAME record gave it
+  -- ranges: the open NVTX ranges, id -> start ns and a table { tid, name, domain } (an END
+  -- whose START is not open is dropped); devices: device -> trace pid; thread_names: tid -> the
+  -- name its latest NAME record gave it
   procs[b.source] = pr
   emit(('{"ph":"M","name":"process_name","pid":%d,"tid":0,"args":{"name":%s}}')
     :format(pr.pid, jstr(rank and ("%s (rank %s)"):format(exe, rank) or exe)))
@@ -345,7 +348,7 @@ observe({ driver = { "cbid", "start", "stop", "tid", "correlation" } }, api_obse
 
 -- NAME records (nvtxNameOsThread): a thread's name, written at once (the latest metadata event
 -- of a track wins in Perfetto and chrome://tracing) and remembered for its track's next naming.
-local OBJECT_THREAD = 2 -- CUPTI_ACTIVITY_OBJECT_THREAD
+local OBJECT_THREAD = nvtx.THREAD
 observe({ name = { "object_kind", "tid", "name" } }, function(b)
   local pr = process(b)
   local kinds, tids = b.object_kind, b.tid
@@ -363,19 +366,18 @@ end)
 
 -- NVTX: a start record opens a range (named, on its thread), the end record with the same id
 -- closes it and writes the slice; an instantaneous record is a mark.
-local FLAG_INSTANT, FLAG_START, FLAG_END = 1, 2, 4
+local FLAG_INSTANT, FLAG_START, FLAG_END = nvtx.INSTANT, nvtx.START, nvtx.END
 observe({ marker = { "flags", "timestamp", "id", "tid", "name", "domain" } }, function(b)
   local pr = process(b)
   local flags, ts, ids, tids = b.flags, b.timestamp, b.id, b.tid
   for j = 0, b.n - 1 do
     local f, id = tonumber(flags[j]), tonumber(ids[j])
     if bit.band(f, FLAG_START) ~= 0 then
-      wput(pr.ranges, id, ns(ts[j]),
+      pr.ranges:start(id, ns(ts[j]),
         { tonumber(tids[j]), b:str("name", j) or "", b:str("domain", j) or "" })
     elseif bit.band(f, FLAG_END) ~= 0 then
-      local t0, r = wget(pr.ranges, id)
+      local t0, r = pr.ranges:stop(id)
       if t0 then
-        wdel(pr.ranges, id)
         local t1 = ns(ts[j])
         cpu_track(pr, r[1])
         emit(('{"ph":"X","cat":"nvtx","name":%s,"pid":%d,"tid":%d,"ts":%s,"dur":%s,'
