@@ -215,12 +215,16 @@ describe("prometheus.lua --web-config", function()
     it("answers a TLS scrape every 100 ms while 500 " .. mode .. " clients hold connections", function()
       if not curl_or_pending() then return end
       local e = start({ "--web-config", F .. "/web-tls-auth.yml" })
+      local failed = {}
       local answered, worst, st = require("http_attack").scrape_under_flood(e.port, 500, mode, function()
         local _, code, body = https(e.port, "/metrics", { "-u", "prometheus:" .. PASSWORD })
-        return code == 200 and body:match("cuptimon_kernel_launches_total") ~= nil
+        local ok = code == 200 and body:match("cuptimon_kernel_launches_total") ~= nil
+        if not ok then failed[#failed + 1] = tostring(code) end
+        return ok
       end)
-      assert.are.equal(30, answered, ("worst scrape %d ms; attack %d opened, %d closed by the server")
-        :format(worst, st.opened, st.closed_by_server))
+      assert.are.equal(30, answered, (mode .. ": worst scrape %d ms; failed scrapes' HTTP codes: %s; attack %d "
+        .. "opened, %d closed by the server"):format(worst, table.concat(failed, " "), st.opened,
+        st.closed_by_server))
       assert.is_true(st.closed_by_server > 0, "the server never evicted an attacker")
       local _, _, body = https(e.port, "/metrics", { "-u", "prometheus:" .. PASSWORD })
       assert.is_true(metric(body, "cuptimon_exporter_refused_requests_total", "evicted") > 0, body)

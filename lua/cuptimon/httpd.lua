@@ -193,7 +193,8 @@ function M.serve(o)
   end
 
   local server = uv.new_tcp()
-  local clients = {} -- tcp handle -> { close = fn, serial =, answered =, turn =, since = }
+  local clients = {} -- tcp handle -> { close = fn, conn =, greeted =, serial =, answered =, turn =,
+  --   since = }
   local nclients, serial = 0, 0
   local stopped = false
   local srv = {}
@@ -218,15 +219,21 @@ function M.serve(o)
   end
 
   -- Makes room for a new client when all slots are taken: closes the oldest client whose request
-  -- is still incomplete and that has had a loop turn to send it. Returns false when there is none
-  -- (every slot is answering, or new): the new client then takes one of MAX_NEW further slots,
-  -- or is refused when those are full too.
+  -- is still incomplete and that has had a loop turn to send it, taking first one that has not
+  -- sent a whole ClientHello (the server has not answered it), then one whose TLS handshake has
+  -- not finished. A client that dribbles a ClientHello never passes the first step, while a
+  -- scraper sends its ClientHello with its connect: a scraper whose own process is slow to finish
+  -- the handshake and send its request is not evicted in an attacker's place. Returns false when
+  -- there is none (every slot is answering, or new): the new client then takes one of MAX_NEW
+  -- further slots, or is refused when those are full too.
   local function evict_oldest_incomplete()
-    local oldest
+    local oldest, oldest_rank
     for _, cl in pairs(clients) do
-      if not cl.answered and cl.turn < turn - 1 and uv.now() - cl.since >= NEW_MS
-        and (not oldest or cl.serial < oldest.serial) then
-        oldest = cl
+      if not cl.answered and cl.turn < turn - 1 and uv.now() - cl.since >= NEW_MS then
+        local rank = cl.conn and (cl.conn:established() and 2 or cl.greeted and 1) or 0
+        if not oldest or rank < oldest_rank or (rank == oldest_rank and cl.serial < oldest.serial) then
+          oldest, oldest_rank = cl, rank
+        end
       end
     end
     if not oldest then return false end
@@ -260,7 +267,8 @@ function M.serve(o)
       if conn then conn:free() end
     end
     serial = serial + 1
-    local cl = { close = close, serial = serial, answered = false, turn = turn, since = uv.now() }
+    local cl = { close = close, conn = conn, serial = serial, answered = false, turn = turn,
+      since = uv.now() }
     clients[c] = cl
     nclients = nclients + 1
     timer:start(REQUEST_TIMEOUT_MS, 0, function()
@@ -274,6 +282,7 @@ function M.serve(o)
         if after then after() end
         return
       end
+      cl.greeted = true
       c:write(out, function() if after then after() end end)
     end
     local function respond(status, body, ctype)
