@@ -61,7 +61,7 @@ describe("cuptimon.cdef", function()
   it("matches the compiler's offsets of the fields Lua reads", function()
     local checked = 0
     for _, name in ipairs(cdef.structs) do
-      for field in read(helpers.root() .. "/engine/monitor/host_testing.c")
+      for field in read(helpers.root() .. "/engine/host/host_testing.c")
           :gmatch('L_%("' .. name .. '%.([%w_]+)"') do
         assert.are.equal(tonumber(T.cm_testing_layout(name .. "." .. field)),
           ffi.offsetof(name, field), name .. "." .. field)

@@ -478,7 +478,7 @@ describe("sqlite.lua on synthetic captures (wire_gen)", function()
       values[#values + 1] = r[1]
     end
     -- The monitor replaces invalid UTF-8 and control characters (the NUL too) with U+FFFD before
-    -- any string reaches a script (engine/monitor/text.c), so the database holds that text; the
+    -- any string reaches a script (engine/host/text.c), so the database holds that text; the
     -- quotes and the SQL in the first name are data.
     assert.are.same({ "k'\"; DROP TABLE StringIds; --", "nul\239\191\189inside",
       "bad\239\191\189\239\191\189utf8\239\191\189" }, values)

@@ -1,4 +1,4 @@
--- spec/testing.lua: the test-only C hooks of engine/monitor/host_testing.h, for the specs.
+-- spec/testing.lua: the test-only C hooks of engine/host/host_testing.h, for the specs.
 --
 -- Design note. The hooks live in libcuptimon_testing.so, which the build makes with the tests and
 -- never installs, so neither the production cdef (lua/cuptimon/cdef.lua) nor the binary carries
@@ -8,7 +8,7 @@ local ffi = require "ffi"
 
 local M = {}
 
-M.header = "engine/monitor/host_testing.h"
+M.header = "engine/host/host_testing.h"
 
 M.source = [[
 long cm_testing_layout(const char *what);
@@ -23,7 +23,7 @@ function M.lib()
   if lib then return lib end
   local path = os.getenv("CUPTIMON_TESTING_LIB")
   if not path or path == "" then
-    path = (os.getenv("CUPTIMON_BUILD_DIR") or "build") .. "/engine/monitor/libcuptimon_testing.so"
+    path = (os.getenv("CUPTIMON_BUILD_DIR") or "build") .. "/engine/host/libcuptimon_testing.so"
   end
   lib = ffi.load(path)
   return lib

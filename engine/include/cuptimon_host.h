@@ -246,7 +246,7 @@ CM_EXTERN int cm_host_inproc_source_new(cm_host *h, cm_source **out);
 CM_EXTERN const char *cm_host_source_string(cm_host *h, int source, uint32_t id, size_t *len);
 /* `s` (len bytes) as text for an output: `s` itself when it is well-formed UTF-8 without control
  * characters, else a copy in a buffer of the host, valid until the next call, with each offending
- * byte replaced by U+FFFD (engine/monitor/text.c). *out_len gets the length. Loop thread only. */
+ * byte replaced by U+FFFD (engine/host/text.c). *out_len gets the length. Loop thread only. */
 CM_EXTERN const char *cm_host_text(cm_host *h, const char *s, size_t len, size_t *out_len);
 /* Copies the counters of source `source`, or of every source summed when `source` is 0. Sources
  * that went away keep their last counters, so the sum covers the whole run. */

@@ -80,7 +80,7 @@
 
 #include "attach.h"
 #include "gate.h"
-#include "host_internal.h"
+#include "host_source.h"
 #include "hub.h"
 #include "record.h"
 #include "supervise.h"

@@ -35,7 +35,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "host_internal.h"
+#include "host_source.h"
 #include "hub.h"
 
 typedef struct cm__wkind {

@@ -35,7 +35,7 @@
 #include "cuptimon_host.h"
 
 #include "attach.h"
-#include "host_internal.h"
+#include "host_source.h"
 #include "hub.h"
 
 #define EXIT_USAGE 2

@@ -1,8 +1,10 @@
 #!/bin/sh
 # Checks the include graph of the engine's tiers (docs/architecture.md): arrows point one way,
-# monitor -> wire -> core and agent -> wire -> core, and the monitor reaches the core and the wire
-# through the public headers only. Each tier may include the headers listed for it below, plus
-# the C library's; anything else is reported with its file and line, and the check fails.
+# monitor -> host -> wire -> core and agent -> wire -> core; the host and the monitor reach the
+# core and the wire through the public headers only, and the monitor reaches the host through
+# cuptimon_host.h and the host's one interface for sources, host_source.h (never the host's private
+# host_internal.h or apicb.h). Each tier may include the headers listed for it below, plus the C
+# library's; anything else is reported with its file and line, and the check fails.
 #
 # Usage: check_tiers.sh [SOURCE_ROOT]
 root=${1:-$(dirname "$0")/../..}
@@ -14,7 +16,8 @@ rules='
 core|cuptimon.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_wire.h cuptimon_host.h
 wire|cuptimon.h cuptimon_wire.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h cm_internal.h
 agent|cuptimon.h cuptimon_wire.h cm_internal.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h
-monitor|cuptimon.h cuptimon_wire.h cuptimon_host.h|cm_internal.h engine.h
+host|cuptimon.h cuptimon_wire.h cuptimon_host.h|cm_internal.h engine.h
+monitor|cuptimon.h cuptimon_wire.h cuptimon_host.h host_source.h|cm_internal.h engine.h host_internal.h apicb.h
 '
 echo "$rules" | while IFS='|' read -r tier allowed banned; do
   [ -n "$tier" ] || continue
@@ -50,8 +53,8 @@ if [ -s "${TMPDIR:-/tmp}/cm_tiers.$$" ]; then
   exit 1
 fi
 rm -f "${TMPDIR:-/tmp}/cm_tiers.$$"
-for t in core wire agent monitor; do
+for t in core wire agent host monitor; do
   [ -n "$(ls "$t"/*.c 2>/dev/null)" ] || { echo "check_tiers: no sources in engine/$t"; exit 1; }
 done
-echo "check_tiers: core, wire, agent and monitor include only what their tier allows"
+echo "check_tiers: core, wire, agent, host and monitor include only what their tier allows"
 exit 0

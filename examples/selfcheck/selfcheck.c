@@ -20,7 +20,7 @@
 #include "cuptimon.h"
 #include "fake_cupti.h"
 
-/* libstdc++'s demangler, as the monitor uses it (engine/monitor/host.c; the cuptimon_demangle
+/* libstdc++'s demangler, as the host uses it (engine/host/corelib.c; the cuptimon_demangle
  * target links it). */
 char *__cxa_demangle(const char *mangled, char *buf, size_t *n, int *status);
 

@@ -72,7 +72,7 @@ function M.string(source, id)
   if s then return s end
   local p = C.cm_host_source_string(host, source, id, len_out)
   if p == nil then return nil end
-  -- As text: invalid UTF-8 and control characters become U+FFFD (engine/monitor/text.c), so no
+  -- As text: invalid UTF-8 and control characters become U+FFFD (engine/host/text.c), so no
   -- label, JSON or CSV output and no terminal gets a process's raw bytes.
   p = C.cm_host_text(host, p, len_out[0], len_out)
   s = ffi.string(p, len_out[0])

@@ -4,7 +4,7 @@
 -- validated, and exits without running the loop. Recipes open their outputs, bind their sockets
 -- and create their directories while they load (timeline.lua opens -o FILE, prometheus.lua binds
 -- --listen, dump.lua creates -o DIR/), and so do users' scripts: checking one must change nothing
--- outside the process. The host (engine/monitor/host.c) calls install() before the script runs,
+-- outside the process. The host (engine/host/state.c) calls install() before the script runs,
 -- in check mode only, and install() replaces every Lua-level call that writes, creates, removes,
 -- binds, connects or starts something with a stand-in that succeeds and does nothing:
 --   - io.open with a mode that writes ("w", "a", "+") and io.popen give a sink file object whose

@@ -8,10 +8,10 @@
 --   end)
 --   cm.on("exit", function() print(h) end)
 --
--- Design note. This module is the Lua half of the host (engine/monitor/host.c). The host calls two
+-- Design note. This module is the Lua half of the host (engine/host). The host calls two
 -- functions registered here: the dispatcher, once per batch with (batch pointer, source id,
 -- observer id), and the event function for everything else (exit, process_start, process_exit,
--- flush_done, deferred, error, and api: subscriber callbacks queued by engine/monitor/apicb.c).
+-- flush_done, deferred, error, and api: subscriber callbacks queued by engine/host/apicb.c).
 -- Requests that would deliver batches (observe, close, flush) go through the cuptimon.core
 -- lua_CFunctions, never the FFI; made from inside an observer callback they are deferred to the
 -- next loop iteration, because the engine is mid-delivery then.
@@ -65,9 +65,10 @@ local function later(fn)
   core.defer()
 end
 
--- Every failure caught on the Lua side goes to the host's one reporting function (host.c
--- report): counted, handed to the "error" hooks (or printed when there are none), and making the
--- exit status non-zero. Failures this module does not catch reach the same function in C.
+-- Every failure caught on the Lua side goes to the host's one reporting function
+-- (cm__host_report, engine/host/host.c): counted, handed to the "error" hooks (or printed when
+-- there are none), and making the exit status non-zero. Failures this module does not catch reach
+-- the same function in C.
 -- An exit request (cuptimon.args) goes as it is: the host prints its message and takes its status.
 local function report(where, msg)
   local exit_request = type(msg) == "table" and type(rawget(msg, "exit_status")) == "number"

@@ -23,7 +23,8 @@
 #include "cuptimon_host.h"
 #include "cuptimon_wire.h"
 #include "apicb.h"
-#include "host_internal.h"
+#include "host_source.h"
+#include "inproc.h"
 
 typedef struct inproc inproc;
 

@@ -16,7 +16,7 @@
  */
 #include <string.h>
 
-#include "host_internal.h"
+#include "host_source.h"
 
 static const char REPLACEMENT[3] = {(char)0xEF, (char)0xBF, (char)0xBD}; /* U+FFFD */
 

@@ -1,16 +1,29 @@
 /*
- * host_internal.h: what the Lua host (host.c) offers the sources built into it, here the
- * in-process engine source (inproc.c), beyond the public cuptimon_host.h.
+ * host_source.h: the interface a record source uses to feed a host, beyond the public
+ * cuptimon_host.h: what the sources (the in-process engine here, the hub's wire sources, the
+ * replay) and cuptimon-lua's main may call of the host library, and from which thread.
  *
- * Design note. These calls let a source take part in the host's rules without seeing its Lua
- * state: a source never includes lua.h. Loop thread only, like everything in the host.
+ * Design note. cuptimon_host.h is what every embedder sees: the host, the source vtable and the
+ * one door for batches, cm_host_deliver. A source built with the host needs a little more: to
+ * report a failure through the host's one reporting path, to know when a delivery must wait, to
+ * know which observers belong to a trigger window, to install the live operations that only the
+ * hub can perform, and to turn bytes that a process chose into text. This header is that
+ * interface, and the only header of engine/host that engine/monitor includes; the host's own files
+ * share host_internal.h, which stays private to engine/host. Nothing here needs lua.h: a source
+ * never sees the host's Lua state, it describes its process through cm_process_info.
+ *
+ * Threads: the loop thread only (the one that created the host), like everything in the host,
+ * except the text functions at the end, which are pure and run on any thread.
  */
-#ifndef CM_HOST_INTERNAL_H
-#define CM_HOST_INTERNAL_H
+#ifndef CM_HOST_SOURCE_H
+#define CM_HOST_SOURCE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "cuptimon_host.h"
+
+/* ---- what a source may ask of the host (host.c) ---------------------------------------------- */
 
 /* Whether a batch is being dispatched into Lua (a nested uv_run inside an observer callback):
  * a source must not start a delivery then. */
@@ -27,6 +40,8 @@ int cm__host_observer_bound(const cm_host *h, uint32_t id);
 int cm__host_inproc_error(const cm_host *h);
 /* The cadences the script asked for with cuptimon.configure (0 when it did not). */
 void cm__host_cadence(const cm_host *h, uint32_t *flush_ms, uint32_t *deliver_ms);
+
+/* ---- live operations, which the hub installs --------------------------------------------------- */
 
 /* What a trigger window (cm.window) held when it closed; the arrays and strings are valid during
  * the done call only. status: 0, or a CM_E* code when a fence failed or the process ended first
@@ -70,21 +85,14 @@ typedef struct cm__live_ops {
 /* Installs the live operations (NULL removes them). */
 void cm__host_set_live_ops(cm_host *h, const cm__live_ops *ops);
 
-struct cm__apicb;
+/* ---- text from agents and captures (text.c) ---------------------------------------------------- */
 
-/* Subscriber callbacks (apicb.h): events are waiting; the host takes them into Lua (the script's
- * "api" event). Called from the queue's uv_async on the loop thread. */
-void cm__host_api_ready(cm_host *h);
-/* The subscriber-callback queue of an in-process source, created on first use; NULL for another
- * kind of source or when it cannot be created. Implemented in inproc.c. */
-struct cm__apicb *cm__inproc_apicb(cm_source *s);
-
-/* Text from agents and captures (text.c): whether n bytes are well-formed UTF-8 without control
- * characters; a cleaned copy into out (cap bytes, NUL-terminated; 3 * n + 1 always suffice),
- * each offending byte replaced with U+FFFD, returning its length; and `s` itself when clean, else
- * its cleaned copy in buf (cap bytes, truncated between sequences), for one stderr line. */
+/* Whether n bytes are well-formed UTF-8 without control characters; a cleaned copy into out (cap
+ * bytes, NUL-terminated; 3 * n + 1 always suffice), each offending byte replaced with U+FFFD,
+ * returning its length; and `s` itself when clean, else its cleaned copy in buf (cap bytes,
+ * truncated between sequences), for one stderr line. Pure functions; any thread. */
 int cm__text_is_clean(const char *s, size_t n);
 size_t cm__text_clean(const char *s, size_t n, char *out, size_t cap);
 const char *cm__text_tmp(const char *s, char *buf, size_t cap);
 
-#endif /* CM_HOST_INTERNAL_H */
+#endif /* CM_HOST_SOURCE_H */
