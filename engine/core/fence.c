@@ -25,8 +25,6 @@
 
 #include "engine.h"
 
-/* Device syncs still running on a helper thread (see sync_job); callbacks.c reads it too. */
-_Atomic int cm__sync_helpers;
 /* True on the thread running the exit fence, whose own waits keep their deadlines. */
 static _Thread_local bool t_exit_fence;
 
