@@ -16,7 +16,12 @@
  * and reported, never a hang.
  *
  * All of it runs on the thread of a control call, with engine.api_mu held (the exit fence takes
- * it with a deadline).
+ * it with a deadline), except the device synchronize that precedes the decode worker's forced
+ * flush (worker.c), which needs no engine lock.
+ *
+ * engine.c, worker.c and subscription.c call into this file; it reaches the rest of the engine
+ * only through the state in engine.h, delivery.c (cm__engine_deliver, for the exit fence) and
+ * log.c, and never calls back into them.
  */
 #include <stdlib.h>
 #include <string.h>
