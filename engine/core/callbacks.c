@@ -133,6 +133,11 @@ struct cm__callbacks {
 static _Thread_local int t_dispatch_depth;
 /* Capture begin calls of this thread between their enter and exit callbacks. */
 static _Thread_local int t_begin_pending;
+/* Device synchronizes still running on fence.c's helper thread (0 or 1). fence.c counts its
+ * helper in and out; a capture that begins waits until it is 0 (record_capture). It is defined
+ * here, with the side that waits on it, so that fence.c calls into this file and never the
+ * reverse. */
+_Atomic int cm__sync_helpers;
 
 static const uint32_t resource_cbids[] = {
     CUPTI_CBID_RESOURCE_CONTEXT_CREATED, CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING,

@@ -8,10 +8,15 @@
  *   cupti.c   the dlopen binding of libcupti (and of the few libcuda calls the fence needs)
  *   pool.c    the bounded, recycled pool of activity buffers
  *   intern.c  string interning by content, with a pointer-keyed cache in front
- *   decode.c  the decode worker: completed buffers to per-kind columns
+ *   decode.c  the decoder: completed buffers to per-kind columns
  *   json.c    the JSON documents of correlation metadata
- *   engine.c  the engine: subscription, observers, selection reconcile, delivery, clock
- *   fence.c   flushes, device synchronization and the sync fence (engine.h holds their state)
+ *   engine.c  the engine: creation, observers, selection reconcile, the public calls
+ *   subscription.c  the CUPTI subscription: CUPTI's callbacks into the engine, detach, attach
+ *   worker.c  the decode worker: decoding, the delivery and flush cadences
+ *   delivery.c  records handed to the observers
+ *   fence.c   flushes, device synchronization and the sync fence
+ *   log.c     the engine's log callback
+ *             (engine.h holds the state of these six files)
  *   pmsample.c PM sampling: per-device sessions over the union of the consumers' metrics
  *   job.c     helper threads that their waiter may abandon at a deadline
  */
@@ -455,8 +460,8 @@ uint32_t cm__callbacks_consumer_arms(cm__callbacks *cb);
  * not synchronize the device while it is not 0: a synchronize call can invalidate an
  * application's graph capture. Any thread; lock-free. */
 int cm__callbacks_captures_active(const cm__callbacks *cb);
-/* Device synchronizes running on fence.c's helper thread (0 or 1). A capture that begins waits,
- * for a bounded time, until it is 0 (callbacks.c). */
+/* Device synchronizes running on fence.c's helper thread (0 or 1), which counts itself in and
+ * out. A capture that begins waits, for a bounded time, until it is 0. Defined in callbacks.c. */
 extern _Atomic int cm__sync_helpers;
 
 /* ---- fence.c: the exit fence ------------------------------------------------------------------

@@ -5,7 +5,7 @@
  * copy, a framework's bundled copy (PyTorch ships its own libcupti.so.13), or the test double.
  * The search order tries the bare soname first, so that a copy the process already loaded is
  * shared rather than loaded twice: two copies would be two CUPTIs, each seeing half the process.
- * The library is never unloaded. cuptiFinalize is called only by cm_cupti_detach (engine.c),
+ * The library is never unloaded. cuptiFinalize is called only by cm_cupti_detach (subscription.c),
  * which CUPTI documents for detaching from a running process; a later subscription initializes
  * CUPTI again. Whether a detach gives back what CUPTI costs once it has traced is what
  * spec/gpu/reattach.sh measures.

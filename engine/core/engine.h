@@ -1,7 +1,11 @@
 /*
- * engine.h: the engine's state, shared by the files of the engine noun: engine.c (subscription,
- * observers, selection reconcile, delivery, the public calls) and fence.c (flushes, device
- * synchronization and the sync fence). Nothing outside engine/core includes it.
+ * engine.h: the engine's state, shared by the files of the engine noun: engine.c (creation,
+ * observers, selection reconcile, the public calls), subscription.c (the CUPTI subscription:
+ * CUPTI's callbacks into the engine, detach and attach), worker.c (the decode worker),
+ * delivery.c (records to the observers), fence.c (flushes, device synchronization and the sync
+ * fence) and log.c (the log callback). Calls go one way: engine.c calls into the others;
+ * subscription.c and worker.c into fence.c, delivery.c and log.c; fence.c into delivery.c and
+ * log.c; none of them back into engine.c. Nothing outside engine/core includes it.
  *
  * Threads and locks (see docs/architecture.md for the whole table). Fields are grouped by the
  * lock that guards them: engine.api_mu serializes the control calls; engine.dec_mu guards the
@@ -54,7 +58,7 @@ struct cm_engine {
   _Atomic uint64_t enabled; /* kinds enabled in CUPTI, bit per kind */
   /* Kinds kept disabled in CUPTI whatever the observers select (cm__engine_set_suppressed): the
    * agent's lag guard stops CUPTI writing them while the records it already wrote still reach
-   * the observers. Written under api_mu; the decode worker reads it without (engine.c). */
+   * the observers. Written under api_mu; the decode worker reads it without (worker.c). */
   _Atomic uint64_t suppressed;
   atomic_bool active;
   bool latency_on;
@@ -121,18 +125,18 @@ struct cm_engine {
    * inside one now (the detach waits until it is not; done_cv signals it). */
   bool detaching, worker_in_cupti;
   /* A cuptiFinalize that did not return by its deadline and runs on in its helper thread
-   * (engine.c, "detach and attach"): api_mu. `finalizing` is set meanwhile (read atomically), and
+   * (subscription.c, "detach and attach"): api_mu. `finalizing` is set meanwhile (read atomically), and
    * `detaching` stays set, so that nothing calls CUPTI until it has returned. */
   struct cm__fin_job *fin_job;
   atomic_bool finalizing;
-  /* The detach's probe (engine.c, "the finalize helper"): refuse a finalize when this many
+  /* The detach's probe (subscription.c, "the finalize helper"): refuse a finalize when this many
    * application threads call the runtime within its time (0: no probe, and no application thread
    * finalizes); and what the last probe that refused counted (0 when the last detach was not
    * refused by it). api_mu; the count read atomically. */
   int detach_max_threads;
   atomic_int probe_busy_threads;
   /* A cuptiSubscribe of an attach that did not return by its deadline and runs on in its helper
-   * thread (engine.c, "the attach helper"): api_mu. `detached` stays set meanwhile, so nothing
+   * thread (subscription.c, "the attach helper"): api_mu. `detached` stays set meanwhile, so nothing
    * calls CUPTI; the next attach takes its subscription once it has returned. */
   struct cm__att_job *att_job;
   /* Detaches and attaches again since creation, and the time they took (cm_stats). */
@@ -147,12 +151,61 @@ struct cm_engine {
 #define ADD(e, field, v) atomic_fetch_add_explicit(&(e)->field, (v), memory_order_relaxed)
 #define LOAD(e, field) atomic_load_explicit(&(e)->field, memory_order_relaxed)
 
-/* ---- engine.c -------------------------------------------------------------------------------- */
+/* Raises *p to v when v is larger; any thread (the lag's and the kind changes' peaks). */
+static inline void cm__atomic_max_u64(_Atomic uint64_t *p, uint64_t v) {
+  uint64_t cur = atomic_load_explicit(p, memory_order_relaxed);
+  while (v > cur && !atomic_compare_exchange_weak_explicit(p, &cur, v, memory_order_relaxed,
+                                                           memory_order_relaxed)) {
+  }
+}
+
+/* The deadline (CLOCK_MONOTONIC ms) of a control call that waits `timeout_ms`, 0 meaning the
+ * configured fence timeout. Called with api_mu held (it reads cfg). */
+static inline uint64_t cm__engine_deadline(const cm_engine *e, uint32_t timeout_ms) {
+  return cm__mono_ms() + (timeout_ms ? timeout_ms : e->cfg.fence_timeout_ms);
+}
+
+/* ---- log.c ----------------------------------------------------------------------------------- */
 
 /* Logs through the engine's log callback (engine.log_mu held while it runs). Any thread. */
 void cm__engine_log(cm_engine *e, int level, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+
+/* ---- delivery.c ------------------------------------------------------------------------------ */
+
 /* Hands every held record to the observers, then empties the decoder. Called with dec_mu held. */
 void cm__engine_deliver(cm_engine *e);
+
+/* ---- subscription.c -------------------------------------------------------------------------- */
+
+/* Takes the process's one engine slot (CUPTI allows one subscriber per process): false when an
+ * engine already holds it. cm__engine_release_slot gives it back. Any thread. */
+bool cm__engine_claim_slot(void);
+void cm__engine_release_slot(void);
+/* Subscribes to CUPTI (e->sub): at creation, and after a detach when no attach helper can start.
+ * Fails with CM_EBUSY, naming the holder, when another subscriber holds the process. */
+int cm__engine_subscribe(cm_engine *e);
+/* Registers the timestamp callback (when configured) and the buffer callbacks, once per CUPTI
+ * initialization: at creation, and again after a detach (cuptiFinalize forgets them). */
+int cm__engine_register_activity(cm_engine *e);
+/* The last step of cm_engine_new: CUPTI's callbacks reach the engine from now on, and external
+ * correlation is bound to CUPTI. */
+void cm__engine_publish(cm_engine *e);
+/* The subscription's end, in cm_engine_free once the worker has stopped: CUPTI's callbacks no
+ * longer reach the engine, the subscription is undone (or left to a helper still running, which
+ * undoes it), and it returns once no callback is inside the engine. */
+void cm__engine_unsubscribe(cm_engine *e);
+/* Subscribes again after a detach (cm_cupti_attach); no-op while attached; refused while a
+ * detach's cuptiFinalize, or an earlier attach's cuptiSubscribe, still runs. Called with api_mu
+ * held. */
+int cm__engine_attach(cm_engine *e);
+
+/* ---- worker.c -------------------------------------------------------------------------------- */
+
+/* Starts the decode worker (e->worker_started). Returns 0 or CM_ENOMEM. Called by cm_engine_new. */
+int cm__engine_worker_start(cm_engine *e);
+/* Stops the decode worker, once it has decoded what is queued, and joins it. Called by
+ * cm_engine_free. */
+void cm__engine_worker_stop(cm_engine *e);
 
 /* ---- fence.c ---------------------------------------------------------------------------------- */
 

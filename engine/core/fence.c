@@ -16,7 +16,12 @@
  * and reported, never a hang.
  *
  * All of it runs on the thread of a control call, with engine.api_mu held (the exit fence takes
- * it with a deadline).
+ * it with a deadline), except the device synchronize that precedes the decode worker's forced
+ * flush (worker.c), which needs no engine lock.
+ *
+ * engine.c, worker.c and subscription.c call into this file; it reaches the rest of the engine
+ * only through the state in engine.h, delivery.c (cm__engine_deliver, for the exit fence) and
+ * log.c, and never calls back into them.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +30,6 @@
 
 #include "engine.h"
 
-/* Device syncs still running on a helper thread (see sync_job); callbacks.c reads it too. */
-_Atomic int cm__sync_helpers;
 /* True on the thread running the exit fence, whose own waits keep their deadlines. */
 static _Thread_local bool t_exit_fence;
 

@@ -18,7 +18,7 @@
  * stream, CM_ENOSYS for an unsupported major version or must-understand flag, CM_ERANGE for a
  * frame over the size cap, CM_ENOMEM, CM_EINVAL for caller mistakes. The detail is kept in the
  * reader (cm_wire_reader_errmsg), not in the engine's per-thread message, so this module can be
- * used on its own (the fuzzer links only wire.c).
+ * used on its own (the fuzzer links only the wire's own files).
  *
  * Threads: nothing here is thread-safe except where stated. The module keeps no shared state (its
  * CRC table is built once, under pthread_once), so every call may run on any thread, and calls

@@ -6,7 +6,8 @@
  * is cut at every byte offset and has every byte flipped, and each outcome is checked exactly
  * (how many frames came out, which error, which offset); hostile payloads with valid checksums
  * are thrown at the decoders. Run it under ASan (CUPTIMON_ASAN) to make "never crash" a checked
- * property. It uses only wire.c, so it does not need a GPU, the fake CUPTI or the engine.
+ * property. It uses only the wire (engine/wire), so it does not need a GPU, the fake CUPTI or
+ * the engine.
  */
 #include "cuptimon_wire.h"
 
@@ -23,7 +24,8 @@
     if (wok_rc_ != 0) CMT_FAIL("%s returned %d (%s)", #call, wok_rc_, cm_wire_reader_errmsg(r)); \
   } while (0)
 
-/* wire.c's table-driven CRC32C (internal), which cm_wire_crc32c uses on CPUs without SSE4.2. */
+/* wire_common.c's table-driven CRC32C (internal), which cm_wire_crc32c uses on CPUs without
+ * SSE4.2. */
 uint32_t cm__wire_crc32c_table(uint32_t crc, const void *data, size_t len);
 
 /* An independent CRC32C, one bit at a time, to check the table-driven and hardware ones. */
