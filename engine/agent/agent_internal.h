@@ -162,8 +162,7 @@ struct cm__agent {
   _Atomic bool ctl_stop;
   _Atomic bool tracing;    /* an observer is registered */
   _Atomic bool cut;        /* the exit deadline passed: what is still queued is dropped */
-  _Atomic bool sender_drained; /* BYE was written whole (the sender wrote it, or stopped with
-                                * the queue empty after the exit closed it) */
+  _Atomic bool sender_drained; /* BYE was written whole: the sender wrote the exit's BYE frame */
   /* The exit's final flush was abandoned at its deadline, or cut short, so what CUPTI and the
    * decoder still held is not known (STATS exit_tail_unknown; the monitor reports the process as
    * incomplete). */

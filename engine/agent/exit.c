@@ -135,6 +135,7 @@ typedef struct exit_run {
   char cut[1024];     /* "; "-separated clauses: what the budget cut */
   size_t cl;
   size_t left;        /* frames still queued when the last frames' wait ended */
+  bool bye_queued;    /* BYE was built and queued */
 } exit_run;
 
 #define CUT(...) cut_add(r->cut, sizeof r->cut, &r->cl, __VA_ARGS__)
@@ -255,7 +256,8 @@ static bool exit_last_frames(exit_run *r, int exit_code) {
   cm_wire_buf_init(&b);
   char msg[1100];
   snprintf(msg, sizeof msg, "%s%s", r->cl ? "exit budget: " : "", r->cut);
-  if (cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, msg) == 0) cm__sendq_push_bye(&b);
+  r->bye_queued =
+      cm_wire_write_bye(&b, CM_WIRE_BYE_EXIT, exit_code, msg) == 0 && cm__sendq_push_bye(&b);
   cm_wire_buf_free(&b);
   pthread_mutex_lock(&A.send_mu);
   A.q_closed = true;
@@ -289,12 +291,17 @@ static void exit_stop(const exit_run *r, bool drained) {
   atomic_store(&A.ctl_stop, true);
   cm__sendq_wake_control();
   if (A.sender_started) cm__exit_join(A.sender, "sender", end);
-  if (A.sender_started && !was_gone && !atomic_load(&A.sender_drained))
-    alog(CM_LOG_WARN,
-         "the %s did not take the last %zu frames within the exit budget (%u ms); closed "
-         "without them (STATS and BYE among them): the monitor reports this process as "
-         "incomplete",
-         A.is_socket ? "monitor" : "capture file", r->left, A.exit_budget_ms);
+  if (A.sender_started && !was_gone && !atomic_load(&A.sender_drained)) {
+    if (!r->bye_queued)
+      alog(CM_LOG_WARN, "exit: BYE could not be built or queued; the monitor reports this process "
+                        "as incomplete");
+    else
+      alog(CM_LOG_WARN,
+           "the %s did not take the last %zu frames within the exit budget (%u ms); closed "
+           "without them (STATS and BYE among them): the monitor reports this process as "
+           "incomplete",
+           A.is_socket ? "monitor" : "capture file", r->left, A.exit_budget_ms);
+  }
   if (A.control_started) cm__exit_join(A.control, "control", end);
   if (A.fd >= 0) close(A.fd);
   A.fd = -1;

@@ -131,12 +131,15 @@ static qframe *q_take_all_locked(uint64_t *batches, uint64_t *records) {
   return f;
 }
 
-/* Queues a frame. It takes ownership of `data` (malloc'd). The queue's bounds are the caller's
- * decision: the observer (cm__frames_on_batch) admits a BATCH before numbering and encoding it,
- * and other frames are small and always queued while the queue lives. A BATCH that cannot be
- * queued (the queue died or closed, no memory) is counted as dropped. Returns true when queued.
- * Any thread; never blocks beyond send_mu. */
-static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records, bool bye) {
+/* Queues the bytes of `b` as one frame and leaves `b` empty (the queue owns them from here, or
+ * frees them). The queue's bounds are the caller's decision: the observer (cm__frames_on_batch)
+ * admits a BATCH before numbering and encoding it, and other frames are small and always queued
+ * while the queue lives. A BATCH that cannot be queued (the queue died or closed, no memory) is
+ * counted as dropped. Returns true when queued. Any thread; never blocks beyond send_mu. */
+static bool q_push(cm_wire_buf *b, bool batch, uint32_t records, bool bye) {
+  uint8_t *data = b->data;
+  size_t len = b->len;
+  cm_wire_buf_init(b);
   qframe *f = malloc(sizeof *f);
   pthread_mutex_lock(&A.send_mu);
   if (!f || A.q_dead || A.q_closed) {
@@ -157,21 +160,12 @@ static bool q_push(uint8_t *data, size_t len, bool batch, uint32_t records, bool
   return true;
 }
 
-/* Hands the bytes of `b` to the queue and leaves `b` empty. */
 bool cm__sendq_push_buf(cm_wire_buf *b, bool batch, uint32_t records) {
-  uint8_t *data = b->data;
-  size_t len = b->len;
-  cm_wire_buf_init(b);
-  return q_push(data, len, batch, records, false);
+  return q_push(b, batch, records, false);
 }
 
-/* Queues the exit's BYE frame, as cm__sendq_push_buf. */
-bool cm__sendq_push_bye(cm_wire_buf *b) {
-  uint8_t *data = b->data;
-  size_t len = b->len;
-  cm_wire_buf_init(b);
-  return q_push(data, len, false, 0, true);
-}
+/* The exit's BYE: the one frame whose writing sets sender_drained. */
+bool cm__sendq_push_bye(cm_wire_buf *b) { return q_push(b, false, 0, true); }
 
 void cm__sendq_wake_control(void) {
   if (A.wake[1] >= 0) {
@@ -220,10 +214,9 @@ void *cm__sendq_sender_main(void *arg) {
   for (;;) {
     while (!A.head && !A.q_dead && !A.sender_stop) pthread_cond_wait(&A.q_cv, &A.send_mu);
     if (A.q_dead) break;
-    if (!A.head && A.sender_stop) {
-      atomic_store(&A.sender_drained, true);
-      break;
-    }
+    /* Stopped with the queue empty: sender_drained is left as the BYE frame set it. An exit that
+     * could not build or queue BYE leaves it false, so the exit says that BYE did not get out. */
+    if (!A.head && A.sender_stop) break;
     qframe *f = A.head;
     A.head = f->next;
     if (!A.head) A.tail = NULL;
