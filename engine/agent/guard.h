@@ -1,5 +1,6 @@
 /*
- * guard.h: the policy of the agent's lag guard (agent.c's guard_tick measures; this decides).
+ * guard.h: the policy of the agent's lag guard (tracing.c's cm__tracing_guard_tick measures; this
+ * decides).
  *
  * It has two measures, each with its limit: how long CUPTI held records back before writing them
  * (the largest over the buffers decoded since the last check), and how many activity buffers

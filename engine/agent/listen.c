@@ -24,15 +24,19 @@
  * exit handler touches this file from an application thread, and it is bounded by the exit
  * budget.
  *
+ * The agent is reached only through the callbacks it passed to cm__listen_start (listen.h):
+ * this file calls no function of the agent's other files.
+ *
  * Threads and locks: the listener thread; the exit handler (any thread that calls exit); the
  * agent's control thread (cm__listen_session_over). sess_mu serializes session changes (the
- * listener's begin and end) with the exit handler; it is taken before any of agent.c's locks.
+ * listener's begin and end) with the exit handler; it is taken before any of the agent's locks.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -43,7 +47,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cm_internal.h"
+#include "cm_agent.h"
 #include "cuptimon_wire.h"
 #include "listen.h"
 
@@ -70,9 +74,21 @@ static struct listener {
   _Atomic bool over;           /* the session's monitor is gone */
   _Atomic bool broken;         /* a session did not end cleanly: no more sessions */
   _Atomic int monitor_pid;     /* the attached monitor, 0 when dormant */
+  cm__listen_ops ops;          /* the agent's session callbacks; set before the thread starts */
 } L = {.fd = -1, .wake = {-1, -1}, .sess_mu = PTHREAD_MUTEX_INITIALIZER};
 
 bool cm__listen_mode(void) { return atomic_load(&L.on); }
+
+/* One log line through the agent's callback. */
+static void say(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(int level, const char *fmt, ...) {
+  char msg[1280];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  L.ops.log(L.ops.ud, level, msg);
+}
 
 static void wake_listener(void) {
   if (L.wake[1] >= 0) {
@@ -130,29 +146,29 @@ static uint64_t now_ms(void) { return cm__mono_ms(); }
 
 /* Ends the running session (listener thread, or the exit handler's absence of one). sess_mu held. */
 static void end_session_locked(void) {
-  if (!cm__agent_attached()) return;
-  if (!cm__agent_session_end(now_ms() + END_MS)) {
+  if (!L.ops.attached(L.ops.ud)) return;
+  if (!L.ops.session_end(L.ops.ud, now_ms() + END_MS)) {
     atomic_store(&L.broken, true);
-    cm__alog(L_ERROR, "dormant: the session's threads did not stop; no further attach is served");
+    say(L_ERROR, "dormant: the session's threads did not stop; no further attach is served");
   }
   unlink(L.marker);
   atomic_store(&L.monitor_pid, 0);
-  cm__alog(L_INFO, "dormant: the monitor detached; tracing is off");
+  say(L_INFO, "dormant: the monitor detached; tracing is off");
 }
 
 static void on_connection(int fd) {
   pid_t pid = 0;
   uid_t uid = (uid_t)-1;
   if (peer_cred(fd, &pid, &uid) != 0) {
-    cm__alog(L_WARN, "dormant: refusing a connection: cannot read its credentials: %s",
-             strerror(errno));
+    say(L_WARN, "dormant: refusing a connection: cannot read its credentials: %s",
+        strerror(errno));
     close(fd);
     return;
   }
   if (uid != L.uid && !(uid == 0 && L.allow_root)) {
-    cm__alog(L_WARN, "dormant: refusing a connection from uid %u (pid %d): only uid %u%s may "
-             "attach", (unsigned)uid, (int)pid, (unsigned)L.uid,
-             L.allow_root ? " and root" : "");
+    say(L_WARN, "dormant: refusing a connection from uid %u (pid %d): only uid %u%s may "
+        "attach", (unsigned)uid, (int)pid, (unsigned)L.uid,
+        L.allow_root ? " and root" : "");
     close(fd);
     return;
   }
@@ -160,24 +176,24 @@ static void on_connection(int fd) {
    * monitor that detached and exited, and a new `--attach` at once): that session is over, so it
    * ends here, and the new monitor is served instead of refused. */
   int mon = atomic_load(&L.monitor_pid);
-  if (cm__agent_attached() && !atomic_load(&L.exiting) &&
-      (cm__agent_session_gone() || (mon > 0 && kill(mon, 0) != 0 && errno == ESRCH))) {
-    cm__alog(L_INFO, "dormant: the attached monitor pid %d is gone; its session ends before pid "
-             "%d is served", mon, (int)pid);
+  if (L.ops.attached(L.ops.ud) && !atomic_load(&L.exiting) &&
+      (L.ops.session_gone(L.ops.ud) || (mon > 0 && kill(mon, 0) != 0 && errno == ESRCH))) {
+    say(L_INFO, "dormant: the attached monitor pid %d is gone; its session ends before pid "
+        "%d is served", mon, (int)pid);
     pthread_mutex_lock(&L.sess_mu);
     if (!atomic_load(&L.exiting)) end_session_locked();
     pthread_mutex_unlock(&L.sess_mu);
     mon = atomic_load(&L.monitor_pid);
   }
   char msg[160];
-  if (mon || cm__agent_attached() || atomic_load(&L.broken) || atomic_load(&L.exiting)) {
-    if (mon || cm__agent_attached())
+  if (mon || L.ops.attached(L.ops.ud) || atomic_load(&L.broken) || atomic_load(&L.exiting)) {
+    if (mon || L.ops.attached(L.ops.ud))
       snprintf(msg, sizeof msg, "already attached: the monitor pid %d is attached to this process "
                "(one monitor at a time)", mon);
     else
       snprintf(msg, sizeof msg, "this process %s", atomic_load(&L.exiting)
                ? "is exiting" : "cannot be attached again (a session did not end cleanly)");
-    cm__alog(L_INFO, "dormant: refusing monitor pid %d: %s", (int)pid, msg);
+    say(L_INFO, "dormant: refusing monitor pid %d: %s", (int)pid, msg);
     refuse(fd, msg);
     close(fd);
     return;
@@ -193,11 +209,11 @@ static void on_connection(int fd) {
   atomic_store(&L.over, false);
   atomic_store(&L.monitor_pid, (int)pid);
   write_marker(pid);
-  if (cm__agent_session_begin(fd, now_ms() + L.handshake_ms, L.fd) != 0) {
+  if (L.ops.session_begin(L.ops.ud, fd, now_ms() + L.handshake_ms, L.fd) != 0) {
     unlink(L.marker);
     atomic_store(&L.monitor_pid, 0);
   } else {
-    cm__alog(L_INFO, "dormant: monitor pid %d attached", (int)pid);
+    say(L_INFO, "dormant: monitor pid %d attached", (int)pid);
   }
   pthread_mutex_unlock(&L.sess_mu);
 }
@@ -215,7 +231,7 @@ static void *listener_main(void *arg) {
     if (atomic_load(&L.exiting)) break;
     if (n < 0) {
       if (errno == EINTR) continue;
-      cm__alog(L_ERROR, "dormant: poll failed: %s; no further attach is served", strerror(errno));
+      say(L_ERROR, "dormant: poll failed: %s; no further attach is served", strerror(errno));
       break;
     }
     if (pf[0].revents) {
@@ -255,11 +271,11 @@ static void listen_exit_work(int exit_code) {
     ts.tv_nsec -= 1000000000L;
   }
   if (pthread_mutex_timedlock(&L.sess_mu, &ts) == 0) {
-    if (cm__agent_attached()) cm__agent_exit(exit_code);
+    if (L.ops.attached(L.ops.ud)) L.ops.exit(L.ops.ud, exit_code);
     pthread_mutex_unlock(&L.sess_mu);
   } else {
-    cm__alog(L_WARN, "dormant: a session change was in progress at exit; leaving without the "
-             "final flush");
+    say(L_WARN, "dormant: a session change was in progress at exit; leaving without the "
+        "final flush");
   }
   unlink(L.marker);
 }
@@ -293,7 +309,8 @@ static long env_long(const char *name, long def) {
   return *end || v < 0 ? def : v;
 }
 
-bool cm__listen_start(void) {
+bool cm__listen_start(const cm__listen_ops *ops) {
+  L.ops = *ops;
   L.pid = getpid();
   L.uid = geteuid();
   L.allow_root = env_long("CUPTIMON_LISTEN_ALLOW_ROOT", 0) == 1;
@@ -304,7 +321,7 @@ bool cm__listen_start(void) {
   L.handshake_ms = hs >= 1 && hs <= 3600000 ? (uint32_t)hs : DEFAULT_HANDSHAKE_MS;
   char err[512];
   if (cm_wire_listen_dir(L.dir, sizeof L.dir, CM_WIRE_LISTEN_CREATE, err, sizeof err) != 0) {
-    cm__alog(L_ERROR, "dormant: %s; not listening (the process runs untraced)", err);
+    say(L_ERROR, "dormant: %s; not listening (the process runs untraced)", err);
     return false;
   }
   char tmp[160];
@@ -313,7 +330,7 @@ bool cm__listen_start(void) {
   snprintf(L.marker, sizeof L.marker, "%s/%d.attached", L.dir, (int)L.pid);
   struct sockaddr_un sa = {.sun_family = AF_UNIX};
   if (strlen(L.sock) >= sizeof sa.sun_path) { /* cm_wire_listen_dir leaves room; a check still */
-    cm__alog(L_ERROR, "dormant: %s is too long for a unix socket; not listening", L.sock);
+    say(L_ERROR, "dormant: %s is too long for a unix socket; not listening", L.sock);
     return false;
   }
   memcpy(sa.sun_path, tmp, strlen(tmp) + 1);
@@ -322,8 +339,8 @@ bool cm__listen_start(void) {
   L.fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (L.fd < 0 || bind(L.fd, (struct sockaddr *)&sa, sizeof sa) != 0 || chmod(tmp, 0600) != 0 ||
       listen(L.fd, 8) != 0 || rename(tmp, L.sock) != 0) {
-    cm__alog(L_ERROR, "dormant: cannot listen on %s: %s; the process runs untraced", L.sock,
-             strerror(errno));
+    say(L_ERROR, "dormant: cannot listen on %s: %s; the process runs untraced", L.sock,
+        strerror(errno));
     if (L.fd >= 0) close(L.fd);
     unlink(tmp);
     L.fd = -1;
@@ -331,7 +348,7 @@ bool cm__listen_start(void) {
   }
   if (pipe2(L.wake, O_CLOEXEC | O_NONBLOCK) != 0 ||
       pthread_create(&L.thread, NULL, listener_main, NULL) != 0) {
-    cm__alog(L_ERROR, "dormant: cannot start the listener thread; the process runs untraced");
+    say(L_ERROR, "dormant: cannot start the listener thread; the process runs untraced");
     unlink(L.sock);
     close(L.fd);
     L.fd = -1;
@@ -341,6 +358,6 @@ bool cm__listen_start(void) {
   atomic_store(&L.on, true);
   pthread_atfork(NULL, NULL, listen_atfork_child);
   REGISTER_LISTEN_EXIT();
-  cm__alog(L_INFO, "dormant: listening on %s", L.sock);
+  say(L_INFO, "dormant: listening on %s", L.sock);
   return true;
 }

@@ -1,5 +1,5 @@
 /*
- * repeat.h: the agent's rule for a log line that repeats (agent.c's alog applies it).
+ * repeat.h: the agent's rule for a log line that repeats (log.c's alog applies it).
  *
  * A line the agent has printed is not printed again for `interval_ms` if it comes back with the
  * same words (its numbers may differ: "has not returned after 1.5 s" repeats "after 0.4 s"): it

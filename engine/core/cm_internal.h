@@ -1,5 +1,7 @@
 /*
  * cm_internal.h: the interfaces between the engine's modules. Nothing here is public.
+ * The calls that the agent makes too are declared in cm_agent.h, and the libcupti binding in
+ * cm_cupti.h; both are included below, so that the core sees one interface.
  *
  * Module map (one noun per file):
  *   errors.c  error strings and the per-thread detail message (cm__seterr)
@@ -31,6 +33,8 @@
 #include <stdint.h>
 
 #include "cuptimon.h"
+/* The part of this interface that the agent uses too: declared there, once. */
+#include "cm_agent.h"
 
 /* ---- errors.c ---------------------------------------------------------------------------- */
 
@@ -38,53 +42,18 @@
  * function can `return cm__seterr(CM_EINVAL, "bad size %u", n);`. */
 int cm__seterr(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void cm__clearerr(void);
-/* Writes `prefix`, `fmt` formatted with `ap` and a newline to stderr in a single write(2) (at
- * most 1.5 KiB, longer lines are cut), so lines of several threads (and of several processes
- * sharing the terminal) do not interleave and nothing stays buffered if the process dies next.
- * Thread-safe; never allocates. */
-void cm__stderr_linev(const char *prefix, const char *fmt, va_list ap);
+/* cm__stderr_linev is in cm_agent.h. */
 
-/* ---- clock.c ------------------------------------------------------------------------------ */
-
-struct timespec;
-/* CLOCK_REALTIME in nanoseconds, the timebase of every record. Thread-safe. */
-uint64_t cm__realtime_ns(void);
-/* CLOCK_MONOTONIC in milliseconds, for deadlines and cadences. Thread-safe. */
-uint64_t cm__mono_ms(void);
-/* Fills *ts with the CLOCK_MONOTONIC time `ms` from now, for pthread_cond_timedwait on a
- * condition variable created with CLOCK_MONOTONIC. Thread-safe. */
-void cm__abstime_in(struct timespec *ts, uint64_t ms);
+/* ---- clock.c: in cm_agent.h ---------------------------------------------------------------- */
 
 /* ---- job.c -------------------------------------------------------------------------------- */
 
-/* A helper thread that its waiter may abandon at a deadline (job.c). Embed it first in the job's
- * struct, which must come from malloc: the last of the waiter and the helper to leave frees it. */
-typedef struct cm__job {
-  pthread_mutex_t mu;
-  pthread_cond_t cv; /* CLOCK_MONOTONIC */
-  int refs;          /* mu: the waiter and the helper */
-  bool done;         /* mu: set by cm__job_finish */
-  bool abandoned;    /* mu: set by cm__job_abandon before the helper finished */
-} cm__job;
-
-/* Starts fn(j) on a detached thread with every signal blocked. Returns 0, or pthread_create's
- * error (the job is then the caller's alone, to free). */
-int cm__job_start(cm__job *j, void *(*fn)(void *));
-/* The helper's end, once its results are written: done, and the waiter woken. Returns whether
- * the waiter abandoned the job first (cm__job_abandon): the helper then undoes what its results
- * would have left to the waiter. The helper then calls cm__job_release. */
-bool cm__job_finish(cm__job *j);
-/* Waits until the helper finished or `deadline` (mono ms) passed, in slices of at most slice_ms
- * (0: one wait), ending early when hurry(arg) says so. Returns whether it finished; its results
- * are then visible to the caller. */
-bool cm__job_wait(cm__job *j, uint64_t deadline, uint32_t slice_ms, bool (*hurry)(void *),
-                  void *arg);
+/* The job (cm__job) and the calls the agent makes too (start, finish, wait, release) are in
+ * cm_agent.h. */
 /* The waiter gives the job up for good, without releasing it: returns whether the helper had
  * finished, in which case what its results hold is the waiter's to undo; otherwise the helper's
  * cm__job_finish returns true and the helper undoes it. The waiter then calls cm__job_release. */
 bool cm__job_abandon(cm__job *j);
-/* Drops one reference; the last frees the job. */
-void cm__job_release(cm__job *j);
 
 /* ---- fields.c ---------------------------------------------------------------------------- */
 
@@ -148,96 +117,9 @@ bool cm__sel_needs_latency(const cm__bits *sel);
 /* Whether CUDA_EVENT device_timestamp is selected: event device timestamps must be on. */
 bool cm__sel_needs_event_ts(const cm__bits *sel);
 
-/* ---- cupti.c ----------------------------------------------------------------------------- */
+/* ---- cupti.c: in cm_cupti.h (cm_agent.h includes it too) --------------------------------- */
 
-#include <cupti.h>
-#include <cupti_pmsampling.h>
-#include <cupti_profiler_target.h>
-#include <cupti_target.h>
-
-#include "cm_profiler_host.h"
-
-/* The function table of the loaded libcupti. Every pointer is resolved at load time; a missing
- * symbol fails the load with CM_ENOCUPTI and a detail naming it. */
-typedef struct cm__cupti {
-  void *lib;
-  void *cuda;
-  char path[512];
-  char cuda_path[512];
-  __typeof__(&cuptiGetVersion) GetVersion;
-  __typeof__(&cuptiGetResultString) GetResultString;
-  __typeof__(&cuptiSubscribe) Subscribe;
-  __typeof__(&cuptiSubscribe_v2) Subscribe_v2; /* may be NULL on older CUPTI */
-  __typeof__(&cuptiUnsubscribe) Unsubscribe;
-  __typeof__(&cuptiEnableCallback) EnableCallback;
-  __typeof__(&cuptiEnableDomain) EnableDomain;
-  __typeof__(&cuptiActivityRegisterCallbacks) ActivityRegisterCallbacks;
-  __typeof__(&cuptiActivitySetAttribute) ActivitySetAttribute; /* may be NULL (a test double) */
-  __typeof__(&cuptiActivityEnable) ActivityEnable;
-  __typeof__(&cuptiActivityDisable) ActivityDisable;
-  __typeof__(&cuptiActivityGetNextRecord) ActivityGetNextRecord;
-  __typeof__(&cuptiActivityFlushAll) ActivityFlushAll;
-  __typeof__(&cuptiActivityGetNumDroppedRecords) ActivityGetNumDroppedRecords;
-  __typeof__(&cuptiActivityEnableLatencyTimestamps) ActivityEnableLatencyTimestamps;
-  __typeof__(&cuptiActivityEnableCudaEventDeviceTimestamps) ActivityEnableCudaEventDeviceTimestamps;
-  __typeof__(&cuptiActivityRegisterTimestampCallback) ActivityRegisterTimestampCallback;
-  __typeof__(&cuptiActivityPushExternalCorrelationId) ActivityPushExternalCorrelationId;
-  __typeof__(&cuptiActivityPopExternalCorrelationId) ActivityPopExternalCorrelationId;
-  __typeof__(&cuptiGetTimestamp) GetTimestamp;
-  __typeof__(&cuptiFinalize) Finalize; /* may be NULL (cm_cupti_detach then answers CM_ENOSYS) */
-  /* PM sampling and the profiler host API (pmsample.c). Optional: a libcupti without them loads,
-   * and PM sampling then fails with CM_ENOSYS naming `pm_missing`, the first symbol not found. */
-  const char *pm_missing;
-  __typeof__(&cuptiProfilerInitialize) ProfilerInitialize;
-  __typeof__(&cuptiDeviceGetChipName) DeviceGetChipName;
-  __typeof__(&cuptiPmSamplingGetCounterAvailability) PmGetCounterAvailability;
-  __typeof__(&cuptiProfilerHostInitialize) HostInitialize;
-  __typeof__(&cuptiProfilerHostDeinitialize) HostDeinitialize;
-  __typeof__(&cuptiProfilerHostConfigAddMetrics) HostConfigAddMetrics;
-  __typeof__(&cuptiProfilerHostGetConfigImageSize) HostGetConfigImageSize;
-  __typeof__(&cuptiProfilerHostGetConfigImage) HostGetConfigImage;
-  __typeof__(&cuptiProfilerHostGetNumOfPasses) HostGetNumOfPasses;
-  __typeof__(&cuptiProfilerHostEvaluateToGpuValues) HostEvaluateToGpuValues;
-  /* For the suggestions after a refused metric name; each may be NULL (no suggestion then). */
-  __typeof__(&cuptiProfilerHostGetBaseMetrics) HostGetBaseMetrics;
-  __typeof__(&cuptiProfilerHostGetSubMetrics) HostGetSubMetrics;
-  __typeof__(&cuptiProfilerHostGetMetricProperties) HostGetMetricProperties;
-  __typeof__(&cuptiPmSamplingEnable) PmEnable;
-  __typeof__(&cuptiPmSamplingSetConfig) PmSetConfig;
-  __typeof__(&cuptiPmSamplingStart) PmStart;
-  __typeof__(&cuptiPmSamplingStop) PmStop;
-  __typeof__(&cuptiPmSamplingDisable) PmDisable;
-  __typeof__(&cuptiPmSamplingGetCounterDataSize) PmGetCounterDataSize;
-  __typeof__(&cuptiPmSamplingCounterDataImageInitialize) PmCounterDataImageInitialize;
-  __typeof__(&cuptiPmSamplingDecodeData) PmDecodeData;
-  __typeof__(&cuptiPmSamplingGetCounterDataInfo) PmGetCounterDataInfo;
-  __typeof__(&cuptiPmSamplingCounterDataGetSampleInfo) PmCounterDataGetSampleInfo;
-  /* libcuda, for the fence's device synchronization. Optional: NULL when libcuda is absent. */
-  int (*cuCtxGetCurrent)(void **ctx);
-  int (*cuCtxSynchronize)(void);
-  int (*cuDeviceGetCount)(int *count);
-  int (*cuDevicePrimaryCtxGetState)(int dev, unsigned *flags, int *active);
-  int (*cuDevicePrimaryCtxRetain)(void **ctx, int dev);
-  int (*cuDevicePrimaryCtxRelease)(int dev);
-  int (*cuCtxPushCurrent)(void *ctx);
-  int (*cuCtxPopCurrent)(void **ctx);
-  /* Sets the calling thread's stream-capture mode (CUstreamCaptureMode) and returns the old one
-   * in *mode. The fence's threads run in relaxed mode, so their synchronize calls never count as
-   * unsafe calls for a CUDA graph capture of the application. */
-  int (*cuThreadExchangeStreamCaptureMode)(int *mode);
-  /* The driver call whose API exit callback runs cuptiFinalize for cm_cupti_detach (the call site
-   * CUPTI recommends); NULL: cuptiFinalize is called directly. */
-  int (*cuDriverGetVersion)(int *version);
-} cm__cupti;
-
-/* Loads libcupti in the documented search order: "libcupti.so.13" (shares a copy the process
- * already loaded), $CUPTIMON_LIBCUPTI, $CUDA_HOME/lib64 and /lib, /usr/local/cuda/lib64 and /lib.
- * libcuda comes from $CUPTIMON_LIBCUDA, else "libcuda.so.1". Never unloads; cuptiFinalize is bound
- * for cm_cupti_detach alone. Returns 0, or CM_ENOCUPTI with a detail that names what was looked for and how
- * to fix it. */
-int cm__cupti_load(cm__cupti *c);
-/* Translates a CUptiResult: 0 for success, else CM_ECUPTI with a detail "what: CUPTI_ERROR_X". */
-int cm__cupti_err(const cm__cupti *c, int res, const char *what);
+#include "cm_cupti.h"
 
 /* ---- pool.c ------------------------------------------------------------------------------ */
 
@@ -466,49 +348,8 @@ extern _Atomic int cm__sync_helpers;
 
 /* ---- fence.c: the exit fence ------------------------------------------------------------------
  *
- * What the exit fence did; every field is a reason why records produced before it may be missing
- * from what it delivered. */
-typedef struct cm__exit_flush {
-  bool engine_busy;     /* another control call held the engine past the deadline: nothing flushed */
-  bool capture_active;  /* a CUDA graph capture was in progress: no device sync */
-  bool sync_timed_out;  /* the device sync did not finish in time (a kernel still running) */
-  bool decode_timed_out; /* the decoder had not caught up at the deadline */
-  bool synced;          /* the device sync completed and its record was seen */
-  /* Set (once, with release order) as soon as the sync fence has completed, before the forced
-   * flush: a caller that stops waiting during that flush (the agent's exit) knows from it that
-   * every record produced before the fence was decoded. Readable from another thread. */
-  _Atomic bool fence_complete;
-  /* CLOCK_MONOTONIC ms at which the sync fence ended (completed or not), before the forced
-   * flush; 0 until then. Readable from another thread, for the exit's log. */
-  _Atomic uint64_t fence_end_ms;
-  /* For the exit's log, each readable from another thread: when the device synchronize returned
-   * (CLOCK_MONOTONIC ms, 0 until then), how many default flushes ran after it, and whether the
-   * fence's sync record came only with a forced flush (see cm__engine_exit_flush). */
-  _Atomic uint64_t device_synced_ms;
-  _Atomic uint32_t default_flushes;
-  _Atomic bool seen_after_forced;
-  /* Records from before the fence's mark that CUPTI delivered after the fence's own sync record
-   * (CUPTI behind on some kind; the fence waited for them), and whether the deadline came while
-   * they were still arriving (then the records CUPTI still held are unknown). Readable from
-   * another thread. */
-  _Atomic uint64_t backlog_records;
-  _Atomic bool backlog_cut;
-} cm__exit_flush;
-
-/* The exit fence: a best effort to deliver every record produced before the call, by `deadline`
- * (CLOCK_MONOTONIC ms) at the latest, whatever the device or another thread does. It makes a
- * control call in progress on another thread (a sync flush waiting for the device) give up at
- * once, takes the engine's control lock with the deadline, synchronizes the device on a helper
- * thread that it abandons at `sync_deadline` (and not at all while a graph capture is in
- * progress), waits for the synchronize's record (after CM__EXIT_DEFAULT_FLUSH_MS of default
- * flushes, with forced ones: after the synchronize every record before it is complete, and only a
- * forced flush is known to return the partly filled buffers of threads that stopped), then
- * flushes CUPTI with CUPTI_ACTIVITY_FLAG_FLUSH_FORCED once more and delivers. From then on
- * every wait in a later control call ends at once, so nothing queued behind it can hold the
- * process. Returns 0 when nothing was cut short, else CM_ETIMEDOUT; *out says what happened.
- * Any thread; meant for the process's exit. */
-int cm__engine_exit_flush(cm_engine *e, uint64_t sync_deadline, uint64_t deadline,
-                          cm__exit_flush *out);
+ * What the exit fence did (cm__exit_flush) and the fence itself (cm__engine_exit_flush) are in
+ * cm_agent.h: the agent's exit is their caller. */
 
 /* ---- pmsample.c: PM sampling ------------------------------------------------------------------
  *
@@ -574,52 +415,7 @@ int cm__pm_decode_image(const cm__cupti *c, CUpti_PmSampling_Object *obj,
                         uint64_t lo_ns, uint64_t hi_ns, cm__pm_columns *cols, uint64_t *filtered);
 void cm__pm_columns_free(cm__pm_columns *cols);
 
-/* Frees every free buffer of the engine's pool (outstanding ones return and are recycled as
- * usual), so an engine with no session holds no buffer memory: the dormant agent calls it when a
- * monitor detaches. Any thread. */
-void cm__engine_trim(cm_engine *e);
-/* The longest CUPTI is known to have held a record, over the buffers decoded since the previous
- * call: for each buffer, the time from the timestamp of the kind most behind in it (as for
- * lag_cupti_ns) to CUPTI asking for the buffer, which it wrote that record into later. Unlike
- * lag_cupti_ns it does not count the time a record waited in a partly filled buffer, so a slow
- * process without a flush cadence does not look behind. 0 when no buffer showed CUPTI holding a
- * record back (or none had a timestamp on this run's clock). Any thread; the agent's lag guard
- * takes it. */
-uint64_t cm__engine_take_lag_held_max(cm_engine *e);
-/* How many activity buffers CUPTI holds now: handed to it and not yet completed. When CUPTI falls
- * behind on completing its buffers, it keeps asking for new ones while it holds the old, and this
- * count (the memory it holds in the pool) grows: a few while it keeps up, tens once it falls
- * behind. Any thread; the agent's lag guard reads it. */
-uint64_t cm__engine_cupti_buffers(cm_engine *e);
-/* Whether a detach's cuptiFinalize outlived its deadline and still runs (nothing may call CUPTI
- * until it returns; cm_cupti_detach). Any thread. */
-bool cm__engine_finalizing(cm_engine *e);
-/* A detach first probes the threads that call the runtime and refuses to finalize when `n` or
- * more do (0: no probe; engine.c, "the finalize helper"). Any thread, before or between detaches. */
-void cm__engine_set_detach_max_threads(cm_engine *e, int n);
-/* The threads the last detach's probe counted when it refused the detach; 0 when the last detach
- * was not refused by the probe. Any thread. */
-int cm__engine_probe_busy_threads(cm_engine *e);
-/* CLOCK_REALTIME just before the engine last called cuptiActivityEnable to enable a kind that was
- * off (0 before the first). A call that enables kinds can hold the application's launching
- * threads while it runs, and the work they were held from then runs traced: the agent stamps a
- * window's opening edge here rather than after cm_observe returned. Any thread. */
-uint64_t cm__engine_enable_start_ns(cm_engine *e);
-/* Keeps `kinds` (one bit per kind) disabled in CUPTI, whatever the observers select, until the
- * next call, and disables them now. The observers keep their selections, so the records of those
- * kinds that CUPTI already wrote still reach them, at flushes and fences as usual; the exit's
- * fence still waits for them. 0 lifts it: the selected kinds are enabled again. Returns 0 or the
- * error of a failed enable. Any thread but an observer callback (it takes api_mu). */
-int cm__engine_set_suppressed(cm_engine *e, uint64_t kinds);
-/* The kinds enabled in CUPTI now (one bit per kind). Any thread. */
-uint64_t cm__engine_enabled(cm_engine *e);
-/* Asks the decode worker to synchronize the device and then make one forced
- * cuptiActivityFlushAll, and to deliver once it has decoded the buffers that flush completed;
- * returns at once. For a moment when nothing more will be written for a while (the lag guard has
- * shed every kind): CUPTI keeps a partly filled buffer until a forced flush, so without one the
- * records in it would reach the observers only at the next fence, which may be the exit's. The
- * synchronize comes first because a forced flush returns a running kernel's record with an end
- * of 0; when the device cannot be synchronized, nothing is forced. Any thread. */
-void cm__engine_flush_forced_async(cm_engine *e);
+/* The engine's calls for the agent's idle periods, lag guard and selections (cm__engine_trim,
+ * cm__engine_set_suppressed, ...) are in cm_agent.h. */
 
 #endif /* CM_INTERNAL_H */

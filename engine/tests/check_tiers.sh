@@ -1,10 +1,11 @@
 #!/bin/sh
 # Checks the include graph of the engine's tiers (docs/architecture.md): arrows point one way,
 # monitor -> host -> wire -> core and agent -> wire -> core; the host and the monitor reach the
-# core and the wire through the public headers only, and the monitor reaches the host through
+# core and the wire through the public headers only, the monitor reaches the host through
 # cuptimon_host.h and the host's one interface for sources, host_source.h (never the host's private
-# host_internal.h or apicb.h). Each tier may include the headers listed for it below, plus the C
-# library's; anything else is reported with its file and line, and the check fails.
+# host_internal.h or apicb.h), and the agent reaches the core's internals through cm_agent.h only.
+# Each tier may include the headers listed for it below, plus the C library's; anything else is
+# reported with its file and line, and the check fails.
 #
 # Usage: check_tiers.sh [SOURCE_ROOT]
 root=${1:-$(dirname "$0")/../..}
@@ -14,10 +15,10 @@ cd "$root/engine" || exit 2
 # allowed) | headers it must not include
 rules='
 core|cuptimon.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_wire.h cuptimon_host.h
-wire|cuptimon.h cuptimon_wire.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h cm_internal.h
-agent|cuptimon.h cuptimon_wire.h cm_internal.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h
-host|cuptimon.h cuptimon_wire.h cuptimon_host.h|cm_internal.h engine.h
-monitor|cuptimon.h cuptimon_wire.h cuptimon_host.h host_source.h|cm_internal.h engine.h host_internal.h apicb.h
+wire|cuptimon.h cuptimon_wire.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h cm_internal.h cm_agent.h cm_cupti.h
+agent|cuptimon.h cuptimon_wire.h cm_agent.h|uv.h lua.h lauxlib.h lualib.h luajit.h luv/luv.h cuptimon_host.h cm_internal.h engine.h
+host|cuptimon.h cuptimon_wire.h cuptimon_host.h|cm_internal.h cm_agent.h cm_cupti.h engine.h
+monitor|cuptimon.h cuptimon_wire.h cuptimon_host.h host_source.h|cm_internal.h cm_agent.h cm_cupti.h engine.h host_internal.h apicb.h
 '
 echo "$rules" | while IFS='|' read -r tier allowed banned; do
   [ -n "$tier" ] || continue
