@@ -124,7 +124,7 @@ struct cm__agent {
    * only from the second on (cm__tracing_detach_idle). Control thread. */
   uint32_t traced_selects;
   /* CUPTIMON_DETACH_MAX_THREADS: a detach is refused while this many threads call the CUDA
-   * runtime at once (engine.c, "the finalize helper"); 0 turns the probe off. */
+   * runtime at once (subscription.c, "the finalize helper"); 0 turns the probe off. */
   uint64_t detach_max_threads;
   uint64_t pm_wait_end;
   int nobs;

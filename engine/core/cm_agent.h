@@ -150,7 +150,7 @@ uint64_t cm__engine_cupti_buffers(cm_engine *e);
  * until it returns; cm_cupti_detach). Any thread. */
 bool cm__engine_finalizing(cm_engine *e);
 /* A detach first probes the threads that call the runtime and refuses to finalize when `n` or
- * more do (0: no probe; engine.c, "the finalize helper"). Any thread, before or between detaches. */
+ * more do (0: no probe; subscription.c, "the finalize helper"). Any thread, before or between detaches. */
 void cm__engine_set_detach_max_threads(cm_engine *e, int n);
 /* The threads the last detach's probe counted when it refused the detach; 0 when the last detach
  * was not refused by the probe. Any thread. */
