@@ -7,7 +7,7 @@
 -- alias with the windows and a test can replay the same offsets. A window is a cm.window: exact
 -- between its two fences. Between windows the duty cycle selects nothing, so a process that no
 -- other observer traces has every kind off, and its agent idles its cadences and frees its free
--- buffers (agent.c, "selection and configuration") as a detached one does. Before each window
+-- buffers (engine/agent/tracing.c) as a detached one does. Before each window
 -- the overload check runs (cm.duty_overload): a process the budget sheds kinds of, or whose lag
 -- (cm.duty_lag_ms, the hook for the sustained-load issue's per-process lag) is over max_lag_ms,
 -- is skipped for that period, and the skip is reported.
