@@ -79,6 +79,7 @@
 #include <sys/socket.h>
 
 #include "attach.h"
+#include "env.h"
 #include "gate.h"
 #include "host_source.h"
 #include "hub.h"
@@ -222,14 +223,6 @@ typedef struct hub {
 
 static hub *g_hub;
 
-static uint64_t env_ms(const char *name, uint64_t dflt) {
-  const char *v = getenv(name);
-  if (!v || !*v) return dflt;
-  char *end;
-  unsigned long long x = strtoull(v, &end, 10);
-  return *end ? dflt : (uint64_t)x;
-}
-
 /* Lines that agents can cause, one or more per connection (a corrupt stream, a frame over a
  * limit, a flush not answered...): a burst of LOG_BURST, then one a second; the rest are counted
  * and summarized ("suppressed N messages"), as journald rate-limits a service, so a peer that
@@ -353,7 +346,7 @@ static void maybe_finish(hub *hb) {
     return;
   }
   if (!uv_is_active((uv_handle_t *)&hb->drain_timer))
-    uv_timer_start(&hb->drain_timer, drain_cb, env_ms("CUPTIMON_DRAIN_MS", 5000), 0);
+    uv_timer_start(&hb->drain_timer, drain_cb, cm__env_u64("CUPTIMON_DRAIN_MS", 5000), 0);
 }
 
 /* ---- sending --------------------------------------------------------------------------------------- */
@@ -1403,8 +1396,8 @@ int cm__main_attach(cm_host *h, uv_loop_t *loop, const cm__main_request *req) {
   hb->spawn_timer.data = hb->drain_timer.data = hb->tick_timer.data = hb;
   cm__proc_init(&hb->proc, loop, proc_exit, hb);
   hb->timers_init = 1;
-  hb->partial_budget = env_ms("CUPTIMON_PARTIAL_BUDGET_MB", 256) << 20;
-  hb->max_conns = (uint32_t)env_ms("CUPTIMON_MAX_AGENTS", 4096);
+  hb->partial_budget = cm__env_u64("CUPTIMON_PARTIAL_BUDGET_MB", 256) << 20;
+  hb->max_conns = (uint32_t)cm__env_u64("CUPTIMON_MAX_AGENTS", 4096);
   if (hb->partial_budget == 0 || hb->partial_budget > ((uint64_t)64 << 30)) hb->partial_budget = (uint64_t)256 << 20;
   if (hb->max_conns == 0) hb->max_conns = 4096;
   if (req->attach) {
@@ -1488,9 +1481,9 @@ void cm__hub_start(void) {
   cm__gate_options o = {
       .token = hb->token,
       .uid = geteuid(),
-      .hello_timeout_ms = (uint32_t)env_ms("CUPTIMON_HELLO_TIMEOUT_MS", 5000),
-      .max_pending = (uint32_t)env_ms("CUPTIMON_MAX_STARTUPS", 64),
-      .hello_max_bytes = (uint32_t)env_ms("CUPTIMON_HELLO_MAX_BYTES", 512u << 10),
+      .hello_timeout_ms = (uint32_t)cm__env_u64("CUPTIMON_HELLO_TIMEOUT_MS", 5000),
+      .max_pending = (uint32_t)cm__env_u64("CUPTIMON_MAX_STARTUPS", 64),
+      .hello_max_bytes = (uint32_t)cm__env_u64("CUPTIMON_HELLO_MAX_BYTES", 512u << 10),
       .admitted = gate_admitted,
       .ud = hb,
   };
