@@ -15,7 +15,7 @@
  * cadences), SELECT (the union of every observer's selection, plus --select) and HELLO_ACK from
  * what this file last published (publish(): at start and on every tick); idle or hostile
  * connections are closed by its deadline and its cap and never reach this file. An admitted
- * connection comes here through a uv_async: it becomes a wire source (hub_source.c) named by the
+ * connection comes here through a uv_async: it becomes a wire source (wsrc.c) named by the
  * kernel's pid, is attached to the host (process_start hooks run), and gets a corrective SELECT or
  * CONFIGURE when the gate's copy was stale. Later selection changes are sent to every live agent
  * as new SELECT frames.
@@ -85,6 +85,7 @@
 #include "hub.h"
 #include "record.h"
 #include "supervise.h"
+#include "wsrc.h"
 
 typedef struct pending_flush {
   uint64_t id;

@@ -1,6 +1,6 @@
 /*
- * hub_source.c: one process seen through wire frames (a live agent or a process of a capture),
- * as a source of the host.
+ * wsrc.c: the wire source: one process seen through wire frames (a live agent or a process of a
+ * capture), as a source of the host (see wsrc.h).
  *
  * Design note. The frames of a process arrive in order: HELLO, SCHEMA, then STRINGS, BATCH and
  * STATS, and BYE at the end. This file keeps what later frames need: the schema, merged per kind
@@ -36,7 +36,7 @@
 #include <time.h>
 
 #include "host_source.h"
-#include "hub.h"
+#include "wsrc.h"
 
 typedef struct cm__wkind {
   uint32_t kind;
