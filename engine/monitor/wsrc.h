@@ -1,12 +1,13 @@
 /*
  * wsrc.h: the wire source: one process seen through wire frames, a live agent connection (hub.c)
- * or one process of a capture (replay.c), as a source of the host. Implemented in wsrc.c.
+ * or one process of a capture (replay.c), as a source of the host. Implemented in wsrc.c (the
+ * source and its tables) and wsrc_frame.c (what each frame means).
  *
  * Design note. A wire source owns that process's string table (STRINGS), its schema (SCHEMA),
  * its HELLO and its latest STATS, and turns each BATCH frame into one cm_batch per interested
  * observer whose columns point into the frame (zero copy). The hub and the replay only move
- * frames; everything about what a frame means is in wsrc.c, so a script sees the same batches and
- * the same process tables live and on a replay.
+ * frames; everything about what a frame means is in the wire source, so a script sees the same
+ * batches and the same process tables live and on a replay.
  *
  * Threads: loop thread only. Ownership: the owner (an agent connection, a replay stream) holds
  * the struct, and releases it (cm__wsrc_release) once the host has detached the source.
