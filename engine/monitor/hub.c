@@ -43,7 +43,9 @@
  * SIGTERM are forwarded to the command, followed by SIGKILL after a grace period
  * (CUPTIMON_KILL_GRACE_MS, 3 s by default); a second signal sends SIGKILL at once.
  *
- * --record writes every agent's frames to a capture per process (record.c).
+ * --record writes every agent's frames to a capture per process (record.c). A trigger window
+ * (cm.window, window.c) is fenced by two sync FLUSHes sent here, and sees every frame after the
+ * opening one.
  *
  * --attach (dormant agents, attach.c): there is no command, socket or gate. The hub connects to
  * each agent's own socket instead (`all`: every one in the rendezvous directory, and new ones as
@@ -85,6 +87,7 @@
 #include "hub.h"
 #include "record.h"
 #include "supervise.h"
+#include "window.h"
 #include "wsrc.h"
 
 typedef struct pending_flush {
@@ -95,29 +98,6 @@ typedef struct pending_flush {
 } pending_flush;
 
 enum { CONN_ACTIVE = 1, CONN_CLOSING };
-
-/* A trigger window (cm.window) on one process: opened by a sync FLUSH, so that everything traced
- * before it arrived ahead of its FLUSH_DONE; the frames after that FLUSH_DONE are counted, and
- * written to a capture of their own, until the FLUSH_DONE of the closing FLUSH. The capture is a
- * complete one: the HELLO, the schema and string table known when the window opened, the
- * window's BATCH frames renumbered from 1, its own SCHEMA and STRINGS frames, then a STATS with
- * the window's counts and a BYE, so a replay accounts for every record and reports no loss. */
-typedef struct window {
-  int opened, closing;
-  int status;             /* the first failure, or 0 */
-  cm__record *rec;        /* the capture's recorder (record.c), NULL without a file */
-  cm__capture *cap;
-  uint32_t number;        /* BATCH frames written */
-  uint64_t batches, records;
-  uint64_t by_kind[CM_KIND_MAX];
-  cm_loss loss0;          /* the process's losses when the window opened */
-  uint64_t open_ns, end_ns; /* uv_hrtime() at the opening FLUSH_DONE and at window_end */
-  uint64_t selects0;        /* the agent's selects_applied at the opening fence */
-  uint64_t failed0;         /* the agent's selects_failed when the window began */
-  cm__window_done_fn done;
-  void *ud;
-  cm_wire_batch wb;       /* decode space (large: kept off the stack) */
-} window;
 
 typedef struct conn {
   cm__wsrc w;          /* first: the host's cm_source is w.base */
@@ -130,7 +110,7 @@ typedef struct conn {
   pending_flush *flushes;
   int nflush, cap_flush;
   cm__capture *cap;    /* --record */
-  window *win;         /* the open trigger window, or NULL */
+  cm__window *win;     /* the open trigger window (window.c), or NULL */
   uint8_t *hello;      /* a copy of the HELLO payload, for a window's capture */
   cm_wire_frame hello_frame;
   pid_t kpid;          /* the peer's pid, from the kernel (SO_PEERCRED) */
@@ -688,144 +668,41 @@ static int live_shed(cm_source *s, uint64_t kinds) {
   return 0;
 }
 
-/* A frame of the window's interval: counted, and written to its capture. The process's own
- * STATS and BYE are left out (their counts cover the whole process; the window writes its own). */
-static void window_frame(conn *c, const cm_wire_frame *f) {
-  window *win = c->win;
-  if (f->type == CM_WIRE_BATCH) {
-    if (cm_wire_decode_batch(f, NULL, &win->wb)) return; /* cm__wsrc_frame accepted it already */
-    const cm_batch *b = &win->wb.batch;
-    win->batches++;
-    win->records += b->n;
-    if (b->kind >= 0 && b->kind < CM_KIND_MAX) win->by_kind[b->kind] += b->n;
-    if (win->cap) {
-      cm_wire_buf buf;
-      cm_wire_buf_init(&buf);
-      if (cm_wire_write_batch_numbered(&buf, b, ++win->number) == 0)
-        cm__record_bytes(win->cap, &buf, 1);
-      else if (!win->status)
-        win->status = CM_ENOMEM;
-      cm_wire_buf_free(&buf);
-    }
-  } else if (f->type == CM_WIRE_SCHEMA || f->type == CM_WIRE_STRINGS) {
-    cm__record_frame(win->cap, f);
-  }
-}
-
 /* The opening fence completed: the frames from here on are the window's. */
 static void window_opened(void *ud, int status) {
   conn *c = ud;
-  window *win = c->win;
-  if (!win || win->opened) return;
-  if (status && !win->status) win->status = status;
-  win->opened = 1;
-  win->open_ns = uv_hrtime();
-  win->selects0 = cm__wsrc_stat(&c->w, "selects_applied");
-  cm__wsrc_loss(&c->w, &win->loss0);
-  if (win->cap) {
-    cm_wire_buf buf;
-    cm_wire_buf_init(&buf);
-    int rc = cm__wsrc_write_state(&c->w, &buf);
-    if (rc && !win->status) win->status = rc;
-    cm__record_bytes(win->cap, &buf, (uint64_t)(c->w.nkinds > 0) + (uint64_t)(c->w.nstr > 0));
-    cm_wire_buf_free(&buf);
-  }
+  if (c->win) cm__window_opened(c->win, &c->w, status);
 }
 
-/* Ends the window: its capture gets the window's STATS and a BYE, and done gets the counts. */
+/* Ends the connection's window, if one is open (window.c frees it). */
 static void window_finish(conn *c, int status) {
-  window *win = c->win;
+  cm__window *win = c->win;
   if (!win) return;
   c->win = NULL;
-  if (status && !win->status) win->status = status;
-  cm_loss now;
-  cm__wsrc_loss(&c->w, &now);
-  uint64_t d_cupti = now.dropped_cupti - win->loss0.dropped_cupti;
-  uint64_t d_agent = now.dropped_agent - win->loss0.dropped_agent;
-  uint64_t d_exit = now.dropped_exit - win->loss0.dropped_exit;
-  /* The agent refused the window's selection (its log says why: CUPTI still being finalized,
-   * say): the window traced nothing it asked for, so it is no sample. */
-  if (cm__wsrc_stat(&c->w, "selects_failed") != win->failed0 && !win->status)
-    win->status = CM_EAGAIN;
-  if (!win->opened) d_cupti = d_agent = d_exit = 0;
-  char *path = NULL;
-  if (win->cap) {
-    cm_wire_kv kv[] = {{"records_queued", win->records}, {"batches_queued", win->batches},
-                       {"records_dropped", d_cupti},     {"records_dropped_agent", d_agent},
-                       {"records_dropped_exit", d_exit}};
-    cm_wire_buf buf;
-    cm_wire_buf_init(&buf);
-    int rc = cm_wire_write_stats(&buf, kv, sizeof kv / sizeof kv[0]);
-    if (!rc) rc = cm_wire_write_bye(&buf, CM_WIRE_BYE_DETACH, -1, "the trigger window ended");
-    if (rc && !win->status) win->status = rc;
-    cm__record_bytes(win->cap, &buf, 2);
-    cm_wire_buf_free(&buf);
-    path = strdup(cm__record_path(win->cap));
-    cm__record_close(win->rec, win->cap, win->batches, win->records, d_cupti + d_agent + d_exit, 0);
-    if (cm__record_failures(win->rec) && !win->status) win->status = CM_EIO;
-    cm__record_free(win->rec, 0);
-  }
-  /* The counts by kind are copied: `win` is freed before the script's callback runs. */
-  uint64_t by_kind[CM_KIND_MAX];
-  memcpy(by_kind, win->by_kind, sizeof by_kind);
-  /* The agent's own span: exactly two SELECTs (the widening and the narrowing) were applied
-   * between the fences, at the instants its STATS reported (agent.c, selects_applied). */
-  uint64_t agent_ns = 0;
-  uint64_t last = cm__wsrc_stat(&c->w, "select_last_ns"), prev = cm__wsrc_stat(&c->w, "select_prev_ns");
-  if (win->opened && cm__wsrc_stat(&c->w, "selects_applied") == win->selects0 + 2 && prev &&
-      last > prev)
-    agent_ns = last - prev;
-  cm__window_result r = {.status = win->status, .path = path, .records = win->records,
-                         .batches = win->batches, .frames = win->number,
-                         .dropped = d_cupti + d_agent + d_exit, .by_kind = by_kind,
-                         .open_ns = win->opened ? win->open_ns : 0,
-                         .end_ns = win->opened ? (win->end_ns ? win->end_ns : uv_hrtime()) : 0,
-                         .agent_ns = agent_ns};
-  cm__window_done_fn done = win->done;
-  void *ud = win->ud;
-  free(win);
-  done(ud, &r); /* runs Lua: last */
-  free(path);
+  cm__window_finish(win, &c->w, status);
 }
 
 static void window_closed(void *ud, int status) { window_finish(ud, status); }
+
 
 static int live_window_begin(cm_source *s, const char *path, int force, cm__window_done_fn done,
                              void *ud) {
   conn *c = conn_of(s);
   if (!c) return CM_ESTATE;
   if (c->win) return CM_EBUSY;
-  window *win = calloc(1, sizeof *win);
-  if (!win) return CM_ENOMEM;
-  if (path) {
-    cm_wire_hello hl;
-    int rc = cm__record_new(&win->rec, path, (force ? CM__RECORD_FORCE : 0) | CM__RECORD_EACH_PID);
-    if (!rc && (!c->hello || cm_wire_decode_hello(&c->hello_frame, &hl))) rc = CM_EIO;
-    if (!rc) {
-      win->cap = cm__record_open(win->rec, (uint32_t)c->kpid, &hl);
-      cm_wire_hello_release(&hl);
-      if (!win->cap) rc = CM_EIO;
-    }
-    if (rc) {
-      cm__record_free(win->rec, 0);
-      free(win);
-      return rc;
-    }
-  }
-  win->done = done;
-  win->ud = ud;
-  win->failed0 = cm__wsrc_stat(&c->w, "selects_failed");
+  cm__window *win;
+  int rc = cm__window_new(&win, path, force, c->hello ? &c->hello_frame : NULL,
+                          (uint32_t)c->kpid, &c->w, done, ud);
+  if (rc) return rc;
   c->win = win;
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_opened, c);
 }
 
+
 static int live_window_end(cm_source *s) {
   conn *c = conn_of(s);
   if (!c || !c->win) return CM_ENOENT;
-  if (c->win->closing) return 0;
-  c->win->closing = 1;
-  /* The narrowing SELECT (core.retire) went first: the span ends here. */
-  c->win->end_ns = uv_hrtime();
+  if (cm__window_end(c->win)) return 0;
   return conn_flush(&c->w, CM_FLUSH_SYNC, 0, window_closed, c);
 }
 
@@ -886,7 +763,7 @@ static void on_frame(hub *hb, conn *c, const cm_wire_frame *f) {
     conn_end(c, CM__END_ERROR);
     return;
   }
-  if (c->win && c->win->opened) window_frame(c, f);
+  if (c->win) cm__window_frame(c->win, f);
   if (f->type == CM_WIRE_BYE) conn_end(c, CM__END_BYE);
 }
 
