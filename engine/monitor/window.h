@@ -1,6 +1,6 @@
 /*
  * window.h: a trigger window (cm.window) on one live process: the counts, and the capture, of the
- * frames between two fences. Used by the hub's agent connections (hub.c); implemented in window.c.
+ * frames between two fences. Used by the agent connections (conn.c); implemented in window.c.
  *
  * Design note. A window is opened by a sync FLUSH, so that everything traced before it arrived
  * ahead of its FLUSH_DONE; the frames after that FLUSH_DONE are counted, and written to a capture

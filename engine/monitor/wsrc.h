@@ -1,5 +1,5 @@
 /*
- * wsrc.h: the wire source: one process seen through wire frames, a live agent connection (hub.c)
+ * wsrc.h: the wire source: one process seen through wire frames, a live agent connection (conn.c)
  * or one process of a capture (replay.c), as a source of the host. Implemented in wsrc.c (the
  * source and its tables) and wsrc_frame.c (what each frame means).
  *
