@@ -1,7 +1,7 @@
 -- spec/process_spec.lua: the process table a script sees (process_start, process_exit) has the
 -- same shape for every kind of source. The sources fill a C struct (cm_process_info) and only the
 -- host builds the Lua table, so this pins what each source reports: the replay of a capture
--- (hub_source.c, from HELLO, STATS and BYE) and the in-process engine (inproc.c, from /proc).
+-- (wsrc_frame.c, from HELLO, STATS and BYE) and the in-process engine (inproc.c, from /proc).
 local helpers = require "helpers"
 
 local bin = helpers.binary()

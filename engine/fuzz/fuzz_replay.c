@@ -1,6 +1,6 @@
 /*
  * fuzz_replay.c: a libFuzzer target for `cuptimon-lua --replay`: the capture reader with
- * resynchronization, replay.c's process bookkeeping and merge, and hub_source.c behind them,
+ * resynchronization, replay.c's process bookkeeping and merge, and wsrc.c behind them,
  * driven through cm__replay_start on a real libuv loop exactly as the command line drives it.
  *
  * Design note. Byte 0 of the input holds options: bit 0 replays the capture twice (two

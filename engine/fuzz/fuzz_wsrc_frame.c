@@ -1,6 +1,6 @@
 /*
  * fuzz_wsrc_frame.c: a libFuzzer target for what the monitor does with the frames of one
- * process, live or on a replay: cm__wsrc_frame (engine/monitor/hub_source.c) and the batches it
+ * process, live or on a replay: cm__wsrc_frame (engine/monitor/wsrc.c) and the batches it
  * hands to observers.
  *
  * Design note. Byte 0 of the input holds options: bit 0 makes the source a replay process
@@ -25,7 +25,7 @@
 #include <string.h>
 
 #include "fuzz_monitor.h"
-#include "hub.h"
+#include "wsrc.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -1,6 +1,6 @@
 /*
  * host_stubs.h: a minimal stand-in for the Lua host, so that the monitor's frame handling
- * (engine/monitor/hub_source.c) and capture replay (replay.c) can be linked without LuaJIT: by
+ * (engine/monitor/wsrc.c) and capture replay (replay.c) can be linked without LuaJIT: by
  * the fuzz targets, their regression drivers and the monitor's input tests. Test code only;
  * production links the real host (engine/host).
  *

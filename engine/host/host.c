@@ -5,7 +5,7 @@
  * The host's other files build on it (host_internal.h has the map): state.c creates and frees
  * the host and its lua_State, corelib.c is the cuptimon.core module that the Lua side calls, and
  * process.c is what the script sees of each source's process. Only the host's files include
- * lua.h: the sources (inproc.c, hub_source.c) describe their processes through cm_process_info.
+ * lua.h: the sources (inproc.c, wsrc.c) describe their processes through cm_process_info.
  *
  * Design. Batches enter Lua through one door, cm_host_deliver(): it pushes the `const cm_batch *`
  * as a light userdata with the source and observer ids and calls the dispatcher that

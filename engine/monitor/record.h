@@ -1,6 +1,7 @@
 /*
  * record.h: `cuptimon-lua --record FILE`: one capture file per traced process, written from the
- * frames the hub receives. Used by hub.c; implemented in record.c.
+ * frames the hub receives. Used by the hub (hub.c, conn.c) and the trigger windows (window.c);
+ * implemented in record.c.
  *
  * Design note. The hub calls cm__record_open when a process has completed its handshake, hands
  * it every verified frame the process sends (cm__record_frame), and cm__record_close when its

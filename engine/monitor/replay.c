@@ -3,7 +3,7 @@
  * through a script as if their processes were live.
  *
  * Design note. Each capture is a stream of frames; HELLO frames separate its processes, and each
- * process becomes a wire source (hub_source.c) of kind "replay", attached on its HELLO (the
+ * process becomes a wire source (wsrc.c) of kind "replay", attached on its HELLO (the
  * script's process_start hooks run) and detached on its BYE or at the end of the capture
  * (process_exit). Several captures (one per rank, say) replay concurrently: every stream keeps
  * one BATCH frame pending, keyed by the smallest value of the kind's start column (the SCHEMA
@@ -38,6 +38,7 @@
 #include <sys/stat.h>
 
 #include "hub.h"
+#include "wsrc.h"
 
 typedef struct stream {
   const char *path;

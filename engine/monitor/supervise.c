@@ -12,17 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "env.h"
 #include "supervise.h"
 
 extern char **environ;
-
-static uint64_t env_ms(const char *name, uint64_t dflt) {
-  const char *v = getenv(name);
-  if (!v || !*v) return dflt;
-  char *end;
-  unsigned long long x = strtoull(v, &end, 10);
-  return *end ? dflt : (uint64_t)x;
-}
 
 static void proc_closed(uv_handle_t *hd) { ((cm__proc *)hd->data)->closed = 1; }
 
@@ -105,7 +98,7 @@ static void kill_cb(uv_timer_t *t) {
 void cm__proc_stop(cm__proc *p, int signum) {
   if (!cm__proc_running(p)) return;
   uv_process_kill(&p->proc, signum);
-  uv_timer_start(&p->kill_timer, kill_cb, env_ms("CUPTIMON_KILL_GRACE_MS", 3000), 0);
+  uv_timer_start(&p->kill_timer, kill_cb, cm__env_u64("CUPTIMON_KILL_GRACE_MS", 3000), 0);
 }
 
 void cm__proc_kill(cm__proc *p) {

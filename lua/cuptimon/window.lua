@@ -1,15 +1,15 @@
 -- cuptimon.window: trigger windows (cm.window), a live process traced wider for a while;
 -- cuptimon re-exports cm.window.
 --
--- Design note. A window changes what a running agent traces by the same path as an observer
--- does: the per-process union selection, sent as a SELECT frame and applied by the agent as a
--- minimal diff (enable the new kinds and fields, disable the ones no longer wanted). A window is
--- an observer bound to one process (core.observe(spec, source)) between two sync flushes
--- (core.window_begin/window_end: hub.c counts, and may record, exactly the frames between the two
--- fences). This module owns the open windows (token -> one process's part); cuptimon hands it
--- its observer class and table, the argument checks and the reporting and deferral functions
--- (_setup), and calls _done from its event function when a window's closing fence arrives. Loop
--- thread only.
+-- Design note. A window changes what a running agent traces by the same path as an observer does:
+-- the per-process union selection, sent as a SELECT frame and applied by the agent as a minimal
+-- diff (enable the new kinds and fields, disable the ones no longer wanted). A window is an
+-- observer bound to one process (core.observe(spec, source)) between two sync flushes
+-- (core.window_begin/window_end: engine/monitor/window.c counts, and may record, exactly the frames
+-- between the two fences). This module owns the open windows (token -> one process's part);
+-- cuptimon hands it its observer class and table, the argument checks and the reporting and
+-- deferral functions (_setup), and calls _done from its event function when a window's closing
+-- fence arrives. Loop thread only.
 local core = require "cuptimon.core"
 local registry = require "cuptimon.registry"
 
@@ -83,7 +83,7 @@ function Window:__tostring()
 end
 
 -- The host's "window_done" event: the closing fence of window `token` arrived with its result
--- `r` (hub.c); the window's observer closes, and its done function and the "window" hooks run.
+-- `r` (window.c); the window's observer closes, and its done function and the "window" hooks run.
 function M._done(token, r)
   local part = windows[token]
   if not part then return end

@@ -1,8 +1,8 @@
 /*
  * test_monitor_input.c: the bounded cost of hostile input to the monitor's frame handling
- * (engine/monitor/hub_source.c), through cm__wsrc_frame as the hub and the replay call it.
+ * (engine/monitor/wsrc.c), through cm__wsrc_frame as the hub and the replay call it.
  *
- * Design note. hub_source.c is linked with the stand-in host of engine/fuzz/host_stubs.c (no
+ * Design note. wsrc.c is linked with the stand-in host of engine/fuzz/host_stubs.c (no
  * LuaJIT), whose delivery checks abort on a broken contract. Frames are written with the wire
  * writers and read back through a wire reader, as they arrive in production. Covered:
  *  - a STRINGS entry with a huge id (2^26 - 1, 2^32 - 1) costs one slot, not an array up to the
@@ -15,7 +15,7 @@
  */
 #include "cmt.h"
 #include "host_stubs.h"
-#include "hub.h"
+#include "wsrc.h"
 
 #include <sys/resource.h>
 #include <time.h>
