@@ -41,8 +41,12 @@ for f in "$lua" "$app" "$fake" "$agent"; do
   [ -e "$f" ] || { echo "pipeline_rate.sh: $f is missing (build first)" >&2; exit 2; }
 done
 export CUPTIMON_LIBCUPTI="$fake" CUPTIMON_LIBCUDA="$fake"
-# A backlog is measured, not cut off: the exit budget is out of the way.
+# A backlog is measured, not cut off: the exit budget is out of the way. So is the lag guard's
+# count of the buffers CUPTI holds: the fake CUPTI gives each producer thread a buffer of its
+# own, so THREADS of them are out at once by design, and a guard that stopped tracing a kind would
+# end the measure (the guard's time measure stays on).
 export CUPTIMON_EXIT_BUDGET_MS=60000
+export CUPTIMON_GUARD_BUFFERS=0
 tmp=$(mktemp -d)
 cap=/dev/shm/cuptimon-pipeline-$$.cmcap
 [ -d /dev/shm ] || cap=$tmp/run.cmcap
