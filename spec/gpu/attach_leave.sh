@@ -7,7 +7,8 @@
 # ATTACH_S seconds and is scraped every 15 s; then the monitor leaves and the loop runs AFTER_S
 # seconds more. The loop prints its steps per second once a second; the summary gives, per phase,
 # the median of those one-second rates with a bootstrap 95% interval and its ratio to the dormant
-# phase (the first 5 s of each phase left out), the process's resident set at each phase's end,
+# phase (the first 5 s of each phase left out), the process's resident set at each phase's end
+# and its slope in each phase (sampled every 5 s),
 # and the exporter's estimates. With CONTROL=1 a second, identical loop runs beside it with the
 # agent dormant and is never attached: the machine's own drift over the run (clocks, other
 # tenants) moves both, so each phase is also given as the ratio of the two loops' rates in the same
@@ -32,6 +33,11 @@ if [ "${CONTROL:-0}" = 1 ]; then
   cpid=$!
 fi
 rss() { awk '/VmRSS/ {print $2 / 1024 " MiB"}' /proc/$pid/status 2>/dev/null; }
+# The resident set every 5 s, for its slope in each phase: "wall_s MiB" lines in rss.txt.
+( while kill -0 "$pid" 2>/dev/null; do
+    awk -v t="$(date +%s.%N)" '/VmRSS/ {print t, $2 / 1024}' /proc/$pid/status 2>/dev/null
+    sleep 5
+  done > "$LOG/rss.txt" ) &
 sleep "$D"
 t_attach=$(date +%s.%N)
 echo "dormant phase over: rss $(rss)" | tee "$LOG/phases.txt"
@@ -57,13 +63,13 @@ if [ -n "${cpid:-}" ]; then
 fi
 last=$(ls -v "$LOG"/scrape_*.txt 2>/dev/null | tail -n 1)
 [ -n "$last" ] && grep -E "^cuptimon_(estimated_kernel_gpu_seconds_per_second|duty|cupti)" "$last" | sort -t' ' -k2 -gr | head -n 8
-python3 - "$LOG/train.txt" "$t_attach" "$t_leave" "$LOG/control.txt" <<'PY' || status=1
+python3 - "$LOG/train.txt" "$t_attach" "$t_leave" "$LOG/control.txt" "$LOG/rss.txt" <<'PY' || status=1
 import bisect
 import os
 import sys
 sys.path.insert(0, "bench")
 import benchstats
-path, ta, tl, cpath = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+path, ta, tl, cpath, rpath = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]), sys.argv[4], sys.argv[5]
 
 
 def progress(p):
@@ -91,6 +97,22 @@ for name, xs in phases.items():
     ratio = benchstats.summary([x / base for x in xs]) if base else None
     print("%-9s steps/s median %.1f [%.1f, %.1f] over %d s; of dormant %.3f [%.3f, %.3f]" % (
         name, s["median"], s["lo"], s["hi"], s["n"], ratio["median"], ratio["lo"], ratio["hi"]))
+# The resident set's slope in each phase: a least-squares line through its samples, MiB a minute.
+rs = []
+if os.path.exists(rpath):
+    for line in open(rpath):
+        f = line.split()
+        if len(f) == 2:
+            rs.append((float(f[0]), float(f[1])))
+for name, lo, hi in (("dormant", 0, ta), ("attached", ta, tl), ("after", tl, float("inf"))):
+    xs = [(t, m) for t, m in rs if lo <= t < hi]
+    if len(xs) >= 3:
+        mt = sum(t for t, _ in xs) / len(xs)
+        mm = sum(m for _, m in xs) / len(xs)
+        den = sum((t - mt) ** 2 for t, _ in xs)
+        slope = sum((t - mt) * (m - mm) for t, m in xs) / den * 60 if den else 0.0
+        print("%-9s resident set %.1f to %.1f MiB, slope %+.2f MiB/min over %d samples" % (
+            name, xs[0][1], xs[-1][1], slope, len(xs)))
 if ctl:
     # Each second of the monitored loop against the control's line nearest in time (within 1 s).
     ct = [t for t, _ in ctl]
