@@ -1,7 +1,7 @@
 /*
  * lua_main.c: cuptimon-lua, the monitor's command line.
  *
- * Design note. main() parses the options, creates a libuv loop and a host (host.c) on it, runs
+ * Design note. main() parses the options, creates a libuv loop and a host (engine/host) on it, runs
  * the script (or -e chunks), then runs the loop until nothing keeps it alive, the script calls
  * cm.exit(), or SIGINT/SIGTERM arrive; then cm_host_shutdown() does the final flush and runs the
  * script's exit hooks. A monitored command (`-- cmd`), --record and --replay go to the hub

@@ -146,7 +146,8 @@ void cm__window_finish(cm__window *win, const cm__wsrc *w, int status) {
   uint64_t by_kind[CM_KIND_MAX];
   memcpy(by_kind, win->by_kind, sizeof by_kind);
   /* The agent's own span: exactly two SELECTs (the widening and the narrowing) were applied
-   * between the fences, at the instants its STATS reported (agent.c, selects_applied). */
+   * between the fences, at the instants its STATS reported (engine/agent/tracing.c,
+   * selects_applied). */
   uint64_t agent_ns = 0;
   uint64_t last = cm__wsrc_stat(w, "select_last_ns"), prev = cm__wsrc_stat(w, "select_prev_ns");
   if (win->opened && cm__wsrc_stat(w, "selects_applied") == win->selects0 + 2 && prev &&
