@@ -198,9 +198,11 @@ describe("duty cycles with the real agent", function()
     assert.are.equal(a.finalize, a.finalize_in_runtime, out)
     assert.are.same({ 0, 0, 0 }, { a.finalize_lost, a.finalize_buffers, a.calls_finalized }, out)
     assert.is_nil(out:find("LOST"), out)
-    -- The footer says so, with the agent's own count (its last STATS may precede a last detach).
+    -- The footer says so, with the agent's own count. Either count may miss a last detach that
+    -- ran as the process ended: the agent's last STATS may precede it, and the fake application
+    -- prints its counts when main returns, which a detach on the control thread may follow.
     local n = tonumber(out:match("\nCUPTI detached (%d+) times between windows %(CUPTIMON_DETACH_IDLE%)"))
-    assert.is_true(n and n >= a.finalize - 1 and n <= a.finalize, out)
+    assert.is_true(n and n >= a.finalize - 1 and n <= a.finalize + 1, out)
   end)
 
   -- A duty cycle with the detach while a CUPTI call of the detach or the attach blocks (`env` sets
