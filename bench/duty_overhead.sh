@@ -4,7 +4,8 @@
 # Runs bench/overhead.py with the configurations untraced, duty05 and duty10
 # (scripts/count.lua --duty 0.05 / 0.1 --period-ms DUTY_PERIOD_MS --kinds kernel), and duty05d and
 # duty10d (the same with CUPTIMON_DETACH_IDLE=1: CUPTI detached between windows) on the empty
-# kernel launch loop and the PyTorch small-op loop: ROUNDS interleaved rounds (default 10), each
+# kernel launch loop and the PyTorch small-op loop (WORKLOADS=launch,torch by default; "train" adds
+# the training loop of spec/gpu/duty_train.py, STEPS steps a run, default 4000): ROUNDS interleaved rounds (default 10), each
 # run in its own process, in a shuffled order per round; the report gives the launching thread's
 # CPU time and the wall time per launch (per op) with bootstrap 95% intervals, and per-round
 # ratios against the untraced run of the same round. The goal: a median ratio of at most 1.01
@@ -28,7 +29,8 @@ cd "$(dirname "$0")/.."
 export CONFIGS=${CONFIGS:-untraced,duty05,duty10,duty05d,duty10d}
 export LAUNCHES=${LAUNCHES:-1500000}
 export OPS=${OPS:-750000}
+export STEPS=${STEPS:-4000}
 export DUTY_PERIOD_MS=${DUTY_PERIOD_MS:-1000}
 export OUT=${OUT:-/tmp/cuptimon-duty-overhead}
-export OVERHEAD_COMMAND="bash bench/duty_overhead.sh BUILD_DIR (CONFIGS=$CONFIGS LAUNCHES=$LAUNCHES OPS=$OPS DUTY_PERIOD_MS=$DUTY_PERIOD_MS ROUNDS=${ROUNDS:-10})"
+export OVERHEAD_COMMAND="bash bench/duty_overhead.sh BUILD_DIR (CONFIGS=$CONFIGS LAUNCHES=$LAUNCHES OPS=$OPS STEPS=$STEPS WORKLOADS=${WORKLOADS:-launch,torch} DUTY_PERIOD_MS=$DUTY_PERIOD_MS ROUNDS=${ROUNDS:-10})"
 exec python3 bench/overhead.py "$@"

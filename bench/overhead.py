@@ -16,7 +16,8 @@ records: CUPTI's own cost, which no consumer of the same kinds can go below.
 
 Workloads: "launch", gpu/launch_loop N (empty <<<1,1>>> kernels, ns per launch); "torch",
 bench/torch_workload.py micro MODE N (in-place adds on a 1024-float tensor, one kernel and a few
-runtime API calls each, us per op). Every traced run's records are checked: the counts must match
+runtime API calls each, us per op); "train", bench/torch_workload.py steps N (the training loop
+of spec/gpu/duty_train.py, us per step). Every traced run's records are checked: the counts must match
 what was launched (launch workload) and nothing may be dropped; a run that fails or loses records
 makes the exit status 1 and is left out of the figures.
 
@@ -42,27 +43,27 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # (name, label, workloads it applies to)
 CONFIGS = [
-    ("untraced", "untraced", ("launch", "torch")),
+    ("untraced", "untraced", ("launch", "torch", "train")),
     ("floor_k", "floor: CUPTI consumer counting records, kernels", ("launch", "torch")),
     ("floor_kr", "floor: CUPTI consumer counting records, kernels + runtime API", ("launch", "torch")),
-    ("cm_count", "cuptimon live, scripts/count.lua --kinds kernel,runtime", ("launch", "torch")),
-    ("cm_top", "cuptimon live, scripts/top.lua", ("launch", "torch")),
+    ("cm_count", "cuptimon live, scripts/count.lua --kinds kernel,runtime", ("launch", "torch", "train")),
+    ("cm_top", "cuptimon live, scripts/top.lua", ("launch", "torch", "train")),
     ("cm_record", "cuptimon --record --select 'kernel;runtime'", ("launch", "torch")),
-    ("dormant", "agent injected, dormant (CUPTIMON_LISTEN=1)", ("launch", "torch")),
-    ("duty05", "cuptimon live, scripts/count.lua --duty 0.05 --kinds kernel", ("launch", "torch")),
-    ("duty10", "cuptimon live, scripts/count.lua --duty 0.1 --kinds kernel", ("launch", "torch")),
-    ("duty05d", "duty05 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows, the default)", ("launch", "torch")),
-    ("duty10d", "duty10 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows, the default)", ("launch", "torch")),
-    ("duty05a", "duty05 with CUPTIMON_DETACH_IDLE=0 (CUPTI attached between windows)", ("launch", "torch")),
-    ("duty10a", "duty10 with CUPTIMON_DETACH_IDLE=0 (CUPTI attached between windows)", ("launch", "torch")),
+    ("dormant", "agent injected, dormant (CUPTIMON_LISTEN=1)", ("launch", "torch", "train")),
+    ("duty05", "cuptimon live, scripts/count.lua --duty 0.05 --kinds kernel", ("launch", "torch", "train")),
+    ("duty10", "cuptimon live, scripts/count.lua --duty 0.1 --kinds kernel", ("launch", "torch", "train")),
+    ("duty05d", "duty05 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows, the default)", ("launch", "torch", "train")),
+    ("duty10d", "duty10 with CUPTIMON_DETACH_IDLE=1 (CUPTI detached between windows, the default)", ("launch", "torch", "train")),
+    ("duty05a", "duty05 with CUPTIMON_DETACH_IDLE=0 (CUPTI attached between windows)", ("launch", "torch", "train")),
+    ("duty10a", "duty10 with CUPTIMON_DETACH_IDLE=0 (CUPTI attached between windows)", ("launch", "torch", "train")),
     ("prof_cuda", "torch.profiler, CUDA activities", ("torch",)),
     ("prof_cpu_cuda", "torch.profiler, CPU + CUDA activities", ("torch",)),
 ]
 LABEL = {c[0]: c[1] for c in CONFIGS}
-UNIT = {"launch": ("ns per launch", 1.0), "torch": ("us per op", 1e-3)}
+UNIT = {"launch": ("ns per launch", 1.0), "torch": ("us per op", 1e-3), "train": ("us per step", 1e-3)}
 
 RESULT_LAUNCH = re.compile(r"^RESULT launch_loop launches (\d+) wall_ns ([\d.]+) cpu_ns ([\d.]+)", re.M)
-RESULT_TORCH = re.compile(r"^RESULT micro \S+ ns_per_op ([\d.]+) cpu_ns_per_op ([\d.]+)", re.M)
+RESULT_TORCH = re.compile(r"^RESULT (?:micro|steps) \S+ ns_per_op ([\d.]+) cpu_ns_per_op ([\d.]+)", re.M)
 LAUNCHED = re.compile(r"^LAUNCHED (\d+)", re.M)
 FLOOR = re.compile(r"cupti_floor: kernels (\d+) runtime (\d+) other \d+ dropped (\d+)")
 COUNT_ROW = re.compile(r"^\s*(concurrent_kernel|runtime)\s+(\d+)\s*$", re.M)
@@ -86,6 +87,7 @@ class Setup:
         self.loop = os.path.join(b, "gpu", "launch_loop")
         self.launches = args.launches
         self.ops = args.ops
+        self.steps = args.steps
         self.python = args.python
         self.tmp = tempfile.mkdtemp(prefix="cm-overhead-")
         self.stub = args.stub
@@ -95,6 +97,9 @@ class Setup:
             return [sys.executable, os.path.join(ROOT, "bench", "overhead_stub.py"), wl]
         if wl == "launch":
             return [self.loop, str(self.launches)]
+        if wl == "train":
+            return [self.python, os.path.join(ROOT, "bench", "torch_workload.py"), "steps",
+                    str(self.steps)]
         return [self.python, os.path.join(ROOT, "bench", "torch_workload.py"), "micro", mode,
                 str(self.ops)]
 
@@ -270,8 +275,9 @@ def report(rows, configs, workloads, meta):
     lines = []
     add = lines.append
     add("Measured %s. %d rounds, each configuration in its own process, in a shuffled order per "
-        "round (seed %d); launch workload %d launches, torch workload %d ops per run."
-        % (meta["machine"], meta["rounds"], meta["seed"], meta["launches"], meta["ops"]))
+        "round (seed %d); launch workload %d launches, torch workload %d ops, train workload %d steps "
+        "per run." % (meta["machine"], meta["rounds"], meta["seed"], meta["launches"], meta["ops"],
+                      meta.get("steps", 0)))
     if meta["rounds"] < 10:
         add("**Only %d rounds (the time budget ran out): the intervals are wide.**" % meta["rounds"])
     add("Command: `%s`. Medians with bootstrap 95%% intervals of the median; ratios are per round "
@@ -288,8 +294,9 @@ def report(rows, configs, workloads, meta):
                 by.setdefault(r["config"], {})[r["round"]] = r
         prof = wl == "torch" and "prof_cuda" in by
         add("")
-        add("#### %s workload (%s)" % ("Empty-kernel launch" if wl == "launch" else "PyTorch small-op",
-                                        unit))
+        title = {"launch": "Empty-kernel launch", "torch": "PyTorch small-op",
+                 "train": "PyTorch training-loop"}[wl]
+        add("#### %s workload (%s)" % (title, unit))
         add("")
         head = ["configuration", "runs", "wall", "launching thread CPU", "reference",
                 "wall / reference", "CPU / reference"]
@@ -346,6 +353,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", "10")))
     ap.add_argument("--launches", type=int, default=int(os.environ.get("LAUNCHES", "100000")))
     ap.add_argument("--ops", type=int, default=int(os.environ.get("OPS", "20000")))
+    ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", "4000")),
+                    help="training steps a run of the train workload (default 4000)")
     ap.add_argument("--workloads", default=os.environ.get("WORKLOADS", "launch,torch"))
     ap.add_argument("--configs", default=os.environ.get("CONFIGS", ",".join(c[0] for c in CONFIGS)))
     ap.add_argument("--seed", type=int, default=int(os.environ.get("SEED", "0")) or int(time.time()))
@@ -365,7 +374,7 @@ def main():
     configs = [c for c in args.configs.split(",") if c]
     for w in workloads:
         if w not in UNIT:
-            ap.error("unknown workload %s (launch, torch)" % w)
+            ap.error("unknown workload %s (launch, torch, train)" % w)
     for c in configs:
         if c not in LABEL:
             ap.error("unknown configuration %s (%s)" % (c, ", ".join(LABEL)))
@@ -384,7 +393,7 @@ def main():
              if w in dict((x[0], x[2]) for x in CONFIGS)[c]]
     os.makedirs(args.out, exist_ok=True)
     meta = {"machine": bs.describe(setup.build), "rounds": args.rounds,
-            "seed": args.seed, "launches": args.launches, "ops": args.ops,
+            "seed": args.seed, "launches": args.launches, "ops": args.ops, "steps": args.steps,
             "command": os.environ.get("OVERHEAD_COMMAND") or
             "bash bench/overhead.sh BUILD_DIR" + (" (ROUNDS=%d)" % args.rounds
                                                   if args.rounds != 10 else "")}

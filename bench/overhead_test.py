@@ -20,6 +20,8 @@ class Check(unittest.TestCase):
         self.assertEqual(oh.parse_figures("torch", "RESULT micro none ns_per_op 10180.5 "
                                           "cpu_ns_per_op 9000.0\n"), (10180.5, 9000.0))
         self.assertIsNone(oh.parse_figures("torch", "RESULT micro none ns_per_op 1\n"))
+        self.assertEqual(oh.parse_figures("train", "RESULT steps none ns_per_op 1430000.0 "
+                                          "cpu_ns_per_op 1200000.5\n"), (1430000.0, 1200000.5))
 
     def test_status_and_lost(self):
         self.assertFalse(oh.check("untraced", "launch", 1, LOOP, "")[0])

@@ -13,6 +13,10 @@ Usage:
                                        cpu_ns_per_op Y", per op: X wall time, Y the CPU time of the
                                        launching thread (time.thread_time_ns). Run MODE none under
                                        a tracer to measure the tracer (bench/overhead.py).
+  torch_workload.py steps N            N timed steps (after 50 untimed) of the training loop of
+                                       spec/gpu/duty_train.py (an MLP, AdamW, 256x1024 batches,
+                                       a synchronize every 50 steps); prints "RESULT steps none
+                                       ns_per_op X cpu_ns_per_op Y", per step.
 """
 import json
 import os
@@ -38,6 +42,25 @@ def train():
         opt.step()
     torch.cuda.synchronize()
     return float(loss)
+
+
+def steps(n):
+    """Per step (wall ns, launching thread CPU ns) of duty_train.py's loop: the same model, the
+    same optimizer and the same pacing, so that its figures and that script's agree."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                    "spec", "gpu"))
+    import duty_train
+    step = duty_train.make_step()
+    for _ in range(50):
+        step()
+    torch.cuda.synchronize()
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+    for i in range(1, n + 1):
+        step()
+        if i % 50 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return (time.perf_counter_ns() - t0) / n, (time.thread_time_ns() - c0) / n
 
 
 def profiled(fn, activities):
@@ -67,6 +90,12 @@ def main():
             loss = train()
         print("RESULT train loss %.6f" % loss)
         return
+    if mode == "steps":
+        ns, cpu = steps(int(sys.argv[2]) if len(sys.argv) > 2 else 5000)
+        print("RESULT steps none ns_per_op %.1f cpu_ns_per_op %.1f" % (ns, cpu))
+        return
+    if mode != "micro":
+        sys.exit("unknown mode %s (train, micro, steps)" % mode)
     n = int(sys.argv[3]) if len(sys.argv) > 3 else 20000
     sub = sys.argv[2] if len(sys.argv) > 2 else "none"
     x = torch.zeros(1024, device="cuda")

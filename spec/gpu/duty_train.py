@@ -12,8 +12,8 @@ import time
 import torch
 
 
-def main():
-    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 300.0
+def make_step():
+    """One training step of the loop (bench/torch_workload.py's "steps" workload runs it too)."""
     torch.manual_seed(0)
     dev = "cuda"
     model = torch.nn.Sequential(
@@ -29,6 +29,12 @@ def main():
         loss.backward()
         opt.step()
 
+    return step
+
+
+def main():
+    seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 300.0
+    step = make_step()
     for _ in range(50):
         step()
     torch.cuda.synchronize()

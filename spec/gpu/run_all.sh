@@ -57,10 +57,12 @@ ls -la "$OUT"/*.cmcap
 # 5. Nothing hung, nothing changed: the GPU ctest programs (graph captures under sync
 # flushes every 2 ms, in-process and through the agent; a kernel still spinning when main returns,
 # untraced, in capture mode and live), then PyTorch's graph captures in global mode untraced and
-# under a sync flush every 2 ms, and a second process's handshake while the script is busy.
+# under a sync flush every 2 ms, torch.compile's CUDA graphs (mode="reduce-overhead") under the full
+# trace and the duty cycle, and a second process's handshake while the script is busy.
 step ctest_gpu ctest --test-dir "$B" -L gpu --output-on-failure
 step torch_graphs_untraced python3 spec/gpu/torch_graphs.py 300
 step torch_graphs_traced "$LUA" spec/gpu/flush_every_2ms.lua -- python3 spec/gpu/torch_graphs.py 300
+step torch_compile_graphs env OUT="$OUT/torch_compile" bash spec/gpu/torch_compile_graphs.sh "$B"
 rm -f "$OUT/slow.marker"
 step handshake_busy env SLOW_MARKER="$OUT/slow.marker" CUPTIMON_AGENT_LOG=info "$LUA" \
   spec/fixtures/slow_observer.lua -- sh -c "'$G/gpu_plain_workload' >/dev/null &
