@@ -26,13 +26,12 @@
  *       launching ones, named cm-launch, and the main thread) used over that second, and the
  *       launch rate. Every launch must have its kernel record: the exit status is 1 otherwise.
  *
- * libcupti is opened at run time (CUPTI_REATTACH_LIBCUPTI, then libcupti.so.13, then
- * /usr/local/cuda/lib64/libcupti.so.13). Exit status 77 without a device.
+ * libcupti is opened at run time (bench/cupti_dl.h: CUPTI_REATTACH_LIBCUPTI, then libcupti.so.13,
+ * then /usr/local/cuda/lib64/libcupti.so.13). Exit status 77 without a device.
  */
 #include <cuda_runtime.h>
 #include <cupti.h>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -48,18 +47,11 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "cupti_dl.h"
 
 extern "C" __global__ void cm_reattach_empty(void) {}
 
-static struct {
-  CUptiResult (*RegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
-  CUptiResult (*Enable)(CUpti_ActivityKind);
-  CUptiResult (*Disable)(CUpti_ActivityKind);
-  CUptiResult (*FlushAll)(uint32_t);
-  CUptiResult (*GetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
-  CUptiResult (*SetAttribute)(CUpti_ActivityAttribute, size_t *, void *);
-  CUptiResult (*Finalize)(void);
-} cu;
+static CuptiDl cu;
 
 static std::atomic<uint64_t> n_kernels{0}, n_runtime{0}, n_other{0};
 
@@ -88,36 +80,6 @@ static void CUPTIAPI on_complete(CUcontext, uint32_t, uint8_t *buffer, size_t, s
   n_runtime += r;
   n_other += o;
   free(buffer);
-}
-
-static void check(CUptiResult r, const char *what) {
-  if (r != CUPTI_SUCCESS) {
-    fprintf(stderr, "cupti_reattach: %s failed (CUPTI result %d)\n", what, (int)r);
-    exit(1);
-  }
-}
-
-static void load_cupti(void) {
-  const char *env = getenv("CUPTI_REATTACH_LIBCUPTI");
-  void *lib = env && *env ? dlopen(env, RTLD_NOW | RTLD_GLOBAL) : NULL;
-  if (!lib) lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) lib = dlopen("/usr/local/cuda/lib64/libcupti.so.13", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) {
-    fprintf(stderr, "cupti_reattach: cannot open libcupti.so.13 (set CUPTI_REATTACH_LIBCUPTI)\n");
-    exit(1);
-  }
-  *(void **)&cu.RegisterCallbacks = dlsym(lib, "cuptiActivityRegisterCallbacks");
-  *(void **)&cu.Enable = dlsym(lib, "cuptiActivityEnable");
-  *(void **)&cu.Disable = dlsym(lib, "cuptiActivityDisable");
-  *(void **)&cu.FlushAll = dlsym(lib, "cuptiActivityFlushAll");
-  *(void **)&cu.GetNextRecord = dlsym(lib, "cuptiActivityGetNextRecord");
-  *(void **)&cu.SetAttribute = dlsym(lib, "cuptiActivitySetAttribute");
-  *(void **)&cu.Finalize = dlsym(lib, "cuptiFinalize");
-  if (!cu.RegisterCallbacks || !cu.Enable || !cu.Disable || !cu.FlushAll || !cu.GetNextRecord ||
-      !cu.SetAttribute || !cu.Finalize) {
-    fprintf(stderr, "cupti_reattach: a CUPTI symbol is missing\n");
-    exit(1);
-  }
 }
 
 /* Initializes CUPTI (again, after a finalize) and enables kernels and runtime API, with CUPTI's
@@ -316,7 +278,7 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  load_cupti();
+  cupti_dl_load(&cu, "cupti_reattach", "CUPTI_REATTACH_LIBCUPTI");
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc == 4 && strcmp(argv[1], "--phases") == 0 && atoi(argv[2]) > 0 && atoi(argv[3]) > 0)
     return phases(atoi(argv[2]), atoi(argv[3]));

@@ -33,13 +33,12 @@
  *       within the deadline, the launching threads are stopped, and the time it then took to
  *       return is printed. A TIME line per call.
  *
- * libcupti is opened at run time (CUPTI_STATES_LIBCUPTI, then libcupti.so.13, then
- * /usr/local/cuda/lib64/libcupti.so.13). Exit status 77 without a device.
+ * libcupti is opened at run time (bench/cupti_dl.h: CUPTI_STATES_LIBCUPTI, then libcupti.so.13,
+ * then /usr/local/cuda/lib64/libcupti.so.13). Exit status 77 without a device.
  */
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cupti.h>
-#include <dlfcn.h>
 #include <pthread.h>
 #include <unistd.h>
 
@@ -60,21 +59,11 @@
 #include <vector>
 
 #include "cuda_check.h"
+#include "cupti_dl.h"
 
 extern "C" __global__ void cm_states_empty(void) {}
 
-static struct {
-  CUptiResult (*Subscribe)(CUpti_SubscriberHandle *, CUpti_CallbackFunc, void *);
-  CUptiResult (*Unsubscribe)(CUpti_SubscriberHandle);
-  CUptiResult (*EnableCallback)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain, CUpti_CallbackId);
-  CUptiResult (*EnableDomain)(uint32_t, CUpti_SubscriberHandle, CUpti_CallbackDomain);
-  CUptiResult (*RegisterCallbacks)(CUpti_BuffersCallbackRequestFunc, CUpti_BuffersCallbackCompleteFunc);
-  CUptiResult (*Enable)(CUpti_ActivityKind);
-  CUptiResult (*Disable)(CUpti_ActivityKind);
-  CUptiResult (*FlushAll)(uint32_t);
-  CUptiResult (*GetNextRecord)(uint8_t *, size_t, CUpti_Activity **);
-  CUptiResult (*Finalize)(void);
-} cu;
+static CuptiDl cu;
 
 static std::atomic<uint64_t> n_kernels{0}, n_other{0};
 static CUpti_SubscriberHandle g_sub;
@@ -134,39 +123,6 @@ static void CUPTIAPI on_callback(void *, CUpti_CallbackDomain domain, CUpti_Call
     }
     fin_cb_rc = (int)r;
     fin_request = 3;
-  }
-}
-
-static void check(CUptiResult r, const char *what) {
-  if (r != CUPTI_SUCCESS) {
-    fprintf(stderr, "cupti_states: %s failed (CUPTI result %d)\n", what, (int)r);
-    exit(1);
-  }
-}
-
-static void load_cupti(void) {
-  const char *env = getenv("CUPTI_STATES_LIBCUPTI");
-  void *lib = env && *env ? dlopen(env, RTLD_NOW | RTLD_GLOBAL) : NULL;
-  if (!lib) lib = dlopen("libcupti.so.13", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) lib = dlopen("/usr/local/cuda/lib64/libcupti.so.13", RTLD_NOW | RTLD_GLOBAL);
-  if (!lib) {
-    fprintf(stderr, "cupti_states: cannot open libcupti.so.13 (set CUPTI_STATES_LIBCUPTI)\n");
-    exit(1);
-  }
-  *(void **)&cu.Subscribe = dlsym(lib, "cuptiSubscribe");
-  *(void **)&cu.Unsubscribe = dlsym(lib, "cuptiUnsubscribe");
-  *(void **)&cu.EnableCallback = dlsym(lib, "cuptiEnableCallback");
-  *(void **)&cu.EnableDomain = dlsym(lib, "cuptiEnableDomain");
-  *(void **)&cu.RegisterCallbacks = dlsym(lib, "cuptiActivityRegisterCallbacks");
-  *(void **)&cu.Enable = dlsym(lib, "cuptiActivityEnable");
-  *(void **)&cu.Disable = dlsym(lib, "cuptiActivityDisable");
-  *(void **)&cu.FlushAll = dlsym(lib, "cuptiActivityFlushAll");
-  *(void **)&cu.GetNextRecord = dlsym(lib, "cuptiActivityGetNextRecord");
-  *(void **)&cu.Finalize = dlsym(lib, "cuptiFinalize");
-  if (!cu.Subscribe || !cu.Unsubscribe || !cu.EnableCallback || !cu.EnableDomain || !cu.RegisterCallbacks ||
-      !cu.Enable || !cu.Disable || !cu.FlushAll || !cu.GetNextRecord || !cu.Finalize) {
-    fprintf(stderr, "cupti_states: a CUPTI symbol is missing\n");
-    exit(1);
   }
 }
 
@@ -477,7 +433,7 @@ int main(int argc, char **argv) {
     printf("SKIP: no CUDA device\n");
     return 77;
   }
-  load_cupti();
+  cupti_dl_load(&cu, "cupti_states", "CUPTI_STATES_LIBCUPTI");
   setvbuf(stdout, NULL, _IOLBF, 0);
   if (argc == 4 && strcmp(argv[1], "--states") == 0 && atoi(argv[2]) > 0 && atoi(argv[3]) > 0)
     return states(atoi(argv[2]), atoi(argv[3]));
