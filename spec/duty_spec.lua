@@ -439,6 +439,16 @@ describe("duty cycles with the real agent", function()
       .. "called CUDA at once", out)
   end)
 
+  it("a process that launches CUDA graphs is never detached, says why, and is estimated", function()
+    -- A cuptiFinalize and a new subscription break the launches of the graphs made before them,
+    -- so the first graph launch the engine sees keeps CUPTI attached, between windows and after
+    -- the monitor has gone alike.
+    local out, a = estimated("count.lua --kinds kernel", "", "--graph-every 50", 41)
+    assert.are.equal(0, a.finalize, out)
+    assert.are.equal(1, a.subscribes, out)
+    assert.matches("\nnote: pid %d+: CUPTI stayed attached between windows: it uses CUDA graphs", out)
+  end)
+
   it("top --duty prints rates with a ± column and the footer", function()
     local rc, out = unstarved(function(attempt)
       return ("%s %s --duty 0.25 --period-ms 400 --seed %d -- %s --steady-ms 2400 --kernel-rate 2000")

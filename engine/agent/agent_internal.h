@@ -55,6 +55,7 @@ enum {
   CM_IDLE_CANNOT = 5,        /* attached for good: no cuptiFinalize, or PM sampling used */
   CM_IDLE_SLOW_FINALIZE = 6, /* attached for good: a cuptiFinalize outlasted its deadline */
   CM_IDLE_BUSY = 7,          /* attached for now: too many threads were calling CUDA at once */
+  CM_IDLE_GRAPHS = 8,        /* attached for good: the process uses CUDA graphs */
 };
 
 /* One queued frame: malloc'd bytes, handed from the producer to the sender. */

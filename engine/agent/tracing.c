@@ -50,7 +50,9 @@ bool cm__tracing_selection_empty(const cm_selection *sel) {
  * process stay attached for good instead, at the cost of that residue, so that it is never left
  * unable to trace: an attach that outlasted its wait (a process whose threads launch without
  * pause can keep cuptiSubscribe from returning: cm__tracing_apply_selection) and a cuptiFinalize
- * that outlasted its deadline. Nor is CUPTI detached before two windows have traced on the
+ * that outlasted its deadline. A third keeps it attached even once the monitor has gone, so that
+ * the application is never broken: the use of CUDA graphs, whose launches fail after a
+ * cuptiFinalize and a new subscription. Nor is CUPTI detached before two windows have traced on the
  * subscription made at start-up, when no application thread could hold it. A refusal between
  * windows is said and changes nothing: the next idle period tries again, except where it never
  * can (no cuptiFinalize, PM sampling used, NVTX injected). Once the monitor has gone there is no
@@ -68,7 +70,9 @@ static void idle_mode_set(int mode, const char *why) {
 void cm__tracing_detach_idle(bool leaving) {
   int mode = atomic_load(&A.idle_mode);
   if (atomic_load(&A.exiting) || !A.eng || cm_cupti_detached(A.eng)) return;
-  if (mode == CM_IDLE_SETTING || mode == CM_IDLE_NVTX || mode == CM_IDLE_CANNOT) return;
+  if (mode == CM_IDLE_SETTING || mode == CM_IDLE_NVTX || mode == CM_IDLE_CANNOT ||
+      mode == CM_IDLE_GRAPHS)
+    return;
   /* Between windows, the first detach waits for two windows traced on the subscription made at
    * start-up: should attaching again never return in this process, its estimates still rest on
    * two windows, enough for an interval. A process that stays attached for good does so only
@@ -76,6 +80,13 @@ void cm__tracing_detach_idle(bool leaving) {
   if (!leaving && ((mode != CM_IDLE_DETACH && mode != CM_IDLE_BUSY) || A.traced_selects < 2)) return;
   if (atomic_load(&A.nvtx_injected)) {
     idle_mode_set(CM_IDLE_NVTX, "NVTX is injected into CUPTI, whose calls a detach would break");
+    return;
+  }
+  /* A process that uses CUDA graphs is never detached, not even once the monitor has gone: the
+   * graphs' launches fail after a cuptiFinalize and a new subscription (callbacks.c). */
+  if (cm__engine_graphs_used(A.eng)) {
+    idle_mode_set(CM_IDLE_GRAPHS, "the process uses CUDA graphs, whose launches a cuptiFinalize "
+                                  "and a new subscription would break");
     return;
   }
   /* A second bounds the flushes: CUPTI that is still delivering then is behind, and stays. When

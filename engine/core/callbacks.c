@@ -124,6 +124,9 @@ struct cm__callbacks {
   uint32_t cap_untracked; /* captures begun while the table was full */
   atomic_int captures;    /* ncap + cap_untracked, read without the lock */
   atomic_int begin_pending; /* begin calls between their enter and exit callbacks */
+  /* Sticky: a call that makes or launches a CUDA graph was seen (graph_cbids, a capture). It
+   * survives every detach and attach, since the graphs it stands for do. */
+  atomic_bool graphs_used;
 
   atomic_uint_fast64_t st_dispatched, st_calls, st_failures, st_res, st_res_dropped;
 };
@@ -151,6 +154,19 @@ static const uint32_t capture_begin_cbids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture,        CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2,     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCapture_v2_ptsz,
     CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph, CUPTI_DRIVER_TRACE_CBID_cuStreamBeginCaptureToGraph_ptsz,
+};
+/* The driver calls that make or launch a CUDA graph (a capture makes one too). A process that has
+ * used a graph keeps CUPTI attached from then on: a cuptiFinalize followed by a new subscription
+ * breaks the launches of graphs made before it (torch.compile's CUDA graphs failed with "unspecified
+ * launch failure" right after such a detach, and PyTorch's profiler turns its own CUPTI teardown
+ * off once graphs are used, for the same reason), so the detach refuses once one is seen. A graph
+ * made while CUPTI is detached is seen at its first launch in the next window. */
+static const uint32_t graph_cbids[] = {
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate,           CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiate_v2,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithFlags,  CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphInstantiateWithParams_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch,                CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch_ptsz,
+    CUPTI_DRIVER_TRACE_CBID_cuGraphUpload,                CUPTI_DRIVER_TRACE_CBID_cuGraphUpload_ptsz,
 };
 static const uint32_t capture_end_cbids[] = {
     CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture,
@@ -312,6 +328,18 @@ static int check_key(int domain, uint32_t cbid) {
 
 /* ---- lifecycle ----------------------------------------------------------------------------- */
 
+
+/* Pins the engine's own driver callbacks `ids` (held by the engine, not by a consumer); `lost`
+ * says what is missing when one cannot be enabled. Called with mu held. */
+static void pin_driver(cm__callbacks *cb, const uint32_t *ids, size_t n, const char *lost) {
+  for (size_t i = 0; i < n; i++) {
+    armed *a = arm_find(cb, CUPTI_CB_DOMAIN_DRIVER_API, ids[i], true);
+    if (!a) continue;
+    a->pins++;
+    if (arm_sync(cb, a) != 0) cblog(cb, CM_LOG_WARN, "cannot enable driver callback %u: %s", ids[i], lost);
+  }
+}
+
 int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberHandle sub,
                       cm__log_hook log, void *log_ctx) {
   cm__callbacks *cb = calloc(1, sizeof *cb);
@@ -346,18 +374,12 @@ int cm__callbacks_new(cm__callbacks **out, const cm__cupti *c, CUpti_SubscriberH
       cblog(cb, CM_LOG_WARN, "cannot enable resource callback %u: resource records of that "
                              "event will be missing", resource_cbids[i]);
   }
-  for (size_t i = 0; i < sizeof capture_begin_cbids / sizeof capture_begin_cbids[0] +
-                             sizeof capture_end_cbids / sizeof capture_end_cbids[0];
-       i++) {
-    size_t nb = sizeof capture_begin_cbids / sizeof capture_begin_cbids[0];
-    uint32_t id = i < nb ? capture_begin_cbids[i] : capture_end_cbids[i - nb];
-    armed *a = arm_find(cb, CUPTI_CB_DOMAIN_DRIVER_API, id, true);
-    if (!a) continue;
-    a->pins++;
-    if (arm_sync(cb, a) != 0)
-      cblog(cb, CM_LOG_WARN, "cannot enable driver callback %u: a sync flush cannot tell that a "
-                             "graph capture begun there is in progress", id);
-  }
+  pin_driver(cb, capture_begin_cbids, sizeof capture_begin_cbids / sizeof capture_begin_cbids[0],
+             "a sync flush cannot tell that a graph capture begun there is in progress");
+  pin_driver(cb, capture_end_cbids, sizeof capture_end_cbids / sizeof capture_end_cbids[0],
+             "a sync flush cannot tell that a graph capture begun there is in progress");
+  pin_driver(cb, graph_cbids, sizeof graph_cbids / sizeof graph_cbids[0],
+             "a CUDA graph made or launched there is not seen, and a detach could break it");
   pthread_mutex_unlock(&cb->mu);
   *out = cb;
   return 0;
@@ -495,6 +517,10 @@ static void record_capture(cm__callbacks *cb, uint32_t cbid, const void *data) {
   }
 }
 
+bool cm__callbacks_graphs_used(const cm__callbacks *cb) {
+  return cb && atomic_load(&cb->graphs_used);
+}
+
 int cm__callbacks_captures_active(const cm__callbacks *cb) {
   return cb ? atomic_load(&cb->captures) + atomic_load(&cb->begin_pending) : 0;
 }
@@ -511,7 +537,12 @@ void cm__callbacks_dispatch(cm__callbacks *cb, int domain, uint32_t cbid, const 
       cbid == CUPTI_CBID_RESOURCE_MODULE_UNLOAD_STARTING)
     cm__intern_invalidate(strings);
   if (domain == CUPTI_CB_DOMAIN_RESOURCE) record_resource(cb, cbid, data);
-  if (domain == CUPTI_CB_DOMAIN_DRIVER_API) record_capture(cb, cbid, data);
+  if (domain == CUPTI_CB_DOMAIN_DRIVER_API) {
+    record_capture(cb, cbid, data);
+    if (in_list(graph_cbids, sizeof graph_cbids / sizeof graph_cbids[0], cbid) ||
+        in_list(capture_end_cbids, sizeof capture_end_cbids / sizeof capture_end_cbids[0], cbid))
+      atomic_store(&cb->graphs_used, true);
+  }
   t_dispatch_depth++;
   const table *t = atomic_load(&cb->tab);
   uint64_t k = mkkey(domain, cbid);

@@ -155,6 +155,10 @@ void cm__engine_set_detach_max_threads(cm_engine *e, int n);
 /* The threads the last detach's probe counted when it refused the detach; 0 when the last detach
  * was not refused by the probe. Any thread. */
 int cm__engine_probe_busy_threads(cm_engine *e);
+/* Whether the process has made or launched a CUDA graph while CUPTI was attached: a detach then
+ * refuses for good, since a cuptiFinalize and a new subscription break the graphs' launches
+ * (callbacks.c, graph_cbids). Any thread. */
+bool cm__engine_graphs_used(cm_engine *e);
 /* CLOCK_REALTIME just before the engine last called cuptiActivityEnable to enable a kind that was
  * off (0 before the first). A call that enables kinds can hold the application's launching
  * threads while it runs, and the work they were held from then runs traced: the agent stamps a

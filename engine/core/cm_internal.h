@@ -342,6 +342,10 @@ uint32_t cm__callbacks_consumer_arms(cm__callbacks *cb);
  * not synchronize the device while it is not 0: a synchronize call can invalidate an
  * application's graph capture. Any thread; lock-free. */
 int cm__callbacks_captures_active(const cm__callbacks *cb);
+/* Whether the process has made or launched a CUDA graph (a capture's end, cuGraphInstantiate*,
+ * cuGraphLaunch*, cuGraphUpload*), as the engine's pinned driver callbacks saw while CUPTI was
+ * attached. Sticky. A detach refuses from then on (subscription.c). Any thread; lock-free. */
+bool cm__callbacks_graphs_used(const cm__callbacks *cb);
 /* Device synchronizes running on fence.c's helper thread (0 or 1), which counts itself in and
  * out. A capture that begins waits, for a bounded time, until it is 0. Defined in callbacks.c. */
 extern _Atomic int cm__sync_helpers;

@@ -543,6 +543,9 @@ static int finalize_refused(cm_engine *e) {
     return cm__seterr(CM_ENOSYS, "PM sampling has initialized CUPTI's profiler in this process, "
                                  "and CUPTI does not document that state across a cuptiFinalize: "
                                  "CUPTI stays attached");
+  if (cm__callbacks_graphs_used(atomic_load(&e->cb)))
+    return cm__seterr(CM_ENOSYS, "the process uses CUDA graphs, whose launches a cuptiFinalize "
+                                 "followed by a new subscription breaks: CUPTI stays attached");
   if (cm__callbacks_captures_active(atomic_load(&e->cb)))
     return cm__seterr(CM_EBUSY, "a CUDA graph capture is in progress: CUPTI is not detached in "
                                 "the middle of one");
@@ -813,6 +816,8 @@ void cm__engine_set_detach_max_threads(cm_engine *e, int n) {
 }
 
 int cm__engine_probe_busy_threads(cm_engine *e) { return atomic_load(&e->probe_busy_threads); }
+
+bool cm__engine_graphs_used(cm_engine *e) { return cm__callbacks_graphs_used(atomic_load(&e->cb)); }
 
 int cm_cupti_detach(cm_engine *e, uint32_t timeout_ms) {
   cm__clearerr();

@@ -65,7 +65,8 @@
  * of the windows spread as a real workload's do (the true rate is still launched / steady_ms).
  * Each launch is wrapped in a runtime call (its API callbacks fire, as a real launch's do), and
  * --busy-threads N adds N threads that make a runtime call every 200 us for the whole run, so
- * that N + 1 threads call the runtime at once. With --hidden-kernel NAME each launch of
+ * that N + 1 threads call the runtime at once. With --graph-every K every K-th launch is also a
+ * launch of a CUDA graph (cuGraphLaunch's driver callbacks fire, while CUPTI is attached). With --hidden-kernel NAME each launch of
  * steady_kernel that finds kernel
  * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
  * line reports the launches and records written, and kernel_segments / memcpy_segments: the
@@ -248,7 +249,7 @@ static void usage(void) {
                   "[--device D] [--pause-ms P] [--no-comm]\n"
                   "       fake_cuda_app --steady-ms D [--kernel-rate R] [--kernel-us U] "
                   "[--copy-every K] [--copy-bytes B] [--phase-ms P] [--phase-factor F] "
-                  "[--poisson-seed S] [--hidden-kernel NAME] [--busy-threads N]\n"
+                  "[--poisson-seed S] [--hidden-kernel NAME] [--busy-threads N] [--graph-every K]\n"
                   "       fake_cuda_app --control PATH [--threads T] [--kinds k1,k2]\n");
   exit(2);
 }
@@ -327,7 +328,7 @@ static void *busy_main(void *arg) {
 static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int copy_every,
                       uint64_t copy_bytes, double phase_ms, double phase_factor,
                       uint64_t poisson_seed, const char *hidden, int linger_ms, int exit_code,
-                      int busy_threads) {
+                      int busy_threads, int graph_every) {
   static segments ks, cs;
   pthread_t busy[64];
   if (busy_threads > 64) busy_threads = 64;
@@ -348,6 +349,7 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
                                              corr), 0);
     fake_runtime_call(CBID_cudaLaunchKernel);
     launched++;
+    if (graph_every > 0 && launched % (uint64_t)graph_every == 0) fake_graph_launch(NULL, 1);
     if (rc == 1) dropped++;
     kernels += rc == 0;
     seg_note(&ks, rc == 0);
@@ -412,6 +414,7 @@ int main(int argc, char **argv) {
   double rate = 0;
   int threads = 1, rounds = 1, pause_ms = 0, linger_ms = 0, crash = 0, exit_code = 0, stamp = 0;
   int busy_threads = 0;
+  int graph_every = 0;
   int flush_block_ms = 0;
   int backlog_ms = 0, kernel_backlog = 0;
   bool full_only = false;
@@ -520,6 +523,8 @@ int main(int argc, char **argv) {
       phase_factor = strtod(v, NULL);
     } else if (strcmp(a, "--busy-threads") == 0) {
       busy_threads = atoi(v);
+    } else if (strcmp(a, "--graph-every") == 0) {
+      graph_every = atoi(v);
     } else if (strcmp(a, "--hidden-kernel") == 0) {
       hidden = v;
     } else if (strcmp(a, "--device") == 0) {
@@ -574,7 +579,8 @@ int main(int argc, char **argv) {
   if (steady_ms > 0) {
     if (kernel_rate <= 0 || phase_factor <= 0 || copy_every < 0) usage();
     return run_steady(init, steady_ms, kernel_rate, kernel_us, copy_every, copy_bytes, phase_ms,
-                      phase_factor, poisson_seed, hidden, linger_ms, exit_code, busy_threads);
+                      phase_factor, poisson_seed, hidden, linger_ms, exit_code, busy_threads,
+                      graph_every);
   }
 
   if (steps > 0) {

@@ -278,6 +278,32 @@ int main(void) {
   CMT_OK(cm_engine_new(&e, NULL));
   session(e, sel, 50);
 
+  /* A process that has launched a CUDA graph is never detached again (CM_ENOSYS): a cuptiFinalize
+   * and a new subscription break the launches of graphs made before them. The engine sees the
+   * graph's launch through its own pinned driver callback; it still traces, and the refusal
+   * holds after a session too. */
+  const uint32_t graph_launch = CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch;
+  CMT_EQ(fake_callback_enabled(CUPTI_CB_DOMAIN_DRIVER_API, graph_launch), 1);
+  uint64_t fin_before = fstats().finalize_calls;
+  fake_graph_launch((void *)0x77, 1);
+  CMT_EQ(cm_cupti_detach(e, 0), CM_ENOSYS);
+  CMT_CONTAINS(cm_errmsg(), "CUDA graphs");
+  CMT_EQ(cm_cupti_detached(e), 0);
+  session(e, sel, 50);
+  CMT_EQ(cm_cupti_detach(e, 0), CM_ENOSYS);
+  CMT_EQU(fstats().finalize_calls, fin_before);
+  cm_engine_free(e);
+  /* A graph made by a stream capture counts as soon as the capture ends. */
+  CMT_OK(cm_engine_new(&e, NULL));
+  fake_stream_begin_capture((void *)0x78, 1);
+  CMT_EQ(fake_stream_end_capture((void *)0x78, 1), 0);
+  CMT_EQ(cm_cupti_detach(e, 0), CM_ENOSYS);
+  CMT_CONTAINS(cm_errmsg(), "CUDA graphs");
+  cm_engine_free(e);
+  /* A fresh engine knows of no graph: it detaches. */
+  CMT_OK(cm_engine_new(&e, NULL));
+  session(e, sel, 50);
+
   /* PM sampling attaches a detached engine too; once it has initialized CUPTI's profiler, a
    * detach is refused for good (CM_ENOSYS), even after the consumer is gone. */
   CMT_OK(cm_cupti_detach(e, 0));

@@ -470,6 +470,8 @@ local idle_modes = {
   [6] = "stayed attached between windows: a cuptiFinalize outlasted its deadline",
   [7] = "stayed attached between windows: too many of its threads called CUDA at once for CUPTI "
     .. "to attach again after a detach",
+  [8] = "stayed attached between windows: it uses CUDA graphs, whose launches a detach and a "
+    .. "new subscription would break",
 }
 
 --- What a process's CUPTI did while nothing was traced, as a sentence fragment ("detached

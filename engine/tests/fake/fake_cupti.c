@@ -1893,7 +1893,8 @@ static void fire_capture_cb(uint32_t cbid, void *stream, int result) {
   memset(&cd, 0, sizeof cd);
   cd.callbackSite = CUPTI_API_ENTER;
   cd.functionName = cbid == CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture ? "cuStreamEndCapture"
-                                                                         : "cuStreamBeginCapture_v2";
+                    : cbid == CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch  ? "cuGraphLaunch"
+                                                                     : "cuStreamBeginCapture_v2";
   cd.functionParams = &params;
   cd.functionReturnValue = &res;
   cd.correlationId = atomic_fetch_add(&fake_next_correlation, 1);
@@ -1914,6 +1915,10 @@ int fake_stream_end_capture(void *stream, int fire_callbacks) {
   if (fire_callbacks)
     fire_capture_cb(CUPTI_DRIVER_TRACE_CBID_cuStreamEndCapture, stream, bad ? 901 : 0);
   return bad;
+}
+
+void fake_graph_launch(void *stream, int fire_callbacks) {
+  if (fire_callbacks) fire_capture_cb(CUPTI_DRIVER_TRACE_CBID_cuGraphLaunch, stream, 0);
 }
 
 /* ---- additions: external correlation, callback state, kernel launches ---------------------- */

@@ -182,6 +182,10 @@ void fake_set_subscribe_delay_ms(int ms);
  * (counted in captures_invalidated), else 0. */
 void fake_stream_begin_capture(void *stream, int fire_callbacks);
 int fake_stream_end_capture(void *stream, int fire_callbacks);
+/* A simulated cuGraphLaunch: with `fire_callbacks`, its driver API callbacks (enter and exit, the
+ * graph exec and the stream in the params, CUDA_SUCCESS), as a real launch of a CUDA graph fires
+ * them; nothing else happens. */
+void fake_graph_launch(void *stream, int fire_callbacks);
 
 /* Subscriber callbacks: invokes the registered subscriber callback for (domain, cbid) with
  * `cbdata` when that callback is enabled. Returns 1 if it was invoked. */
