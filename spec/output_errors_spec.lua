@@ -109,6 +109,22 @@ describe("outputs under a file-size limit", function()
     assert.matches("cuptimon%-lua: cannot write the standard output: File too large\n", out)
   end)
 
+  it("the agent's capture mode: a capture file cut short is said as such, not as a lost connection",
+    function()
+      local app, why = helpers.agent_app()
+      local fake = os.getenv("CUPTIMON_LIBCUPTI") or ""
+      if not app or not fake:find("fake") then pending(why or "the fake CUPTI is not set") return end
+      local path = dir .. "/agent_limit.cmcap"
+      local rc, out = helpers.sh(("bash -c 'ulimit -f 64; exec env --default-signal=XFSZ "
+        .. "CUPTIMON_CAPTURE=%s CUDA_INJECTION64_PATH=%s/libcuptimon-agent.so %s --records 200000'")
+        :format(path, os.getenv("CUPTIMON_BUILD_DIR"), app))
+      assert.are.equal(0, rc, out) -- the application is never failed by its monitor
+      local lost = tonumber(out:match("(%d+) records by the agent %(queue full or the capture file not written%)"))
+      assert.is_truthy(lost, out)
+      assert.is_true(lost > 0, out)
+      assert.is_nil(out:find("connection lost", 1, true), out)
+    end)
+
   it("cleans up", function() os.execute("rm -rf " .. dir) end)
 end)
 

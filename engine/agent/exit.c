@@ -317,11 +317,12 @@ static void exit_report(const exit_run *r) {
   int lvl = GET(batches_dropped) || st.records_dropped || r->cl ? CM_LOG_WARN : CM_LOG_INFO;
   alog(lvl,
        "exit: %llu batches (%llu records) sent, %llu batches dropped: %llu records by the agent "
-       "(queue full or connection lost), %llu records at the exit deadline; %llu records dropped "
+       "(%s), %llu records at the exit deadline; %llu records dropped "
        "by CUPTI, %llu bytes, %llu ms of a %u ms budget (fence %llu ms: sync %llu ms%s, forced "
        "flush %llu ms; drain %llu ms)%s%s",
        (unsigned long long)GET(batches_sent), (unsigned long long)GET(records_sent),
        (unsigned long long)GET(batches_dropped), (unsigned long long)GET(records_dropped_agent),
+       A.is_socket ? "queue full or connection lost" : "queue full or the capture file not written",
        (unsigned long long)GET(records_dropped_exit), (unsigned long long)st.records_dropped,
        (unsigned long long)GET(bytes_sent), (unsigned long long)(cm__mono_ms() - r->t0),
        A.exit_budget_ms, (unsigned long long)r->fence_ms, (unsigned long long)r->exit_sync_ms,
