@@ -5,8 +5,10 @@
 -- The graph's kernels are told by name (GRAPH_KERNELS, a Lua pattern; by default Inductor's,
 -- cuBLAS's and CUTLASS's names); the eager comparison's kernels between replays are left out.
 -- Only the kernels present in a window are compared: the eager warm-up's kernels may differ.
--- Prints a W line per window and "GRAPHWIN windows N uneven U replays R" at the end; exits 1
--- when a window was uneven or none saw the graph.
+-- Each process has its own windows (torch.compile's worker processes join the duty cycle too), so
+-- the counts are kept per process. Prints a W line per window (with its pid) and "GRAPHWIN
+-- windows N uneven U replays R usable K" at the end; exits 1 when a window was uneven or none
+-- saw the graph.
 local cm = require "cuptimon"
 local patterns = os.getenv("GRAPH_KERNELS") and { os.getenv("GRAPH_KERNELS") }
   or { "gemm", "nvjet", "triton_", "cutlass", "Kernel2" }
@@ -20,20 +22,22 @@ local function in_graph(name)
   return false
 end
 
-local counts = {}
+local counts = {} -- source -> kernel name -> records in the window open now
 local windows, uneven, replays, usable = 0, 0, 0, 0
 assert(cm.duty{ on_ms = on_ms, period_ms = period_ms, seed = 1,
   select = { kernel = { "name" } },
   fn = function(b)
+    local c = counts[b.source] or {}
+    counts[b.source] = c
     for i = 0, b.n - 1 do
       local name = b:kernel_name(i, "mangled")
-      if in_graph(name) then counts[name] = (counts[name] or 0) + 1 end
+      if in_graph(name) then c[name] = (c[name] or 0) + 1 end
     end
   end,
   window = function(w)
     windows = windows + 1
     local lo, hi, k = math.huge, 0, 0
-    for _, c in pairs(counts) do
+    for _, c in pairs(counts[w.source] or {}) do
       k = k + 1
       if c < lo then lo = c end
       if c > hi then hi = c end
@@ -43,9 +47,9 @@ assert(cm.duty{ on_ms = on_ms, period_ms = period_ms, seed = 1,
     if w.ok and lo >= 2 then usable = usable + 1 end
     if bad then uneven = uneven + 1 end
     replays = replays + (w.ok and lo or 0)
-    print(("W ok=%s traced_ms=%.1f graph_kernels=%d min=%d max=%d%s"):format(tostring(w.ok),
-      w.traced_ms or -1, k, lo, hi, bad and "  UNEVEN" or ""))
-    counts = {}
+    print(("W pid=%d ok=%s traced_ms=%.1f graph_kernels=%d min=%d max=%d%s"):format(w.pid or 0,
+      tostring(w.ok), w.traced_ms or -1, k, lo, hi, bad and "  UNEVEN" or ""))
+    counts[w.source] = nil
   end })
 
 cm.on("exit", function()
