@@ -71,7 +71,9 @@
  * tracing off also launches NAME, a kernel that therefore runs only while tracing is off. The
  * line reports the launches and records written, and kernel_segments / memcpy_segments: the
  * records written in each run of launches that found the kind traced, in order, which are the
- * duty cycle's windows one by one (at most 4096 are listed), the fake CUPTI's finalize counters
+ * duty cycle's windows one by one (at most 4096 are listed), with --phase-ms also
+ * kernel_segments_after: how many of each run's records were launched from --phase-ms on (a run
+ * with some but not all of them spans the phase change), the fake CUPTI's finalize counters
  * (finalize, finalize_in_callback, finalize_lost, finalize_buffers, calls_finalized: see
  * fake_stats) and subscribes, and flushes_off: the
  * cuptiActivityFlushAll calls made while kernel tracing was off (between two launches that both
@@ -283,25 +285,36 @@ static uint64_t run_steps(int steps, uint64_t step_ns, uint64_t extra_ns, uint64
   return kernels;
 }
 
-/* The records written in each run of successful emits of one kind (the steady mode's windows). */
+/* The records written in each run of successful emits of one kind (the steady mode's windows),
+ * and of those, the ones emitted from --phase-ms on (`after`). */
 #define MAX_SEGMENTS 4096
 typedef struct segments {
-  uint64_t cur, n, v[MAX_SEGMENTS];
+  uint64_t cur, cur_after, n, v[MAX_SEGMENTS], after[MAX_SEGMENTS];
 } segments;
 
-static void seg_note(segments *s, int written) {
+static void seg_note(segments *s, int written, int after) {
   if (written) {
     s->cur++;
+    s->cur_after += after != 0;
   } else if (s->cur) {
-    if (s->n < MAX_SEGMENTS) s->v[s->n++] = s->cur;
-    s->cur = 0;
+    if (s->n < MAX_SEGMENTS) {
+      s->after[s->n] = s->cur_after;
+      s->v[s->n++] = s->cur;
+    }
+    s->cur = s->cur_after = 0;
   }
 }
 
-static void seg_print(const char *name, segments *s) {
-  seg_note(s, 0);
+/* " NAME_segments=..." and, with `after`, " NAME_segments_after=..." (the same runs' records
+ * emitted from --phase-ms on). */
+static void seg_print(const char *name, segments *s, int after) {
+  seg_note(s, 0, 0);
   printf(" %s_segments=", name);
   for (uint64_t i = 0; i < s->n; i++) printf("%s%llu", i ? "," : "", (unsigned long long)s->v[i]);
+  if (!after) return;
+  printf(" %s_segments_after=", name);
+  for (uint64_t i = 0; i < s->n; i++)
+    printf("%s%llu", i ? "," : "", (unsigned long long)s->after[i]);
 }
 
 static void sleep_until(double t_s) {
@@ -352,7 +365,10 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
     if (graph_every > 0 && launched % (uint64_t)graph_every == 0) fake_graph_launch(NULL, 1);
     if (rc == 1) dropped++;
     kernels += rc == 0;
-    seg_note(&ks, rc == 0);
+    /* A launch due from --phase-ms on is after the phase change; the gaps from it on are the
+     * phase's. */
+    int after = phase_ms > 0 && (t - t0) * 1e3 >= phase_ms;
+    seg_note(&ks, rc == 0, after);
     /* cuptiActivityFlushAll calls between two launches that both found kernel off. */
     fake_get_stats(&fs);
     if (rc == 2 && prev_off) flushes_off += fs.flushes - prev_flushes;
@@ -369,9 +385,9 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
                                                 corr), 0);
       if (crc == 1) dropped++;
       copies += crc == 0;
-      seg_note(&cs, crc == 0);
+      seg_note(&cs, crc == 0, 0);
     }
-    double r = phase_ms > 0 && (t - t0) * 1e3 >= phase_ms ? rate * phase_factor : rate;
+    double r = after ? rate * phase_factor : rate;
     if (poisson_seed) {
       /* xorshift64*, then an exponential gap from a uniform in (0, 1]. */
       rng ^= rng >> 12;
@@ -401,8 +417,8 @@ static int run_steady(int init, double ms, double rate, uint64_t kernel_us, int 
          (unsigned long long)fs.finalize_in_callback, (unsigned long long)fs.finalize_lost_records,
          (unsigned long long)fs.finalize_held_buffers, (unsigned long long)fs.calls_while_finalized,
          (unsigned long long)fs.subscribes, (unsigned long long)fs.finalize_in_runtime);
-  seg_print("kernel", &ks);
-  seg_print("memcpy", &cs);
+  seg_print("kernel", &ks, phase_ms > 0);
+  seg_print("memcpy", &cs, 0);
   printf("\n");
   fflush(stdout);
   if (linger_ms) usleep((useconds_t)linger_ms * 1000);
