@@ -176,12 +176,18 @@ describe("duty cycles with the real agent", function()
       if w.ok ~= "true" then
         failed = failed + 1
       else
+        -- Only the windows at the end may fail: the one the process's exit cut short, and on a
+        -- loaded machine one more that opened while the exit ran (a period is 500 ms).
+        assert.are.equal(0, failed, "a window succeeded after one failed:\n" .. out)
         kernels[#kernels + 1], seen_k[#seen_k + 1] = w.kernels, w.seen_kernels
       end
     end
-    assert.is_true(#kernels >= 6 and failed <= 1, out)
+    assert.is_true(#kernels >= 6 and failed <= 2, out)
+    -- A window cut by the exit may have written a run of records that no closed window holds.
     local segs = list_of(a.kernel_segments)
-    if #segs == #kernels + 1 and failed == 1 then segs[#segs] = nil end
+    for _ = 1, failed do
+      if #segs > #kernels then segs[#segs] = nil end
+    end
     assert.are.same(segs, kernels, out)
     assert.are.same(kernels, seen_k, out)
     assert.are.equal(0, a.dropped, out)
@@ -191,7 +197,7 @@ describe("duty cycles with the real agent", function()
     -- No record or buffer was left inside CUPTI at a finalize, and no CUPTI call came while it
     -- was detached.
     local windows = #kernels + failed
-    assert.is_true(a.subscribes >= windows - 1 and a.subscribes <= windows, out)
+    assert.is_true(a.subscribes >= #kernels - 1 and a.subscribes <= windows, out)
     assert.is_true(a.finalize >= a.subscribes - 1 and a.finalize <= a.subscribes, out)
     assert.are.equal(a.finalize, a.finalize_in_callback, out)
     assert.are.equal(a.finalize, a.finalize_in_runtime, out)
