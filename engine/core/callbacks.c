@@ -328,7 +328,6 @@ static int check_key(int domain, uint32_t cbid) {
 
 /* ---- lifecycle ----------------------------------------------------------------------------- */
 
-
 /* Pins the engine's own driver callbacks `ids` (held by the engine, not by a consumer); `lost`
  * says what is missing when one cannot be enabled. Called with mu held. */
 static void pin_driver(cm__callbacks *cb, const uint32_t *ids, size_t n, const char *lost) {
@@ -336,7 +335,8 @@ static void pin_driver(cm__callbacks *cb, const uint32_t *ids, size_t n, const c
     armed *a = arm_find(cb, CUPTI_CB_DOMAIN_DRIVER_API, ids[i], true);
     if (!a) continue;
     a->pins++;
-    if (arm_sync(cb, a) != 0) cblog(cb, CM_LOG_WARN, "cannot enable driver callback %u: %s", ids[i], lost);
+    if (arm_sync(cb, a) != 0)
+      cblog(cb, CM_LOG_WARN, "cannot enable driver callback %u: %s", ids[i], lost);
   }
 }
 
