@@ -63,16 +63,25 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   -- cuptiActivityFlushAll blocks for 10 s (as CUPTI's flush can under a backlog on a GPU); the
   -- agent leaves its final flush behind at the budget's deadline, and the monitor reports the
   -- unknown tail: a LOST line and status 3.
+  -- The cause of that LOST line reaches the monitor only in the agent's last frames (STATS and
+  -- BYE), and engine/agent/exit.c gives them the budget's slice from the fence's abandonment
+  -- (budget - 3/4 reserve) to budget - reserve/2, the reserve being a tenth of the budget: a
+  -- fortieth of it. At 2 s that is 50 ms, less than a loaded 2-core machine (load 14) takes to wake
+  -- the exit handler after the fence is left (34-65 ms seen) plus the sender thread: BYE was cut
+  -- in 2 runs of 25 there, and the monitor reported only "its final counts are missing". At
+  -- 5 s the slice is 125 ms, and the flush still blocks twice the budget, so the case still fails
+  -- when the exit is unbounded or the BYE lacks the cause.
   it("exits within the budget when CUPTI's flush blocks at exit, and reports the tail as lost", function()
     local t0 = os.time()
-    local rc, out = helpers.sh(("CUPTIMON_EXIT_BUDGET_MS=2000 %s %s -- %s --records 20000 --kinds kernel,memcpy --flush-block-ms 10000")
+    local rc, out = helpers.sh(("CUPTIMON_EXIT_BUDGET_MS=5000 %s %s -- %s --records 20000 --kinds kernel,memcpy --flush-block-ms 10000")
       :format(bin, script("count.lua"), app))
     local took = os.time() - t0
     assert.are.equal(3, rc, out)
     assert.matches("cuptimon%-lua: LOST [^\n]*the records CUPTI still held are unknown", out)
     assert.matches("final flush did not return within the budget", out)
-    -- Whole seconds, generous for a loaded machine: an unbounded exit takes over 20 s here.
-    assert.is_true(took <= 7, ("the run took %d s\n%s"):format(took, out))
+    -- Whole seconds, generous for a loaded machine (the 5 s budget and 4 s for the rest): an
+    -- unbounded exit takes over 20 s here.
+    assert.is_true(took <= 9, ("the run took %d s\n%s"):format(took, out))
   end)
 
   -- Under sustained launches CUPTI can fall seconds behind on kernel records while the API and
