@@ -314,12 +314,12 @@ describe("duty cycles with the real agent", function()
   -- kept windows with the second (estimate.lua: with at most 32 windows, each its own block, the
   -- first ceil(n / 2)); the app changes its rate at a moment of its own clock (--phase-ms). Under
   -- load the two need not meet, and a window's count need not be the paced rate's:
-  --   * a window opened tens of ms late (the duty cycle's timer, the SELECT, the attach: 62 ms
-  --     was seen under a parallel build) spans the change, and a discarded window moves the
+  --   * a window opened tens of ms late (the duty cycle's timer, the SELECT, the attach, on a
+  --     loaded machine) spans the change, and a discarded window moves the
   --     estimator's cut by one; either puts windows of both rates in one half (one whole window
   --     of the new rate in a half of 5 gives p = 0.016, 60% of one p = 0.002);
-  --   * an app starved inside a window launched fewer than its paced rate there (a window 37% low,
-  --     with 99% of the launches made overall, so not `starved`, gave p = 0.0018). While every
+  --   * an app starved inside a window launched fewer than its paced rate there, which the
+  --     run's overall count (`starved`) need not show, and widens that half's spread. While every
   --     window holds its side's paced rate x its traced time within 15%, the halves stay apart
   --     at p < 0.001 however those errors fall (+-15% in every window gives p = 0.0003).
   -- Such a run says nothing about the detector, so it is run again (as a starved one is). Which

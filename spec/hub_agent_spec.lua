@@ -66,11 +66,10 @@ describe("cuptimon-lua -- fake_cuda_app (the real agent)", function()
   -- The cause of that LOST line reaches the monitor only in the agent's last frames (STATS and
   -- BYE), and engine/agent/exit.c gives them the budget's slice from the fence's abandonment
   -- (budget - 3/4 reserve) to budget - reserve/2, the reserve being a tenth of the budget: a
-  -- fortieth of it. At 2 s that is 50 ms, less than a loaded 2-core machine (load 14) takes to wake
-  -- the exit handler after the fence is left (34-65 ms seen) plus the sender thread: BYE was cut
-  -- in 2 runs of 25 there, and the monitor reported only "its final counts are missing". At
-  -- 5 s the slice is 125 ms, and the flush still blocks twice the budget, so the case still fails
-  -- when the exit is unbounded or the BYE lacks the cause.
+  -- fortieth of it. At 2 s that is 50 ms, which a loaded 2-core machine can spend waking the exit
+  -- handler and the sender thread, and BYE is then cut (the monitor says only "its final counts
+  -- are missing"). At 5 s the slice is 125 ms, and the flush still blocks twice the budget, so the
+  -- case still fails when the exit is unbounded or the BYE lacks the cause.
   it("exits within the budget when CUPTI's flush blocks at exit, and reports the tail as lost", function()
     local t0 = os.time()
     local rc, out = helpers.sh(("CUPTIMON_EXIT_BUDGET_MS=5000 %s %s -- %s --records 20000 --kinds kernel,memcpy --flush-block-ms 10000")
