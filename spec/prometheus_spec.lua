@@ -275,6 +275,65 @@ describe("prometheus.lua", function()
     end)
   end
 
+  -- When the slots are full, a client that has sent part of its request head (a real client
+  -- writes it whole: this one is dribbling it) goes before an older one that has sent nothing
+  -- yet, which may be a scraper whose own process is slow on a loaded machine.
+  it("evicts a dribbling client before an older one that has sent nothing", function()
+    local uv = require "luv"
+    local e = start({ demo })
+    local conns = {}
+    local function open(first)
+      local c = { closed = false, got = "", tcp = uv.new_tcp() }
+      conns[#conns + 1] = c
+      c.tcp:connect("127.0.0.1", e.port, function(err)
+        assert(not err, err)
+        c.tcp:read_start(function(rerr, chunk)
+          if rerr or not chunk then c.closed = true else c.got = c.got .. chunk end
+        end)
+        if first then
+          c.tcp:write(first)
+          -- One more byte every 20 ms, as a slowloris sends them (and the server's loop turns).
+          c.timer = uv.new_timer()
+          c.timer:start(20, 20, function() if not c.closed then c.tcp:write("a") end end)
+        end
+      end)
+      return c
+    end
+    local function closed(list)
+      local n = 0
+      for _, c in ipairs(list) do n = n + (c.closed and 1 or 0) end
+      return n
+    end
+    finally(function()
+      for _, c in ipairs(conns) do
+        if c.timer and not c.timer:is_closing() then c.timer:close() end
+        if not c.tcp:is_closing() then c.tcp:close() end
+      end
+    end)
+    local silent = open(nil)
+    helpers.sleep(100)
+    -- 63 dribblers fill the server's 64 slots.
+    local dribblers = {}
+    for i = 1, 63 do dribblers[i] = open("GET /metrics HTTP/1.1\r\nHost: x\r\nX-Slow: ") end
+    helpers.sleep(200)
+    local late = {}
+    for i = 1, 5 do
+      late[i] = open(nil)
+      helpers.sleep(20)
+    end
+    -- Each of the 5 late clients takes a dribbler's slot, the oldest first.
+    assert.is_true(helpers.run_until(function() return closed(dribblers) >= 5 end, 3000),
+      ("%d dribblers were evicted"):format(closed(dribblers)))
+    helpers.sleep(100)
+    assert.are.same({ false, 5, 0 }, { silent.closed, closed(dribblers), closed(late) })
+    for i = 1, 5 do assert.is_true(dribblers[i].closed, ("dribbler %d was kept"):format(i)) end
+    -- The silent client still gets its answer when it sends its request.
+    silent.tcp:write("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert.is_true(helpers.run_until(function() return silent.closed end, 5000), "no answer")
+    assert.matches("^HTTP/1.1 200 OK\r\n", silent.got)
+    assert.are.equal(0, e.stop())
+  end)
+
   -- Invalid UTF-8 in a kernel name or an executable path would make promtool (and Prometheus)
   -- reject the whole exposition, every honest process's series included.
   it("exposes hostile names as valid UTF-8 that promtool check metrics accepts", function()

@@ -9,8 +9,9 @@
 --     the middle of the handshake, is closed on that same clock;
 --   * at most MAX_CLIENTS connections that have had time to send their request are kept: a new
 --     client takes the place of the oldest whose request is still incomplete (handshake or head:
---     idle and slowloris clients), and up to MAX_NEW more may wait through their first NEW_MS,
---     so a scraper gets in while hundreds of such clients keep coming back;
+--     idle and slowloris clients; one that has sent part of its first message goes before one
+--     that has sent nothing), and up to MAX_NEW more may wait through their first NEW_MS, so a
+--     scraper gets in while hundreds of such clients keep coming back;
 --   * a request head is at most 8 KiB (cuptimon.httpreq: 431 past it), and a TLS connection may
 --     send at most MAX_TLS_IN bytes of ciphertext before its request is whole.
 -- Refusals are counted by reason (server:stats()) and logged at most once per LOG_EVERY_MS, with
@@ -194,7 +195,7 @@ function M.serve(o)
 
   local server = uv.new_tcp()
   local clients = {} -- tcp handle -> { close = fn, conn =, greeted =, serial =, answered =, turn =,
-  --   since = }
+  --   since =, bytes = }
   local nclients, serial = 0, 0
   local stopped = false
   local srv = {}
@@ -219,18 +220,20 @@ function M.serve(o)
   end
 
   -- Makes room for a new client when all slots are taken: closes the oldest client whose request
-  -- is still incomplete and that has had a loop turn to send it, taking first one that has not
-  -- sent a whole ClientHello (the server has not answered it), then one whose TLS handshake has
-  -- not finished. A client that dribbles a ClientHello never passes the first step, while a
-  -- scraper sends its ClientHello with its connect: a scraper whose own process is slow to finish
-  -- the handshake and send its request is not evicted in an attacker's place. Returns false when
-  -- there is none (every slot is answering, or new): the new client then takes one of MAX_NEW
-  -- further slots, or is refused when those are full too.
+  -- is still incomplete and that has had a loop turn to send it, taking first one that has sent
+  -- part of its first message (a ClientHello, or a plain request head) but not all of it, then
+  -- one that has sent nothing, then one whose TLS handshake has not finished. A real client
+  -- writes its first message whole, at once, so one that is still partial has been dribbled: a
+  -- slowloris. A client that has sent nothing may be a scraper whose own process is slow (a
+  -- loaded machine), so under a flood of dribblers it is not evicted in their place; nor is one
+  -- slow to finish the handshake and send its request. Returns false when there is none (every
+  -- slot is answering, or new): the new client then takes one of MAX_NEW further slots, or is
+  -- refused when those are full too.
   local function evict_oldest_incomplete()
     local oldest, oldest_rank
     for _, cl in pairs(clients) do
       if not cl.answered and cl.turn < turn - 1 and uv.now() - cl.since >= NEW_MS then
-        local rank = cl.conn and (cl.conn:established() and 2 or cl.greeted and 1) or 0
+        local rank = cl.greeted and (cl.conn:established() and 3 or 2) or (cl.bytes > 0 and 0 or 1)
         if not oldest or rank < oldest_rank or (rank == oldest_rank and cl.serial < oldest.serial) then
           oldest, oldest_rank = cl, rank
         end
@@ -268,7 +271,7 @@ function M.serve(o)
     end
     serial = serial + 1
     local cl = { close = close, conn = conn, serial = serial, answered = false, turn = turn,
-      since = uv.now() }
+      since = uv.now(), bytes = 0 }
     clients[c] = cl
     nclients = nclients + 1
     timer:start(REQUEST_TIMEOUT_MS, 0, function()
@@ -318,6 +321,7 @@ function M.serve(o)
     c:read_start(function(err, chunk)
       if cl.answered then return end
       if err or not chunk then return close() end
+      cl.bytes = cl.bytes + #chunk
       if not conn then return take(chunk) end
       -- A TLS record starts with its content type, 22 for the handshake. A request line instead
       -- is plain HTTP sent to the TLS port: it gets a plain 400 that says so, as Go's servers
