@@ -380,11 +380,6 @@ describe("duty cycles with the real agent", function()
   end)
 
   it("reports a kernel that runs only between windows below the detection limit", function()
-    if os.getenv("CUPTIMON_SANITIZER") == "tsan" then
-      -- At TSan's speed the race below is met in most runs. It runs in the release and ASan
-      -- suites.
-      return pending("the test application's own timing race at TSan's speed")
-    end
     -- The fake app launches its hidden kernel right after a launch that found kernels off, so a
     -- window can open in between and trace it (hidden_written > 0): the application's race, not
     -- the estimator's. Such a run tests nothing here and is run again.

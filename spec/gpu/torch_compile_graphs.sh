@@ -8,8 +8,10 @@
 #      default), through spec/gpu/graph_windows.lua, which checks that in every window the
 #      graph's kernels have even counts (one replay launches each once);
 #   3. under scripts/count.lua --duty 0.1 --period-ms 1000 (a recipe's --duty).
-# Each must exit 0 with "mismatch 0" (the compiled graph's output equals the eager model's), no
-# LOST line, and the duty runs must have detached CUPTI between windows (the agent's log).
+# Each must exit 0 with "mismatch 0" (the compiled graph's output equals the eager model's), and
+# with no LOST line. In the duty runs the agent must have detached CUPTI between windows while the
+# model compiled, and then, once the process used a graph, logged that CUPTI stays attached for
+# good (a detach would break the graph's launches: engine/core/callbacks.c).
 # Logs go to $OUT when set, else /tmp/cuptimon-torch-compile. Exit status 0 when all hold.
 set -u
 B=$(cd "${1:-build}" && pwd)
@@ -35,6 +37,9 @@ run() {  # name, then the command
   ! grep -q 'LOST' "$LOG/$name.txt" || status=1
   if [ "$name" != full ] && [ "$det" = 0 ]; then
     echo "$name: the agent's log shows no detach"; status=1
+  fi
+  if [ "$name" != full ] && ! grep -q 'stays attached .* uses CUDA graphs' "$LOG/$name.txt"; then
+    echo "$name: the agent never said that CUPTI stays attached for the CUDA graphs"; status=1
   fi
 }
 run full "$B/cuptimon-lua" scripts/top.lua --top 8 -- $W
